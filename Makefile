@@ -1,0 +1,34 @@
+# The two commands: `make demo` (the main job) and `make test`. Both set up what is missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+RAMP ?= 8,32,64,128
+
+.PHONY: demo test setup setup-test redis bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+setup-test: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server from the distribution"; \
+	  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null; }
+
+demo: setup
+	$(BIN)/python loadtest.py --mock-backend --ramp $(RAMP)
+
+test: setup-test redis
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

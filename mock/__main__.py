@@ -1,0 +1,28 @@
+"""python -m mock --port 11434 --ttft-ms 300 --tokens 200 --tok-ms 25 --models llama3,qwen2.5:7b"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import add_arguments, from_namespace
+from .runner import serve_forever
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mock",
+                                     description="A fake Ollama/OpenAI backend with slots, a KV cache and faults.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=11434)
+    add_arguments(parser)
+    ns = parser.parse_args(argv)
+    try:
+        config = from_namespace(ns)
+    except ValueError as e:
+        parser.error(str(e))
+    serve_forever(config, ns.host, ns.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

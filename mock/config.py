@@ -1,0 +1,101 @@
+"""The mock's knobs: one dataclass, shared by the CLI, `/mock/config` and tests."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+JITTER_DISTS = ("none", "normal", "uniform", "exponential")
+
+
+@dataclass
+class MockConfig:
+    models: list[str] = field(default_factory=lambda: ["llama3", "qwen2.5:7b"])
+    ttft_ms: float = 300.0
+    tokens: int = 200
+    tok_ms: float = 25.0
+    jitter: float = 0.0  # relative spread applied to ttft and tok_ms
+    jitter_dist: str = "normal"
+    parallel: int = 4
+    max_queue: int = 512
+    batch_slowdown: float = 0.0  # per-token delay *= 1 + batch_slowdown * (active - 1)
+    prefill_ms_per_1k_tokens: float = 0.0
+    kv_cache_tokens: int = 131072
+    kv_block_tokens: int = 64
+    embed_dim: int = 64
+    fail_rate: float = 0.0
+    busy_rate: float = 0.0
+    drop_rate: float = 0.0
+    hang_rate: float = 0.0
+    first_byte_delay_ms: float = 0.0
+    seed: int = 0
+    openai_busy_status: int = 503
+
+    def validate(self) -> None:
+        for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1, got {v!r}")
+        for name in ("ttft_ms", "tok_ms", "jitter", "batch_slowdown",
+                     "prefill_ms_per_1k_tokens", "first_byte_delay_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.parallel < 1:
+            raise ValueError("parallel must be >= 1")
+        if self.max_queue < 0 or self.tokens < 0 or self.kv_cache_tokens < 0:
+            raise ValueError("max_queue, tokens and kv_cache_tokens must be >= 0")
+        if self.kv_block_tokens < 1 or self.embed_dim < 1:
+            raise ValueError("kv_block_tokens and embed_dim must be >= 1")
+        if self.jitter_dist not in JITTER_DISTS:
+            raise ValueError(f"jitter_dist must be one of {JITTER_DISTS}")
+        if self.openai_busy_status not in (429, 503):
+            raise ValueError("openai_busy_status must be 429 or 503")
+        if not self.models or not all(isinstance(m, str) and m for m in self.models):
+            raise ValueError("models must be a non-empty list of names")
+
+    def updated(self, changes: dict[str, Any]) -> "MockConfig":
+        """A copy with `changes` applied; unknown keys and bad types raise ValueError."""
+        known = {f.name: f for f in dataclasses.fields(self)}
+        values = dataclasses.asdict(self)
+        for key, value in changes.items():
+            if key not in known:
+                raise ValueError(f"unknown knob {key!r}; known: {', '.join(sorted(known))}")
+            current = values[key]
+            if key == "models" and isinstance(value, str):
+                value = [m.strip() for m in value.split(",") if m.strip()]
+            elif isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if type(value) is not type(current):
+                raise ValueError(f"{key} must be {type(current).__name__}, got {value!r}")
+            values[key] = value
+        new = MockConfig(**values)
+        new.validate()
+        return new
+
+
+def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """Add one flag per knob (`--ttft-ms`, ...); `prefix` gives `--mock-ttft-ms` for the load tester."""
+    defaults = MockConfig()
+    for f in dataclasses.fields(MockConfig):
+        flag = "--" + prefix + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        dest = (prefix.replace("-", "_") + f.name)
+        if f.name == "models":
+            parser.add_argument(flag, dest=dest, default=",".join(default),
+                                help="comma-separated model names (default: %(default)s)")
+        elif f.name == "jitter_dist":
+            parser.add_argument(flag, dest=dest, default=default, choices=JITTER_DISTS)
+        else:
+            parser.add_argument(flag, dest=dest, type=type(default), default=default,
+                                help=f"(default: {default})")
+
+
+def from_namespace(ns: argparse.Namespace, prefix: str = "") -> MockConfig:
+    p = prefix.replace("-", "_")
+    values = {f.name: getattr(ns, p + f.name) for f in dataclasses.fields(MockConfig)}
+    values["models"] = [m.strip() for m in values["models"].split(",") if m.strip()]
+    cfg = MockConfig(**values)
+    cfg.validate()
+    return cfg

@@ -1,0 +1,158 @@
+"""Starting a mock: in this event loop (tests) or as its own process (CLI, load tester)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, fields
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+
+from .config import MockConfig
+from .server import MockBackend
+
+
+class RunningMock:
+    """A mock serving in the current loop; `backend` is the live object, for knobs and stats."""
+
+    def __init__(self, backend: MockBackend, runner: web.ServerRunner, url: str) -> None:
+        self.backend = backend
+        self.url = url
+        self._runner = runner
+
+    def update(self, **changes: Any) -> MockConfig:
+        return self.backend.update(**changes)
+
+    def stats(self) -> dict[str, Any]:
+        return self.backend.stats()
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
+
+
+async def start_mock(config: MockConfig | None = None, host: str = "127.0.0.1",
+                     port: int = 0) -> RunningMock:
+    backend = MockBackend(config or MockConfig())
+    server = web.Server(backend.handle, handler_cancellation=True, access_log=None)
+    runner = web.ServerRunner(server, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    bound = sock.getsockname()[1]
+    return RunningMock(backend, runner, f"http://{host}:{bound}")
+
+
+@contextlib.asynccontextmanager
+async def run_mock(config: MockConfig | None = None, **knobs: Any) -> AsyncIterator[RunningMock]:
+    """`async with run_mock(tokens=5, tok_ms=0) as m:` serves on a free port until the block ends."""
+    cfg = (config or MockConfig()).updated(knobs) if knobs else (config or MockConfig())
+    mock = await start_mock(cfg)
+    try:
+        yield mock
+    finally:
+        await mock.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def config_args(config: MockConfig) -> list[str]:
+    args: list[str] = []
+    for f in fields(MockConfig):
+        value = getattr(config, f.name)
+        if f.name == "models":
+            value = ",".join(value)
+        args += ["--" + f.name.replace("_", "-"), str(value)]
+    return args
+
+
+class MockProcess:
+    """A mock in a child process (its own core, killable with SIGKILL)."""
+
+    def __init__(self, config: MockConfig | None = None, port: int | None = None,
+                 host: str = "127.0.0.1") -> None:
+        self.config = config or MockConfig()
+        self.host = host
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 15.0) -> "MockProcess":
+        cmd = [sys.executable, "-m", "mock", "--host", self.host, "--port", str(self.port),
+               *config_args(self.config)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        wait_http(self.url + "/api/version", timeout, self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> "MockProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until `url` answers 200; fail early if `proc` died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready:\n{err}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not ready after {timeout}s")
+        time.sleep(0.05)
+
+
+def serve_forever(config: MockConfig, host: str, port: int) -> None:
+    """The CLI's main loop: serve until SIGINT/SIGTERM."""
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def main() -> None:
+        mock = await start_mock(config, host, port)
+        print(json.dumps({"mock": mock.url, "config": asdict(config)}), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await mock.close()
+
+    asyncio.run(main())

@@ -1,0 +1,405 @@
+"""The mock backend: Ollama and OpenAI routes on aiohttp's low-level server.
+
+One `MockBackend` is one simulated GPU server: its slots, its KV prefix cache,
+its fault dice and its counters. It knows nothing about routers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import itertools
+import uuid
+from collections import Counter
+from dataclasses import asdict
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from . import formats
+from .capacity import QueueFull, Slots
+from .config import MockConfig
+from .kvcache import PrefixCache
+from .text import chat_prompt, count_tokens, embedding, output_tokens
+
+OLLAMA_BUSY = "server busy, please try again.  maximum pending requests exceeded"
+JSON = "application/json"
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Generation:
+    """What one generation request asks for, parsed from either API's body."""
+
+    __slots__ = ("api", "kind", "model", "stream", "max_tokens", "prompt_text",
+                 "include_usage", "inputs")
+
+    def __init__(self, api: str, kind: str, model: str, stream: bool, max_tokens: int | None,
+                 prompt_text: str, include_usage: bool = False, inputs: list[str] | None = None):
+        self.api, self.kind, self.model, self.stream = api, kind, model, stream
+        self.max_tokens, self.prompt_text = max_tokens, prompt_text
+        self.include_usage, self.inputs = include_usage, inputs or []
+
+
+class MockBackend:
+    def __init__(self, config: MockConfig) -> None:
+        config.validate()
+        self.config = config
+        self.slots = Slots(config.parallel, config.max_queue)
+        self.kv = PrefixCache(config.kv_cache_tokens, config.kv_block_tokens)
+        self.rng = random.Random(config.seed)
+        self.rid_prefix = uuid.uuid4().hex[:12]
+        self.rid_counter = itertools.count()
+        self.started = time.time()
+        self.reset_stats()
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/api/chat"): self._gen("ollama", "chat"),
+            ("POST", "/api/generate"): self._gen("ollama", "generate"),
+            ("POST", "/api/embed"): self._gen("ollama", "embed"),
+            ("POST", "/api/embeddings"): self._gen("ollama", "embeddings"),
+            ("POST", "/v1/chat/completions"): self._gen("openai", "chat"),
+            ("POST", "/v1/completions"): self._gen("openai", "generate"),
+            ("POST", "/v1/embeddings"): self._gen("openai", "embed"),
+            ("POST", "/api/show"): self.show,
+            ("GET", "/api/tags"): self.tags,
+            ("GET", "/api/ps"): self.ps,
+            ("GET", "/api/version"): self.version,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/mock/stats"): self.stats_route,
+            ("POST", "/mock/config"): self.config_route,
+            ("GET", "/mock/config"): self.config_route,
+            ("POST", "/mock/reset"): self.reset_route,
+        }
+        self._paths = {path for _, path in self.routes}
+
+    # ---- knobs and counters -------------------------------------------------
+    def reset_stats(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self.completed: Counter[str] = Counter()
+        self.errors_injected: Counter[str] = Counter()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.kv_hits = 0
+        self.kv_misses = 0
+        self.kv_hit_tokens = 0
+        self.kv_miss_tokens = 0
+        self.slots.max_active = self.slots.active
+
+    def update(self, **changes: Any) -> MockConfig:
+        new = self.config.updated(changes)
+        if new.seed != self.config.seed:
+            self.rng = random.Random(new.seed)
+        if (new.kv_cache_tokens, new.kv_block_tokens) != (self.config.kv_cache_tokens,
+                                                          self.config.kv_block_tokens):
+            self.kv = PrefixCache(new.kv_cache_tokens, new.kv_block_tokens)
+        self.slots.parallel, self.slots.max_queue = new.parallel, new.max_queue
+        self.config = new
+        self.slots.wake()
+        return new
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "requests": dict(self.requests),
+            "completed": dict(self.completed),
+            "requests_total": sum(self.requests.values()),
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "active": self.slots.active,
+            "max_active": self.slots.max_active,
+            "queue_length": self.slots.queued,
+            "kv_cache": {"hits": self.kv_hits, "misses": self.kv_misses,
+                         "hit_tokens": self.kv_hit_tokens, "miss_tokens": self.kv_miss_tokens,
+                         "cached_tokens": self.kv.cached_tokens},
+            "errors_injected": dict(self.errors_injected),
+        }
+
+    # ---- HTTP entry -----------------------------------------------------------
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        handler = self.routes.get((request.method, request.path))
+        if handler is not None:
+            try:
+                return await handler(request)
+            except BadRequest as e:
+                return self._error(request.path, e.status, e.message)
+        if request.path in self._paths:
+            return self._error(request.path, 405, f"method {request.method} not allowed")
+        return self._error(request.path, 404, f"no route for {request.method} {request.path}")
+
+    @staticmethod
+    def _error(path: str, status: int, message: str, headers: dict | None = None) -> web.Response:
+        if path.startswith("/v1/"):
+            kind = "server_error" if status >= 500 else "invalid_request_error"
+            body: dict[str, Any] = {"error": {"message": message, "type": kind,
+                                              "param": None, "code": None}}
+        else:
+            body = {"error": message}
+        return web.Response(status=status, body=json.dumps(body).encode(),
+                            content_type=JSON, headers=headers)
+
+    # ---- metadata routes ----------------------------------------------------------
+    async def tags(self, request: web.BaseRequest) -> web.Response:
+        return _json({"models": [formats.ollama_model_entry(m) for m in self.config.models]})
+
+    async def ps(self, request: web.BaseRequest) -> web.Response:
+        return _json({"models": [formats.ollama_ps_entry(m) for m in self.config.models]})
+
+    async def version(self, request: web.BaseRequest) -> web.Response:
+        return _json({"version": formats.OLLAMA_VERSION})
+
+    async def models(self, request: web.BaseRequest) -> web.Response:
+        return _json({"object": "list", "data": [
+            {"id": m, "object": "model", "created": int(self.started), "owned_by": "mock"}
+            for m in self.config.models]})
+
+    async def show(self, request: web.BaseRequest) -> web.Response:
+        body = await _read_json(request)
+        model = body.get("model") or body.get("name")
+        if not isinstance(model, str) or not model:
+            raise BadRequest(400, "model is required")
+        self._check_model(model)
+        return _json(formats.ollama_show(model))
+
+    async def stats_route(self, request: web.BaseRequest) -> web.Response:
+        return _json(self.stats())
+
+    async def config_route(self, request: web.BaseRequest) -> web.Response:
+        if request.method == "POST":
+            changes = await _read_json(request)
+            try:
+                self.update(**changes)
+            except (ValueError, TypeError) as e:
+                raise BadRequest(400, str(e))
+        return _json(asdict(self.config))
+
+    async def reset_route(self, request: web.BaseRequest) -> web.Response:
+        self.reset_stats()
+        self.kv.clear()
+        return _json({"ok": True})
+
+    def _check_model(self, model: str) -> None:
+        if model in self.config.models:
+            return
+        if ":" not in model and model + ":latest" in self.config.models:
+            return
+        if model.endswith(":latest") and model[: -len(":latest")] in self.config.models:
+            return
+        raise BadRequest(404, f"model '{model}' not found")
+
+    # ---- generation -----------------------------------------------------------
+    def _gen(self, api: str, kind: str) -> Handler:
+        async def handler(request: web.BaseRequest) -> web.StreamResponse:
+            route = request.path
+            self.requests[route] += 1
+            gen = _parse_generation(api, kind, await _read_json(request))
+            self._check_model(gen.model)
+            return await self._serve(request, gen, route)
+
+        return handler
+
+    def _dice(self) -> str | None:
+        """One roll per fault, in a fixed order, so a seed replays the same faults."""
+        c, rng = self.config, self.rng
+        if not (c.hang_rate or c.fail_rate or c.busy_rate or c.drop_rate):
+            return None
+        rolls = (("hang", c.hang_rate), ("fail", c.fail_rate), ("busy", c.busy_rate),
+                 ("drop", c.drop_rate))
+        fault = None
+        for name, rate in rolls:
+            if rng.random() < rate and fault is None:
+                fault = name
+        return fault
+
+    def _jitter(self) -> float:
+        c = self.config
+        if c.jitter <= 0 or c.jitter_dist == "none":
+            return 1.0
+        if c.jitter_dist == "normal":
+            f = self.rng.gauss(1.0, c.jitter)
+        elif c.jitter_dist == "uniform":
+            f = self.rng.uniform(1.0 - c.jitter, 1.0 + c.jitter)
+        else:  # exponential: a long right tail with mean 1 + jitter
+            f = 1.0 + self.rng.expovariate(1.0 / c.jitter)
+        return max(f, 0.0)
+
+    async def _serve(self, request: web.BaseRequest, gen: Generation, route: str) -> web.StreamResponse:
+        fault = self._dice()
+        jitter = self._jitter()
+        if fault is not None:
+            self.errors_injected[fault] += 1
+        if fault == "hang":
+            await asyncio.Event().wait()  # until the client leaves and the handler is cancelled
+        if fault == "fail":
+            return self._error(request.path, 500, "injected failure")
+        if fault == "busy":
+            return self._busy(request.path, gen.api)
+
+        self.in_flight += 1
+        if self.in_flight > self.max_in_flight:
+            self.max_in_flight = self.in_flight
+        try:
+            try:
+                await self.slots.acquire()
+            except QueueFull:
+                self.errors_injected["queue_full"] += 1
+                return self._busy(request.path, gen.api)
+            try:
+                response = await self._generate(request, gen, jitter, fault == "drop")
+                self.completed[route] += 1
+                return response
+            finally:
+                self.slots.release()
+        finally:
+            self.in_flight -= 1
+
+    def _busy(self, path: str, api: str) -> web.Response:
+        if api == "ollama":
+            return self._error(path, 503, OLLAMA_BUSY)
+        return self._error(path, self.config.openai_busy_status,
+                           "server busy, please try again", {"Retry-After": "1"})
+
+    async def _generate(self, request: web.BaseRequest, gen: Generation, jitter: float,
+                        drop: bool) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        c = self.config
+        t0 = loop.time()
+        prompt_tokens = count_tokens(gen.prompt_text)
+        cached = self.kv.lookup(gen.prompt_text) if prompt_tokens else 0
+        cached = min(cached, prompt_tokens)
+        if cached:
+            self.kv_hits += 1
+        else:
+            self.kv_misses += 1
+        self.kv_hit_tokens += cached
+        self.kv_miss_tokens += prompt_tokens - cached
+        prefill_s = (prompt_tokens - cached) * c.prefill_ms_per_1k_tokens / 1e6
+        ttft_s = c.ttft_ms * jitter / 1000 + prefill_s
+        tok_s = c.tok_ms * jitter / 1000
+        first_byte_s = c.first_byte_delay_ms / 1000
+
+        if gen.kind in ("embed", "embeddings"):
+            await _sleep_until(loop, t0 + max(ttft_s, first_byte_s))
+            if drop:
+                _cut(request)
+            return _json(formats.embedding_body(gen, [embedding(t, c.embed_dim) for t in gen.inputs],
+                                                prompt_tokens))
+
+        limit = c.tokens if gen.max_tokens is None or gen.max_tokens < 0 else min(c.tokens, gen.max_tokens)
+        tokens = output_tokens(limit)
+        done_reason = "length" if gen.max_tokens is not None and 0 <= gen.max_tokens < c.tokens else "stop"
+        timing = formats.Timing(prompt_tokens, len(tokens), ttft_s, tok_s)
+        if gen.kind == "chat":
+            self.kv.insert(gen.prompt_text + f"<assistant>{''.join(tokens)}\n")
+        else:
+            self.kv.insert(gen.prompt_text + "".join(tokens))
+        rid = f"{self.rid_prefix}{next(self.rid_counter):012x}"
+
+        if not gen.stream:
+            if ttft_s or tok_s or first_byte_s:
+                await _sleep_until(loop, t0 + max(ttft_s, first_byte_s)
+                                   + tok_s * len(tokens) * self._slowdown())
+            if drop:
+                _cut(request)
+            return _json(formats.complete_body(gen, tokens, done_reason, timing, rid))
+
+        await _sleep_until(loop, t0 + first_byte_s)
+        resp = web.StreamResponse(headers={"Content-Type": formats.stream_content_type(gen.api)})
+        await resp.prepare(request)
+        chunker = formats.Chunker(gen, rid)
+        head = chunker.head()
+        if head:
+            await resp.write(head)
+        deadline = t0 + ttft_s
+        cut_at = len(tokens) // 2 if drop else -1
+        for i, tok in enumerate(tokens):
+            if i == cut_at:
+                _cut(request)
+                return resp
+            await _sleep_until(loop, deadline)
+            await resp.write(chunker.token(tok))
+            deadline += tok_s * self._slowdown()
+        await _sleep_until(loop, deadline)
+        await resp.write(chunker.tail(done_reason, timing))
+        await resp.write_eof()
+        return resp
+
+    def _slowdown(self) -> float:
+        c = self.config
+        if c.batch_slowdown <= 0:
+            return 1.0
+        return 1.0 + c.batch_slowdown * max(self.slots.active - 1, 0)
+
+
+def _cut(request: web.BaseRequest) -> None:
+    """Simulate a crashed backend: the connection ends without a complete response."""
+    if request.transport is not None:
+        request.transport.abort()
+    raise asyncio.CancelledError
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+    delay = deadline - loop.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=json.dumps(obj).encode(), content_type=JSON)
+
+
+async def _read_json(request: web.BaseRequest) -> dict:
+    raw = await request.read()
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        raise BadRequest(400, "invalid JSON body")
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the JSON body must be an object")
+    return body
+
+
+def _parse_generation(api: str, kind: str, body: dict) -> Generation:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest(400, "model is required")
+    stream = body.get("stream", api == "ollama" and kind in ("chat", "generate"))
+    if not isinstance(stream, bool):
+        raise BadRequest(400, "stream must be a boolean")
+    if kind in ("embed", "embeddings"):
+        raw = body.get("input", body.get("prompt", ""))
+        inputs = [raw] if isinstance(raw, str) else raw
+        if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+            raise BadRequest(400, "input must be a string or a list of strings")
+        return Generation(api, kind, model, False, None, "".join(inputs), inputs=inputs)
+    if api == "ollama":
+        options = body.get("options") or {}
+        if not isinstance(options, dict):
+            raise BadRequest(400, "options must be an object")
+        max_tokens = options.get("num_predict")
+    else:
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
+        raise BadRequest(400, "the token limit must be an integer")
+    if kind == "chat":
+        messages = body.get("messages") or []
+        if not isinstance(messages, list):
+            raise BadRequest(400, "messages must be a list")
+        prompt_text = chat_prompt(messages)
+    else:
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list):
+            prompt = "".join(p for p in prompt if isinstance(p, str))
+        if not isinstance(prompt, str):
+            raise BadRequest(400, "prompt must be a string")
+        prompt_text = prompt
+    stream_options = body.get("stream_options") or {}
+    include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
+    return Generation(api, kind, model, stream, max_tokens, prompt_text, include_usage)
