@@ -1,0 +1,1 @@
+"""Where requests enter: the ASGI app's routes, request validation and error shapes."""

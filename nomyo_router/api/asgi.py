@@ -1,0 +1,62 @@
+"""Thin ASGI helpers: read a bounded body, send a whole response. No framework on the hot path."""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+JSON = b"application/json"
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                if int(value) > limit:
+                    raise BodyTooLarge
+            except ValueError:
+                pass
+            break
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = msg.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
+        if not msg.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def send_response(send: Send, status: int, body: bytes, content_type: bytes = JSON,
+                        headers: Headers | None = None) -> None:
+    h: Headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if headers:
+        h.extend(headers)
+    await send({"type": "http.response.start", "status": status, "headers": h})
+    await send({"type": "http.response.body", "body": body})
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return v
+    return None

@@ -1,0 +1,110 @@
+"""Read-only routes answered from what discovery knows: merged model lists, version, health."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Sequence
+
+import aiohttp
+
+from ..domain import Endpoint, model_key
+from ..state import StateStore
+from .errors import ApiError
+
+DEFAULT_OLLAMA_VERSION = "0.12.6"
+
+
+def _dedupe(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    out = []
+    for e in entries:
+        key = model_key(str(e.get("model") or e.get("name") or ""))
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+def tags(endpoints: Sequence[Endpoint]) -> bytes:
+    entries: list[dict[str, Any]] = []
+    for ep in endpoints:
+        if ep.type == "ollama" and ep.static_models is None:
+            entries += ep.tags
+        else:
+            entries += [{"name": n, "model": n, "modified_at": "1970-01-01T00:00:00Z", "size": 0,
+                         "digest": "", "details": {}} for n in ep.models.values()]
+    return json.dumps({"models": _dedupe(entries)}).encode()
+
+
+def ps(endpoints: Sequence[Endpoint]) -> bytes:
+    entries: list[dict[str, Any]] = []
+    for ep in endpoints:
+        entries += ep.ps
+    return json.dumps({"models": _dedupe(entries)}).encode()
+
+
+def openai_models(endpoints: Sequence[Endpoint]) -> bytes:
+    seen: set[str] = set()
+    data = []
+    now = int(time.time())
+    for ep in endpoints:
+        for key, name in ep.models.items():
+            if key not in seen:
+                seen.add(key)
+                data.append({"id": name, "object": "model", "created": now, "owned_by": ep.name})
+    return json.dumps({"object": "list", "data": data}).encode()
+
+
+def version(endpoints: Sequence[Endpoint]) -> bytes:
+    versions = [ep.version for ep in endpoints if ep.version]
+    best = max(versions, key=_version_tuple) if versions else DEFAULT_OLLAMA_VERSION
+    return json.dumps({"version": best}).encode()
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts = []
+    for p in v.split("-")[0].split("."):
+        parts.append(int(p) if p.isdigit() else 0)
+    return tuple(parts)
+
+
+def health(endpoints: Sequence[Endpoint], store: StateStore) -> tuple[int, bytes]:
+    rows = [{"name": ep.name, "type": ep.type, "healthy": store.is_healthy(ep) and ep.type is not None,
+             "in_flight": store.in_flight(ep), "slots": ep.slots, "models": sorted(ep.models.values())}
+            for ep in endpoints]
+    ok = any(r["healthy"] for r in rows)
+    body = {"status": "ok" if ok else "unavailable", "queue_length": store.queue_length(),
+            "endpoints": rows}
+    return (200 if ok else 503), json.dumps(body).encode()
+
+
+async def show(raw: bytes, endpoints: Sequence[Endpoint], store: StateStore,
+               session: aiohttp.ClientSession) -> tuple[int, bytes]:
+    """/api/show from an Ollama endpoint that has the model (no slot: it is metadata)."""
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        raise ApiError(400, "invalid JSON body") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model") or body.get("name")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "model is required")
+    key = model_key(model)
+    serving = [ep for ep in endpoints if ep.serves(key)]
+    if not serving:
+        raise ApiError(404, f"model '{model}' not found")
+    for ep in sorted(serving, key=lambda e: not store.is_healthy(e)):
+        if ep.type != "ollama":
+            continue
+        try:
+            async with session.post(ep.url + "/api/show", data=raw, headers=ep.headers,
+                                    timeout=aiohttp.ClientTimeout(total=10)) as r:
+                return r.status, await r.read()
+        except (aiohttp.ClientError, TimeoutError):
+            continue
+    # Only OpenAI-type backends serve it: describe what we know.
+    return 200, json.dumps({"modelfile": "", "parameters": "", "template": "",
+                            "details": {"format": "", "family": "", "families": None},
+                            "model_info": {}, "capabilities": ["completion"]}).encode()

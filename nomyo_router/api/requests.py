@@ -1,0 +1,113 @@
+"""Parsing and validating generation requests of both APIs into one `GenRequest`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..domain import model_key
+from .errors import ApiError
+
+# (api, kind) for each generation route
+GENERATION_ROUTES: dict[str, tuple[str, str]] = {
+    "/api/chat": ("ollama", "chat"),
+    "/api/generate": ("ollama", "generate"),
+    "/api/embed": ("ollama", "embed"),
+    "/api/embeddings": ("ollama", "embeddings"),
+    "/v1/chat/completions": ("openai", "chat"),
+    "/v1/completions": ("openai", "generate"),
+    "/v1/embeddings": ("openai", "embed"),
+}
+
+
+class GenRequest:
+    """One validated generation request. `raw` is forwarded untouched when APIs match."""
+
+    __slots__ = ("api", "kind", "path", "model", "key", "stream", "body", "raw", "t0", "session_id")
+
+    def __init__(self, api: str, kind: str, path: str, model: str, stream: bool,
+                 body: dict[str, Any], raw: bytes, t0: float) -> None:
+        self.api, self.kind, self.path = api, kind, path
+        self.model, self.key, self.stream = model, model_key(model), stream
+        self.body, self.raw, self.t0 = body, raw, t0
+        self.session_id: str | None = None
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse(path: str, raw: bytes, t0: float) -> GenRequest:
+    api, kind = GENERATION_ROUTES[path]
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError as e:
+        raise _bad(f"invalid JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    model = body.get("model")
+    if model is None or model == "":
+        raise _bad("model is required", "model")
+    if not isinstance(model, str):
+        raise _bad("model must be a string", "model")
+    stream = body.get("stream")
+    if stream is None:
+        # Ollama streams chat and generate when the field is absent; OpenAI does not.
+        stream = api == "ollama" and kind in ("chat", "generate")
+    elif not isinstance(stream, bool):
+        raise _bad("stream must be a boolean", "stream")
+    if kind in ("embed", "embeddings"):
+        stream = False
+        _check_embed_input(api, kind, body)
+    elif kind == "chat":
+        _check_messages(api, body)
+    else:
+        prompt = body.get("prompt", None if api == "openai" else "")
+        if api == "openai" and prompt is None:
+            raise _bad("prompt is required", "prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and api == "openai")):
+            raise _bad("prompt must be a string", "prompt")
+    if api == "ollama":
+        options = body.get("options")
+        if options is not None and not isinstance(options, dict):
+            raise _bad("options must be an object", "options")
+        if options and options.get("num_predict") is not None and not _is_int(options["num_predict"]):
+            raise _bad("options.num_predict must be an integer", "options.num_predict")
+    else:
+        for key in ("max_tokens", "max_completion_tokens"):
+            if body.get(key) is not None and not _is_int(body[key]):
+                raise _bad(f"{key} must be an integer", key)
+    return GenRequest(api, kind, path, model, stream, body, raw, t0)
+
+
+def _check_messages(api: str, body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if messages is None:
+        if api == "openai":
+            raise _bad("messages is required", "messages")
+        return
+    if not isinstance(messages, list):
+        raise _bad("messages must be a list", "messages")
+    if api == "openai" and not messages:
+        raise _bad("messages must not be empty", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
+
+
+def _check_embed_input(api: str, kind: str, body: dict[str, Any]) -> None:
+    field = "prompt" if kind == "embeddings" else "input"
+    value = body.get(field)
+    if value is None:
+        if api == "openai":
+            raise _bad("input is required", "input")
+        return
+    if isinstance(value, str):
+        return
+    if kind != "embeddings" and isinstance(value, list) and all(isinstance(v, (str, int, list)) for v in value):
+        return
+    raise _bad(f"{field} must be a string or a list of strings", field)

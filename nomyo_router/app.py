@@ -1,0 +1,200 @@
+"""The ASGI application: where a request enters.
+
+`uvicorn nomyo_router.app:app` serves it; the config path comes from
+NOMYO_ROUTER_CONFIG (default ./config.yaml). Everything long-lived (config, session,
+state store, scheduler, discovery) is built in the lifespan and held by `Router`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+
+from .api import listing
+from .api.asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, read_body, send_response
+from .api.errors import ApiError, error_body, render
+from .api.requests import GENERATION_ROUTES, parse
+from .config import ConfigError, RouterConfig, load_config
+from .domain import Endpoint
+from .routing.policies import LeastBusy
+from .routing.scheduler import Scheduler
+from .state import MemoryStore, StateStore
+from .upstream.discovery import Discovery
+from .upstream.proxy import Proxy
+from .upstream.session import create_session
+
+log = logging.getLogger("nomyo_router")
+
+CONFIG_ENV = "NOMYO_ROUTER_CONFIG"
+
+
+class Router:
+    """The running router: one per process, built at start-up, closed at shutdown."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.endpoints = [Endpoint.from_config(e) for e in config.endpoints]
+        self.store: StateStore = MemoryStore(config.max_queue)
+        self.scheduler = Scheduler(self.endpoints, self.store, LeastBusy(), config.queue_timeout)
+        self.session: aiohttp.ClientSession | None = None
+        self.discovery: Discovery | None = None
+        self.proxy: Proxy | None = None
+
+    async def start(self) -> None:
+        if self.config.state != "memory":
+            raise ConfigError(f"state: {self.config.state!r} is not available in this version; "
+                              "use 'memory'")
+        self.session = create_session(self.config)
+        self.proxy = Proxy(self.scheduler, self.session, self.store, self.config)
+        self.discovery = Discovery(self.endpoints, self.session, self.store, self.scheduler, self.config)
+        await self.discovery.start()
+        for ep in self.endpoints:
+            log.info("endpoint %s (%s): %d slots, healthy=%s, models=%s", ep.name, ep.type,
+                     ep.slots, self.store.is_healthy(ep), sorted(ep.models.values()))
+
+    async def close(self) -> None:
+        if self.discovery:
+            await self.discovery.stop()
+        if self.session:
+            await self.session.close()
+        await self.store.close()
+
+
+Handler = Callable[["RouterApp", Scope, Receive, Send, float], Awaitable[None]]
+
+
+class RouterApp:
+    def __init__(self, config: RouterConfig | None = None) -> None:
+        self._config = config
+        self.router: Router | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+
+    # ---- lifespan -----------------------------------------------------------
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    config = self._config or load_config(os.environ.get(CONFIG_ENV, "config.yaml"))
+                    self.router = Router(config)
+                    await self.router.start()
+                except ConfigError as e:
+                    print(f"nomyo-router: bad config: {e}", file=sys.stderr, flush=True)
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                if self.router:
+                    await self.router.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # ---- HTTP ---------------------------------------------------------------
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        path: str = scope["path"]
+        api = "openai" if path.startswith("/v1/") else "ollama"
+        handler = ROUTES.get((scope["method"], path))
+        try:
+            if handler is None:
+                if any(p == path for _, p in ROUTES):
+                    raise ApiError(405, f"method {scope['method']} not allowed on {path}")
+                raise ApiError(404, f"no route for {scope['method']} {path}")
+            await handler(self, scope, receive, send, t0)
+        except ApiError as e:
+            status, body, headers = render(api, e)
+            await send_response(send, status, body, headers=headers)
+        except BodyTooLarge:
+            limit = self.router.config.max_body_bytes if self.router else 0
+            await send_response(send, 413, error_body(api, 413, f"request body exceeds {limit} bytes"))
+        except ClientGone:
+            return
+
+    async def generate(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        router = self._router()
+        raw = await read_body(scope, receive, router.config.max_body_bytes)
+        req = parse(scope["path"], raw, t0)
+        assert router.proxy is not None
+        await _cancel_on_disconnect(router.proxy.handle(req, send), receive)
+
+    async def show(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        router = self._router()
+        raw = await read_body(scope, receive, router.config.max_body_bytes)
+        assert router.session is not None
+        status, body = await listing.show(raw, router.endpoints, router.store, router.session)
+        await send_response(send, status, body)
+
+    async def listing(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        eps = self._router().endpoints
+        body = {"/api/tags": listing.tags, "/api/ps": listing.ps, "/v1/models": listing.openai_models,
+                "/api/version": listing.version}[scope["path"]](eps)
+        await send_response(send, 200, body)
+
+    async def health(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        router = self._router()
+        status, body = listing.health(router.endpoints, router.store)
+        await send_response(send, status, body)
+
+    async def root(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        await send_response(send, 200, b"Ollama is running", b"text/plain; charset=utf-8")
+
+    def _router(self) -> Router:
+        if self.router is None:
+            raise ApiError(503, "router is starting")
+        return self.router
+
+
+async def _cancel_on_disconnect(work: Awaitable[None], receive: Receive) -> None:
+    """Run `work`; if the client disconnects first, cancel it (which frees its slot or queue
+    place and closes the upstream request). A disconnect is never a backend failure."""
+    task = asyncio.current_task()
+    assert task is not None
+    finished = False
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                if not finished:
+                    gone = True
+                    task.cancel()
+                return
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+    finally:
+        finished = True
+        watcher.cancel()
+
+
+ROUTES: dict[tuple[str, str], Any] = {("POST", p): RouterApp.generate for p in GENERATION_ROUTES}
+ROUTES.update({
+    ("POST", "/api/show"): RouterApp.show,
+    ("GET", "/api/tags"): RouterApp.listing,
+    ("GET", "/api/ps"): RouterApp.listing,
+    ("GET", "/api/version"): RouterApp.listing,
+    ("GET", "/v1/models"): RouterApp.listing,
+    ("GET", "/health"): RouterApp.health,
+    ("GET", "/"): RouterApp.root,
+    ("HEAD", "/"): RouterApp.root,
+})
+
+app = RouterApp()

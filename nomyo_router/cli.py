@@ -1,0 +1,51 @@
+"""nomyo-router --config config.yaml [--host H] [--port P] [--workers N]
+
+A thin layer over uvicorn: validates the config first (so a bad one fails here, with
+the key named), then serves `nomyo_router.app:app` with uvloop and httptools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import uvicorn
+
+from .app import CONFIG_ENV
+from .config import ConfigError, load_config
+
+DEFAULT_PORT = 12434
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="nomyo-router", description=__doc__.split("\n\n")[1])
+    p.add_argument("--config", default=os.environ.get(CONFIG_ENV, "config.yaml"))
+    p.add_argument("--host", default="127.0.0.1", help="use 0.0.0.0 to listen on all interfaces")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--check", action="store_true", help="validate the config and exit")
+    args = p.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"nomyo-router: bad config: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"{args.config}: ok, {len(config.endpoints)} endpoint(s)")
+        return 0
+    if args.workers > 1 and config.state == "memory":
+        print("nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
+              "worker", file=sys.stderr)
+    os.environ[CONFIG_ENV] = os.path.abspath(args.config)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run("nomyo_router.app:app", host=args.host, port=args.port, workers=args.workers,
+                loop="uvloop", http="httptools", lifespan="on", access_log=config.access_log,
+                log_level=args.log_level, timeout_keep_alive=75, backlog=2048)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The router's configuration: one validated, immutable structure, loaded once at start.
+
+Both the documented form and NOMYO's original form (a plain list of URLs in
+`endpoints`, an `api_keys` map keyed by URL) are accepted. Every error names the
+key, the value and what is expected, and stops start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+ENDPOINT_TYPES = ("ollama", "openai")
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    url: str
+    name: str
+    type: str | None = None  # None: detected at start
+    max_concurrent: int = 2
+    api_key: str | None = None
+    models: tuple[str, ...] | None = None  # None: discovered
+
+    def __repr__(self) -> str:  # never print credentials
+        return f"EndpointConfig(name={self.name!r}, url={self.url!r}, type={self.type!r})"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    endpoints: tuple[EndpointConfig, ...]
+    max_concurrent_connections: int = 2
+    max_queue: int = 1024
+    queue_timeout: float = 300.0
+    connect_timeout: float = 5.0
+    first_byte_timeout: float = 300.0
+    stream_idle_timeout: float = 120.0
+    model_refresh_interval: float = 30.0
+    health_interval: float = 2.0
+    health_timeout: float = 2.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_attempts: int = 3
+    retry_after: int = 1
+    access_log: bool = False
+    state: str = "memory"
+    conversation_affinity: bool = True
+    session_header: str = "X-Session-ID"
+    affinity_ttl: float = 600.0
+    affinity_max_pins: int = 100_000
+    affinity_wait_ms: float = 50.0
+
+    def endpoint(self, name: str) -> EndpointConfig:
+        return next(e for e in self.endpoints if e.name == name)
+
+
+# key -> (python type(s), check, what is expected)
+_POSITIVE_INT = (int, lambda v: v >= 1, "an integer >= 1")
+_NON_NEG_INT = (int, lambda v: v >= 0, "an integer >= 0")
+_POSITIVE_NUM = ((int, float), lambda v: v > 0, "a number > 0 (seconds)")
+_NON_NEG_NUM = ((int, float), lambda v: v >= 0, "a number >= 0")
+_BOOL = (bool, lambda v: True, "true or false")
+_SCALARS: dict[str, tuple[Any, Any, str]] = {
+    "max_concurrent_connections": _POSITIVE_INT,
+    "max_queue": _NON_NEG_INT,
+    "queue_timeout": _POSITIVE_NUM,
+    "connect_timeout": _POSITIVE_NUM,
+    "first_byte_timeout": _POSITIVE_NUM,
+    "stream_idle_timeout": _POSITIVE_NUM,
+    "model_refresh_interval": _POSITIVE_NUM,
+    "health_interval": _POSITIVE_NUM,
+    "health_timeout": _POSITIVE_NUM,
+    "max_body_bytes": _POSITIVE_INT,
+    "max_attempts": _POSITIVE_INT,
+    "retry_after": _NON_NEG_INT,
+    "access_log": _BOOL,
+    "state": (str, lambda v: v == "memory" or v == "shared" or v.startswith(("redis://", "rediss://")),
+              "'memory', 'shared' or a redis:// URL"),
+    "conversation_affinity": _BOOL,
+    "session_header": (str, lambda v: bool(v.strip()), "a header name"),
+    "affinity_ttl": _POSITIVE_NUM,
+    "affinity_max_pins": _POSITIVE_INT,
+    "affinity_wait_ms": _NON_NEG_NUM,
+}
+_ENDPOINT_KEYS = {"url", "name", "type", "max_concurrent", "api_key", "models"}
+_TOP_KEYS = set(_SCALARS) | {"endpoints", "api_keys"}
+
+
+def expand_env(value: str, where: str) -> str:
+    def sub(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{where}: environment variable ${{{name}}} is not set; "
+                          f"export it or write ${{{name}:-default}}")
+    return _ENV_RE.sub(sub, value)
+
+
+def _check(key: str, value: Any, spec: tuple[Any, Any, str]) -> Any:
+    typ, ok, expected = spec
+    if isinstance(value, bool) and typ is not bool:
+        ok_type = False
+    else:
+        ok_type = isinstance(value, typ)
+    if not ok_type or not ok(value):
+        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+    return float(value) if typ == (int, float) else value
+
+
+def _check_url(key: str, url: Any) -> str:
+    if not isinstance(url, str):
+        raise ConfigError(f"{key}: expected a URL such as http://127.0.0.1:11434, got {url!r}")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {url!r}")
+    try:
+        parts.port
+    except ValueError:
+        raise ConfigError(f"{key}: the port in {url!r} is not a number")
+    return url.strip().rstrip("/")
+
+
+def _default_name(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+
+
+def _endpoint(i: int, raw: Any, default_slots: int, api_keys: dict[str, str]) -> EndpointConfig:
+    key = f"endpoints[{i}]"
+    if isinstance(raw, str):
+        raw = {"url": raw}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key}: expected a URL or a mapping with 'url', got {raw!r}")
+    unknown = set(raw) - _ENDPOINT_KEYS
+    if unknown:
+        raise ConfigError(f"{key}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENDPOINT_KEYS)}")
+    if "url" not in raw:
+        raise ConfigError(f"{key}: 'url' is required")
+    url = _check_url(f"{key}.url", raw["url"])
+    # `/v1` is where OpenAI routes live; keep the base URL without it.
+    if url.endswith("/v1"):
+        url = url[:-3]
+    name = raw.get("name", _default_name(url))
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{key}.name: expected a non-empty string, got {name!r}")
+    typ = raw.get("type")
+    if typ is not None and typ not in ENDPOINT_TYPES:
+        raise ConfigError(f"{key}.type: expected one of {ENDPOINT_TYPES} (or omit it to detect), got {typ!r}")
+    slots = _check(f"{key}.max_concurrent", raw.get("max_concurrent", default_slots), _POSITIVE_INT)
+    api_key = raw.get("api_key", api_keys.get(url) or api_keys.get(url + "/v1") or api_keys.get(str(raw["url"])))
+    if api_key is not None:
+        if not isinstance(api_key, str):
+            raise ConfigError(f"{key}.api_key: expected a string, got a {type(api_key).__name__}")
+        api_key = expand_env(api_key, f"{key}.api_key") or None
+    models = raw.get("models")
+    if models is not None:
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+            raise ConfigError(f"{key}.models: expected a non-empty list of model names, got {models!r}")
+        models = tuple(models)
+    return EndpointConfig(url=url, name=name.strip(), type=typ, max_concurrent=slots,
+                          api_key=api_key, models=models)
+
+
+def parse_config(data: Any, source: str = "config") -> RouterConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level with an 'endpoints' list")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    values: dict[str, Any] = {}
+    for key, spec in _SCALARS.items():
+        if key in data and data[key] is not None:
+            values[key] = _check(key, data[key], spec)
+    api_keys = data.get("api_keys") or {}
+    if not isinstance(api_keys, dict):
+        raise ConfigError("api_keys: expected a mapping of endpoint URL to key")
+    api_keys = {str(k).rstrip("/"): v for k, v in api_keys.items()}
+    raw_eps = data.get("endpoints")
+    if not isinstance(raw_eps, list) or not raw_eps:
+        raise ConfigError("endpoints: expected a non-empty list of URLs or mappings with 'url'")
+    default_slots = values.get("max_concurrent_connections", 2)
+    endpoints = tuple(_endpoint(i, raw, default_slots, api_keys) for i, raw in enumerate(raw_eps))
+    names = [e.name for e in endpoints]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"endpoints: names must be unique; give each a 'name' ({dupes} repeat)")
+    return RouterConfig(endpoints=endpoints, **values)
+
+
+def load_config(path: str) -> RouterConfig:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found; pass --config PATH or set NOMYO_ROUTER_CONFIG")
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}")
+    return parse_config(data, path)
+
+
+def config_keys() -> list[str]:
+    return [f.name for f in fields(RouterConfig)]
+
+
+def dump_config(config: RouterConfig) -> dict[str, Any]:
+    """A YAML-ready mapping of `config` (used to hand a config to worker processes)."""
+    out: dict[str, Any] = {f.name: getattr(config, f.name) for f in fields(RouterConfig) if f.name != "endpoints"}
+    out["endpoints"] = [
+        {k: (list(v) if isinstance(v, tuple) else v)
+         for k, v in (("url", e.url), ("name", e.name), ("type", e.type),
+                      ("max_concurrent", e.max_concurrent), ("api_key", e.api_key),
+                      ("models", e.models)) if v is not None}
+        for e in config.endpoints]
+    return out
+

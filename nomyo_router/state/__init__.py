@@ -1,0 +1,6 @@
+"""Scheduler state behind one interface: in-flight counts, the wait queue, health."""
+
+from .base import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
+from .memory import MemoryStore
+
+__all__ = ["Lease", "MemoryStore", "NoEndpoint", "QueueFull", "QueueTimeout", "StateStore"]

@@ -1,0 +1,125 @@
+"""Background discovery: each endpoint's type, models and loaded models, and its health.
+
+Selection never does I/O; these loops push what they learn into the endpoints, the
+scheduler's model index and the state store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Sequence
+
+import aiohttp
+
+from ..config import RouterConfig
+from ..domain import Endpoint, model_key
+from ..routing.scheduler import Scheduler
+from ..state import StateStore
+
+log = logging.getLogger("nomyo_router.discovery")
+
+
+class Discovery:
+    def __init__(self, endpoints: Sequence[Endpoint], session: aiohttp.ClientSession,
+                 store: StateStore, scheduler: Scheduler, config: RouterConfig) -> None:
+        self.endpoints = list(endpoints)
+        self.session = session
+        self.store = store
+        self.scheduler = scheduler
+        self.config = config
+        self._tasks: list[asyncio.Task] = []
+        self._timeout = aiohttp.ClientTimeout(total=config.health_timeout)
+
+    async def start(self) -> None:
+        """One round before serving, so the first requests find their models; then loops."""
+        await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
+        self._tasks = [asyncio.create_task(self._every(self.config.health_interval, self._probe_all)),
+                       asyncio.create_task(self._every(self.config.model_refresh_interval, self._refresh_all))]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _every(self, interval: float, job: Any) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await job()
+            except Exception:  # a background loop must never die
+                log.exception("background job failed")
+
+    async def _probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(ep) for ep in self.endpoints))
+
+    async def _refresh_all(self) -> None:
+        await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
+
+    async def _get(self, ep: Endpoint, path: str) -> Any:
+        async with self.session.get(ep.url + path, headers=ep.headers, timeout=self._timeout) as r:
+            if r.status != 200:
+                raise aiohttp.ClientResponseError(r.request_info, (), status=r.status)
+            return await r.json(content_type=None)
+
+    async def _probe(self, ep: Endpoint) -> None:
+        was = self.store.is_healthy(ep)
+        try:
+            if ep.type is None:
+                await self._detect(ep)
+            else:
+                await self._get(ep, "/api/version" if ep.type == "ollama" else "/v1/models")
+        except Exception as e:
+            if was:
+                log.warning("endpoint %s failed its health probe: %s", ep.name, _describe(e))
+            self.store.set_healthy(ep, False)
+            return
+        if not was:
+            log.warning("endpoint %s is healthy again", ep.name)
+            if not ep.models:
+                await self._refresh(ep)
+        self.store.set_healthy(ep, True)
+
+    async def _detect(self, ep: Endpoint) -> None:
+        try:
+            data = await self._get(ep, "/api/version")
+            if isinstance(data, dict) and "version" in data:
+                ep.type, ep.version = "ollama", str(data["version"])
+                return
+        except aiohttp.ClientResponseError:
+            pass
+        await self._get(ep, "/v1/models")
+        ep.type = "openai"
+
+    async def _refresh(self, ep: Endpoint) -> None:
+        """Refresh models; on failure keep the last list (stale beats empty)."""
+        try:
+            if ep.type is None:
+                await self._detect(ep)
+            if ep.type == "ollama":
+                tags, ps = await asyncio.gather(self._get(ep, "/api/tags"), self._get(ep, "/api/ps"))
+                ep.tags = [m for m in tags.get("models", []) if isinstance(m, dict)]
+                ep.ps = [m for m in ps.get("models", []) if isinstance(m, dict)]
+                if ep.static_models is None:
+                    ep.set_models([m.get("model") or m.get("name") for m in ep.tags
+                                   if m.get("model") or m.get("name")])
+                ep.loaded = frozenset(model_key(m.get("model") or m.get("name", "")) for m in ep.ps)
+                if ep.version is None:
+                    ep.version = str((await self._get(ep, "/api/version")).get("version"))
+            else:
+                if ep.static_models is None:
+                    data = await self._get(ep, "/v1/models")
+                    ep.set_models([m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m])
+                ep.loaded = frozenset(ep.models)  # an OpenAI-style server keeps its models loaded
+        except Exception as e:
+            log.warning("endpoint %s: model refresh failed (%s); keeping %d known models",
+                        ep.name, _describe(e), len(ep.models))
+            self.store.set_healthy(ep, False)
+            return
+        finally:
+            self.scheduler.reindex()
+        self.store.set_healthy(ep, True)
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

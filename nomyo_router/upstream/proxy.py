@@ -1,0 +1,246 @@
+"""Where a request leaves: take a slot, call the backend, relay the answer, retry if safe.
+
+Pass-through (client API == what the backend speaks) forwards the client's bytes and
+relays the backend's bytes untouched. Translation is used only for Ollama-API requests
+to OpenAI-type backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import aiohttp
+
+from ..api.asgi import Headers, Send
+from ..api.errors import ApiError, error_body
+from ..api.requests import GenRequest
+from ..config import RouterConfig
+from ..domain import Endpoint
+from ..routing.policies import RouteContext
+from ..routing.scheduler import Scheduler
+from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
+from . import translate
+
+log = logging.getLogger("nomyo_router.proxy")
+
+RETRY_STATUSES = frozenset((429, 502, 503))
+# Errors meaning the backend is unreachable: it leaves rotation until a probe succeeds.
+UNREACHABLE = (aiohttp.ClientConnectorError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)
+
+
+class RetryableFailure(Exception):
+    """The attempt failed before any byte went to the client."""
+
+    def __init__(self, reason: str, status: int | None = None, body: bytes = b"",
+                 content_type: bytes = b"application/json") -> None:
+        super().__init__(reason)
+        self.reason, self.status, self.body, self.content_type = reason, status, body, content_type
+
+
+class Proxy:
+    def __init__(self, scheduler: Scheduler, session: aiohttp.ClientSession, store: StateStore,
+                 config: RouterConfig) -> None:
+        self.scheduler = scheduler
+        self.session = session
+        self.store = store
+        self.config = config
+        # Streams may idle for stream_idle_timeout between chunks; a whole (non-stream)
+        # answer is bounded by first_byte_timeout around the call instead.
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
+                                                     sock_read=config.stream_idle_timeout)
+        self._whole_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
+
+    async def handle(self, req: GenRequest, send: Send) -> None:
+        if not self.scheduler.knows(req.key):
+            raise _unknown_model(req)
+        ctx = RouteContext(model=req.key, api=req.api, kind=req.kind)
+        tried: list[str] = []
+        last: RetryableFailure | None = None
+        for _ in range(self.config.max_attempts):
+            try:
+                lease = await self.scheduler.acquire(ctx, tried)
+            except NoEndpoint:
+                break
+            except QueueFull:
+                raise ApiError(503, "server busy, please try again: the router's queue is full",
+                               code="queue_full", retry_after=self.config.retry_after) from None
+            except QueueTimeout:
+                raise ApiError(503, f"no slot became free within queue_timeout "
+                                    f"({self.config.queue_timeout:g}s)", code="queue_timeout",
+                               retry_after=self.config.retry_after) from None
+            try:
+                await self._attempt(req, lease, send)
+                return
+            except RetryableFailure as f:
+                log.info("attempt on %s failed before any byte was sent (%s); retrying",
+                         lease.endpoint.name, f.reason)
+                tried.append(lease.endpoint.name)
+                last = f
+            finally:
+                lease.release()
+        await self._give_up(req, last, send)
+
+    async def _give_up(self, req: GenRequest, last: RetryableFailure | None, send: Send) -> None:
+        if last is None:
+            raise ApiError(503, f"no healthy endpoint serves model '{req.model}'",
+                           code="no_healthy_endpoint", retry_after=self.config.retry_after)
+        if last.status is not None:  # the backend's own answer, passed through
+            body = last.body
+            if req.api == "ollama" and last.content_type.startswith(b"application/json"):
+                body = error_body("ollama", last.status, translate.error_message(body))
+            await _send_whole(send, last.status, body, last.content_type, [])
+            return
+        raise ApiError(502, f"every endpoint failed for model '{req.model}': {last.reason}",
+                       code="upstream_error")
+
+    def _plan(self, req: GenRequest, ep: Endpoint) -> tuple[str, bytes, bool]:
+        """(path, body, translate) for sending `req` to `ep`."""
+        if ep.type == "openai" and req.api == "ollama":
+            body = translate.request_to_openai(req.kind, req.body, ep.models[req.key], req.stream)
+            return translate.OPENAI_PATH[req.kind], body, True
+        raw = req.raw
+        if ep.type == "openai" and req.model != ep.models[req.key]:
+            raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
+        return req.path, raw, False
+
+    async def _attempt(self, req: GenRequest, lease: Lease, send: Send) -> None:
+        ep = lease.endpoint
+        path, body, translating = self._plan(req, ep)
+        t_up = time.perf_counter()
+        headers: Headers = [
+            (b"x-router-endpoint", ep.name.encode()),
+            (b"x-router-queue-ms", b"%.3f" % (lease.queued_s * 1000)),
+            (b"x-router-overhead-ms", b"%.3f" % ((t_up - req.t0 - lease.queued_s) * 1000)),
+        ]
+        try:
+            async with asyncio.timeout(self.config.first_byte_timeout):
+                resp = await self.session.post(ep.url + path, data=body, headers=ep.headers,
+                                               timeout=self._stream_timeout if req.stream else self._whole_timeout)
+                try:
+                    if resp.status in RETRY_STATUSES:
+                        raise RetryableFailure(f"HTTP {resp.status}", resp.status, await resp.read(),
+                                               resp.headers.get("Content-Type", "application/json").encode())
+                    if not req.stream or resp.status != 200:
+                        data = await resp.read()
+                        first = b""
+                    else:
+                        first = await _first_chunk(resp, translating)
+                except BaseException:
+                    resp.close()
+                    raise
+        except UNREACHABLE as e:
+            self.store.set_healthy(ep, False)
+            log.warning("endpoint %s unreachable (%s): out of rotation until a probe succeeds",
+                        ep.name, type(e).__name__)
+            raise RetryableFailure(type(e).__name__) from None
+        except aiohttp.ClientError as e:  # disconnected or cut before we sent a byte
+            raise RetryableFailure(f"{type(e).__name__}: {e}") from None
+
+        for name in (b"content-type", b"content-encoding"):
+            value = resp.headers.get(name.decode())
+            if value and not translating:
+                headers.append((name, value.encode()))
+        if not req.stream or resp.status != 200:
+            resp.release()
+            if translating:
+                await self._send_translated(req, resp.status, data, headers, send)
+            else:
+                await _send_whole(send, resp.status, data, None, headers)
+            return
+        try:
+            if translating:
+                await self._relay_translated(req, resp, first, headers, send)
+            else:
+                await self._relay(resp, first, headers, send)
+        finally:
+            resp.close()  # not reusable after a streamed body; closing also stops the backend
+
+    async def _relay(self, resp: aiohttp.ClientResponse, first: bytes, headers: Headers,
+                     send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        try:
+            async for chunk in resp.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            await send({"type": "http.response.body", "body": _stream_error(resp, e), "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _relay_translated(self, req: GenRequest, resp: aiohttp.ClientResponse, first: bytes,
+                                headers: Headers, send: Send) -> None:
+        conv = translate.SseToNdjson(req.kind, req.model, req.t0)
+        headers.append((b"content-type", b"application/x-ndjson"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        pending = first
+        try:
+            while True:
+                for line in pending.splitlines(keepends=True):
+                    out = conv.line(line)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                if conv.done:
+                    break
+                pending = await resp.content.readline()
+                if not pending:
+                    break
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            await send({"type": "http.response.body", "body": _ndjson_error(e), "more_body": True})
+        else:
+            tail = conv.final()
+            if tail:
+                await send({"type": "http.response.body", "body": tail, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _send_translated(self, req: GenRequest, status: int, data: bytes, headers: Headers,
+                               send: Send) -> None:
+        if status != 200:
+            await _send_whole(send, status, error_body("ollama", status, translate.error_message(data)),
+                              b"application/json", headers)
+            return
+        try:
+            out = translate.response_to_ollama(req.kind, json.loads(data), req.model,
+                                               int((time.perf_counter() - req.t0) * 1e9))
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise ApiError(502, f"backend sent a response that could not be translated: {e}") from None
+        await _send_whole(send, 200, json.dumps(out).encode(), b"application/json", headers)
+
+
+async def _first_chunk(resp: aiohttp.ClientResponse, line: bool) -> bytes:
+    """The first piece of a stream, read before the client gets a byte (so a failure here retries)."""
+    chunk = await (resp.content.readline() if line else resp.content.readany())
+    if not chunk:
+        raise aiohttp.ClientPayloadError("backend closed the stream before the first chunk")
+    return chunk
+
+
+async def _send_whole(send: Send, status: int, body: bytes, content_type: bytes | None,
+                      headers: Headers) -> None:
+    h = list(headers)
+    if content_type is not None:
+        h.append((b"content-type", content_type))
+    h.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": h})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _ndjson_error(e: BaseException) -> bytes:
+    return json.dumps({"error": f"backend stream failed: {type(e).__name__}"}).encode() + b"\n"
+
+
+def _stream_error(resp: aiohttp.ClientResponse, e: BaseException) -> bytes:
+    """A last chunk telling the client the stream broke, in the stream's own format."""
+    if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+        msg = {"error": {"message": f"backend stream failed: {type(e).__name__}",
+                         "type": "server_error", "param": None, "code": "upstream_error"}}
+        return b"data: " + json.dumps(msg).encode() + b"\n\n"
+    return _ndjson_error(e)
+
+
+def _unknown_model(req: GenRequest) -> ApiError:
+    if req.api == "openai":
+        return ApiError(404, f"The model `{req.model}` does not exist.", param="model",
+                        code="model_not_found")
+    return ApiError(404, f"model '{req.model}' not found")
+
