@@ -1,0 +1,49 @@
+"""Real servers for tests: the router under uvicorn in this event loop, on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator
+
+import uvicorn
+
+from mock import free_port
+from nomyo_router.app import RouterApp
+from nomyo_router.config import RouterConfig, parse_config
+
+
+class RunningRouter:
+    def __init__(self, app: RouterApp, url: str) -> None:
+        self.app = app
+        self.url = url
+
+    @property
+    def router(self):
+        return self.app.router
+
+
+@contextlib.asynccontextmanager
+async def run_router(config: RouterConfig | dict[str, Any]) -> AsyncIterator[RunningRouter]:
+    if isinstance(config, dict):
+        config = parse_config(config)
+    app = RouterApp(config)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
+                                           log_level="warning", access_log=False, http="httptools"))
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # tests own signals
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("router did not start")
+        await asyncio.sleep(0.01)
+    try:
+        yield RunningRouter(app, f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+def endpoints(*mocks: Any, slots: int = 2, **extra: Any) -> list[dict[str, Any]]:
+    return [{"url": m.url, "name": f"m{i}", "max_concurrent": slots, **extra} for i, m in enumerate(mocks)]

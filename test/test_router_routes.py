@@ -1,0 +1,116 @@
+"""Every route, streaming and not, through pass-through and through translation, with the
+official clients; content must equal what the mock gives directly."""
+
+from __future__ import annotations
+
+import aiohttp
+import ollama
+import openai
+import pytest
+
+from mock import run_mock
+from nomyo_router.domain import model_key
+from test.conftest import FAST
+from test.helpers import endpoints, run_router
+
+MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+@pytest.fixture(params=["ollama", "openai"])
+async def setup(request):
+    """(router url, mock url) with the mock declared as an Ollama or an OpenAI-type backend."""
+    async with run_mock(**FAST) as m:
+        async with run_router({"endpoints": endpoints(m, type=request.param)}) as r:
+            yield r.url, m.url, request.param
+
+
+def oa(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+async def test_ollama_chat_and_generate(setup):
+    router, direct, kind = setup
+    for fn, kwargs, field in (("chat", {"messages": MSGS}, "message"),
+                              ("generate", {"prompt": "hi", "options": {"num_predict": 3}}, "response")):
+        want = await getattr(ollama.AsyncClient(host=direct), fn)(model="llama3", stream=False, **kwargs)
+        c = ollama.AsyncClient(host=router)
+        got = await getattr(c, fn)(model="llama3", stream=False, **kwargs)
+        parts = [p async for p in await getattr(c, fn)(model="llama3", stream=True, **kwargs)]
+        text = lambda r: r.message.content if field == "message" else r.response  # noqa: E731
+        assert text(got) == text(want) == "".join(text(p) for p in parts)
+        assert parts[-1].done and parts[-1].done_reason == want.done_reason
+        assert got.eval_count == parts[-1].eval_count == want.eval_count
+        assert got.prompt_eval_count == want.prompt_eval_count
+
+
+async def test_ollama_stream_is_the_default(setup):
+    router, _, _ = setup
+    async with aiohttp.ClientSession() as s:
+        async with s.post(router + "/api/chat", json={"model": "llama3", "messages": MSGS}) as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("application/x-ndjson")
+            lines = [l async for l in r.content if l.strip()]
+    assert len(lines) == 9  # 8 tokens + the done chunk
+
+
+async def test_ollama_embeddings(setup):
+    router, direct, _ = setup
+    want = await ollama.AsyncClient(host=direct).embed(model="llama3", input=["a", "b"])
+    got = await ollama.AsyncClient(host=router).embed(model="llama3", input=["a", "b"])
+    assert got.embeddings == want.embeddings
+    legacy = await ollama.AsyncClient(host=router).embeddings(model="llama3", prompt="a")
+    assert list(legacy.embedding) == list(want.embeddings[0])
+
+
+async def test_openai_routes(setup):
+    router, direct, _ = setup
+    c, d = oa(router), oa(direct)
+    want = await d.chat.completions.create(model="llama3", messages=MSGS)
+    got = await c.chat.completions.create(model="llama3", messages=MSGS)
+    assert got.choices[0].message.content == want.choices[0].message.content
+    chunks = [ch async for ch in await c.chat.completions.create(
+        model="llama3", messages=MSGS, stream=True, stream_options={"include_usage": True})]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \
+        want.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == 8
+    comp = await c.completions.create(model="llama3", prompt="hi", max_tokens=2)
+    parts = [p async for p in await c.completions.create(model="llama3", prompt="hi", max_tokens=2, stream=True)]
+    assert comp.choices[0].text == "".join(p.choices[0].text for p in parts) == "lorem ipsum "
+    emb = await c.embeddings.create(model="llama3", input="x")
+    assert emb.data[0].embedding == (await d.embeddings.create(model="llama3", input="x")).data[0].embedding
+    ids = [model_key(m.id) for m in (await c.models.list()).data]
+    assert ids == [model_key(m.id) for m in (await d.models.list()).data]
+
+
+async def test_listing_routes_merge_endpoints():
+    async with run_mock(**FAST, models=["llama3", "a:1"]) as m1, run_mock(**FAST, models=["llama3:latest", "b"]) as m2:
+        async with run_router({"endpoints": endpoints(m1, m2)}) as r:
+            c = ollama.AsyncClient(host=r.url)
+            names = sorted(m.model for m in (await c.list()).models)
+            assert names == ["a:1", "b:latest", "llama3:latest"]
+            assert len((await c.ps()).models) == 3
+            show = await c.show("b")
+            assert show.details.family == "b"
+            ids = sorted(m.id for m in (await oa(r.url).models.list()).data)
+            assert len(ids) == 3
+            async with aiohttp.ClientSession() as s:
+                async with s.get(r.url + "/api/version") as v:
+                    assert (await v.json())["version"]
+
+
+async def test_unknown_model_is_404_in_each_shape(setup):
+    router, _, _ = setup
+    with pytest.raises(ollama.ResponseError) as e:
+        await ollama.AsyncClient(host=router).chat(model="nope", messages=MSGS, stream=False)
+    assert e.value.status_code == 404
+    with pytest.raises(openai.NotFoundError) as e2:
+        await oa(router).chat.completions.create(model="nope", messages=MSGS)
+    assert e2.value.body["code"] == "model_not_found"
+
+
+async def test_name_and_latest_match():
+    async with run_mock(**FAST, models=["llama3:latest"]) as m:
+        async with run_router({"endpoints": endpoints(m, type="openai")}) as r:
+            got = await oa(r.url).chat.completions.create(model="llama3", messages=MSGS)
+            assert got.choices[0].message.content
+            got2 = await ollama.AsyncClient(host=r.url).chat(model="llama3:latest", messages=MSGS, stream=False)
+            assert got2.message.content == got.choices[0].message.content
