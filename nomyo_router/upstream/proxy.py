@@ -50,7 +50,8 @@ class Proxy:
         # answer is bounded by first_byte_timeout around the call instead.
         self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
                                                      sock_read=config.stream_idle_timeout)
-        self._whole_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
+        self._whole_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
+                                                    sock_read=config.first_byte_timeout)
 
     async def handle(self, req: GenRequest, send: Send) -> None:
         if not self.scheduler.knows(req.key):
@@ -115,21 +116,13 @@ class Proxy:
             (b"x-router-overhead-ms", b"%.3f" % ((t_up - req.t0 - lease.queued_s) * 1000)),
         ]
         try:
-            async with asyncio.timeout(self.config.first_byte_timeout):
-                resp = await self.session.post(ep.url + path, data=body, headers=ep.headers,
-                                               timeout=self._stream_timeout if req.stream else self._whole_timeout)
-                try:
-                    if resp.status in RETRY_STATUSES:
-                        raise RetryableFailure(f"HTTP {resp.status}", resp.status, await resp.read(),
-                                               resp.headers.get("Content-Type", "application/json").encode())
-                    if not req.stream or resp.status != 200:
-                        data = await resp.read()
-                        first = b""
-                    else:
-                        first = await _first_chunk(resp, translating)
-                except BaseException:
-                    resp.close()
-                    raise
+            # A whole answer is bounded by sock_read=first_byte_timeout (nothing arrives before it
+            # is complete); a stream's first chunk by an explicit deadline, later chunks by idling.
+            if req.stream:
+                async with asyncio.timeout(self.config.first_byte_timeout):
+                    resp, data, first = await self._call(ep, path, body, self._stream_timeout, translating)
+            else:
+                resp, data, first = await self._call(ep, path, body, self._whole_timeout, False)
         except UNREACHABLE as e:
             self.store.set_healthy(ep, False)
             log.warning("endpoint %s unreachable (%s): out of rotation until a probe succeeds",
@@ -156,6 +149,21 @@ class Proxy:
                 await self._relay(resp, first, headers, send)
         finally:
             resp.close()  # not reusable after a streamed body; closing also stops the backend
+
+    async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: aiohttp.ClientTimeout,
+                    line: bool) -> tuple[aiohttp.ClientResponse, bytes, bytes]:
+        """Send, and read either the whole body or the first chunk of a 200 stream."""
+        resp = await self.session.post(ep.url + path, data=body, headers=ep.headers, timeout=timeout)
+        try:
+            if resp.status in RETRY_STATUSES:
+                raise RetryableFailure(f"HTTP {resp.status}", resp.status, await resp.read(),
+                                       resp.headers.get("Content-Type", "application/json").encode())
+            if timeout is self._whole_timeout or resp.status != 200:
+                return resp, await resp.read(), b""
+            return resp, b"", await _first_chunk(resp, line)
+        except BaseException:
+            resp.close()
+            raise
 
     async def _relay(self, resp: aiohttp.ClientResponse, first: bytes, headers: Headers,
                      send: Send) -> None:
