@@ -75,9 +75,10 @@ class MockConfig:
         return new
 
 
-def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+def add_arguments(parser: argparse.ArgumentParser, prefix: str = "",
+                  defaults: MockConfig | None = None) -> None:
     """Add one flag per knob (`--ttft-ms`, ...); `prefix` gives `--mock-ttft-ms` for the load tester."""
-    defaults = MockConfig()
+    defaults = defaults or MockConfig()
     for f in dataclasses.fields(MockConfig):
         flag = "--" + prefix + f.name.replace("_", "-")
         default = getattr(defaults, f.name)

@@ -78,6 +78,7 @@ class MockBackend:
             ("POST", "/mock/config"): self.config_route,
             ("GET", "/mock/config"): self.config_route,
             ("POST", "/mock/reset"): self.reset_route,
+            ("POST", "/mock/stall"): self.stall_route,
         }
         self._paths = {path for _, path in self.routes}
 
@@ -184,6 +185,17 @@ class MockBackend:
         self.reset_stats()
         self.kv.clear()
         return _json({"ok": True})
+
+    async def stall_route(self, request: web.BaseRequest) -> web.Response:
+        """Freeze the whole server for `ms` (a GC pause, a swapped-out process): every request
+        in flight and every new one waits. The answer comes after the stall."""
+        body = await _read_json(request)
+        ms = body.get("ms", 500)
+        if not isinstance(ms, (int, float)) or isinstance(ms, bool) or not 0 <= ms <= 60_000:
+            raise BadRequest(400, "ms must be a number between 0 and 60000")
+        self.errors_injected["stall"] += 1
+        asyncio.get_running_loop().call_soon(time.sleep, ms / 1000)
+        return _json({"stalled_ms": ms})
 
     def _check_model(self, model: str) -> None:
         if model in self.config.models:

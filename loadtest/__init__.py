@@ -1,0 +1,1 @@
+"""Load tester for nomyo-router and any Ollama/OpenAI-compatible server."""

@@ -1,0 +1,229 @@
+"""loadtest: drive a router or an LLM server, ramp to the knee, report and gate.
+
+  python loadtest.py --mock-backend --ramp 8,32,64,128          # spawn mock + router, ramp
+  python loadtest.py --url http://127.0.0.1:12434 --concurrency 32
+  python loadtest.py --serve-mock --mock-port 11434              # only the mock
+  loadtest compare BASELINE.json CURRENT.json --max-regression 10%
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from mock.config import MockConfig, add_arguments, from_namespace
+
+from . import compare as compare_mod
+from .client import make_session
+from .engine import Progress, Stage, run_stage
+from .knee import find_knee
+from .metrics import summarize
+from .orchestrate import Fleet, install_sigterm_as_interrupt
+from .report import document, print_summary, write_html, write_json
+from .workload import WorkloadSpec
+
+# The mock the load tester spawns is cheap and wide, so the router is what gets measured.
+LOADTEST_MOCK = MockConfig(ttft_ms=20.0, tokens=32, tok_ms=1.0, parallel=4096, max_queue=100_000)
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("every ramp value must be > 0")
+    return values
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected K:V, got {text!r}")
+    return name.strip(), value.strip()
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    import yaml
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), yaml.safe_load(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="loadtest", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    mode = p.add_argument_group("mode")
+    mode.add_argument("--url", default="http://127.0.0.1:12434", help="server to drive (default mode)")
+    mode.add_argument("--mock-backend", action="store_true", help="spawn mock(s) and a router, drive the router")
+    mode.add_argument("--serve-mock", action="store_true", help="only run the mock until Ctrl-C")
+    mode.add_argument("--direct", action="store_true",
+                      help="with --mock-backend: also measure straight to the mock, stage by stage")
+    fleet = p.add_argument_group("mock backend and router (with --mock-backend)")
+    fleet.add_argument("--mock-count", type=int, default=1)
+    fleet.add_argument("--mock-port", type=int, default=None, help="first mock's port (default: free)")
+    fleet.add_argument("--mock-host", default="127.0.0.1")
+    add_arguments(fleet, prefix="mock-", defaults=LOADTEST_MOCK)
+    fleet.add_argument("--router-workers", type=int, default=1)
+    fleet.add_argument("--router-max-conc", type=int, default=None,
+                       help="slots per endpoint (default: the peak concurrency, so the router only queues when asked)")
+    fleet.add_argument("--router-port", type=int, default=None)
+    fleet.add_argument("--router-set", type=_setting, action="append", default=[], metavar="KEY=VALUE",
+                       help="extra router config, e.g. conversation_affinity=false")
+    fleet.add_argument("--keep-config", action="store_true")
+    req = p.add_argument_group("requests")
+    req.add_argument("--api", choices=["ollama", "openai"], default="ollama")
+    req.add_argument("--endpoint", choices=["chat", "generate", "embed"], default="chat")
+    req.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    req.add_argument("--model", default=None, help="default: the mock's first model, or llama3")
+    req.add_argument("--prompt", default="Why is the sky blue?")
+    req.add_argument("--prompt-tokens", type=int, default=None, help="send a prompt of about N tokens")
+    req.add_argument("--max-tokens", type=int, default=None)
+    req.add_argument("--header", type=_header, action="append", default=[], metavar="K:V")
+    load = p.add_argument_group("load shape")
+    load.add_argument("--concurrency", type=int, default=32, help="closed loop: virtual users")
+    load.add_argument("--rate", type=float, nargs="?", const=-1.0, default=None,
+                      help="open loop at R req/s; with --ramp and no value, the ramp values are rates")
+    load.add_argument("--arrival", choices=["constant", "poisson"], default="constant")
+    load.add_argument("--ramp", type=_floats, default=None, help="e.g. 8,32,64 (concurrencies or rates)")
+    load.add_argument("--duration", type=float, default=10.0, help="seconds per stage")
+    load.add_argument("--requests", type=int, default=None, help="requests per stage instead of --duration")
+    load.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each stage")
+    load.add_argument("--timeout", type=float, default=120.0, help="per request")
+    load.add_argument("--seed", type=int, default=0)
+    conv = p.add_argument_group("conversations")
+    conv.add_argument("--turns", type=int, default=1, help="turns per conversation (closed loop)")
+    conv.add_argument("--context-tokens", type=int, default=0, help="history size of a conversation's first turn")
+    conv.add_argument("--session-header", default=None, help="send the conversation id in this header")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", default=None, metavar="PATH")
+    out.add_argument("--html", default=None, metavar="PATH")
+    out.add_argument("--quiet", action="store_true", help="no live progress")
+    return p
+
+
+def stages_from(args: argparse.Namespace) -> list[Stage]:
+    open_loop = args.rate is not None
+    if args.ramp:
+        loads = args.ramp
+    elif open_loop:
+        if args.rate <= 0:
+            raise SystemExit("loadtest: --rate needs a value unless --ramp gives the rates")
+        loads = [args.rate]
+    else:
+        loads = [float(args.concurrency)]
+    return [Stage(mode="open" if open_loop else "closed", load=l, duration=args.duration,
+                  requests=args.requests, warmup=args.warmup, arrival=args.arrival, seed=args.seed + i)
+            for i, l in enumerate(loads)]
+
+
+async def drive(args: argparse.Namespace, spec: WorkloadSpec, stages: list[Stage], router_url: str,
+                direct_url: str | None, console: Console) -> tuple[list[dict], list[dict] | None]:
+    results: list[dict] = []
+    direct: list[dict] | None = [] if direct_url else None
+    async with make_session() as session:
+        for i, stage in enumerate(stages):
+            targets = [("direct", direct_url)] if direct_url else []
+            targets.append(("router", router_url))
+            for target, url in targets:
+                prog = Progress()
+                label = f"stage {i + 1}/{len(stages)} {target} {'conc' if stage.mode == 'closed' else 'rate'}={stage.load:g}"
+                run_task = asyncio.ensure_future(run_stage(session, url, spec, stage, args.timeout, target, prog))
+                if args.quiet:
+                    run = await run_task
+                else:
+                    with Live(console=console, refresh_per_second=4, transient=True) as live:
+                        while not run_task.done():
+                            live.update(Text(_progress_line(label, prog)))
+                            await asyncio.wait({run_task}, timeout=0.25)
+                    run = run_task.result()
+                m = summarize(run)
+                (direct if target == "direct" else results).append(m)  # type: ignore[union-attr]
+                console.print(f"{label}: {m['completed']} ok, {m['failed']} err, "
+                              f"{m['request_throughput']:.1f} req/s, p50 {m['median_e2el_ms']} ms", highlight=False)
+    return results, direct
+
+
+def _progress_line(label: str, prog: Progress) -> str:
+    import time
+    elapsed = time.perf_counter() - prog.t0 if prog.t0 else 0.0
+    rate = prog.done / elapsed if elapsed > 0 else 0.0
+    phase = "measuring" if prog.measuring else "warming up"
+    return f"{label} | {phase} | {elapsed:5.1f}s | {rate:8.1f} req/s | errors {prog.errors}"
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    mock_cfg = from_namespace(args, prefix="mock-")
+    if args.serve_mock:
+        from mock.runner import serve_forever
+        serve_forever(mock_cfg, args.mock_host, args.mock_port or 11434)
+        return 0
+    if args.direct and not args.mock_backend:
+        console.print("[red]loadtest:[/] --direct needs --mock-backend")
+        return 2
+    stages = stages_from(args)
+    model = args.model or (mock_cfg.models[0] if args.mock_backend else "llama3")
+    spec = WorkloadSpec(api=args.api, endpoint=args.endpoint, stream=args.stream, model=model,
+                        prompt=args.prompt, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
+                        turns=args.turns, context_tokens=args.context_tokens,
+                        session_header=args.session_header, headers=dict(args.header))
+    config: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("header",)}
+    config["stages"] = [vars(s) for s in stages]
+    fleet: Fleet | None = None
+    install_sigterm_as_interrupt()
+    try:
+        if args.mock_backend:
+            peak = max(s.load for s in stages) if stages[0].mode == "closed" else 1024
+            fleet = Fleet(mock_config=mock_cfg, mock_count=args.mock_count, mock_port=args.mock_port,
+                          router_port=args.router_port, router_workers=args.router_workers,
+                          router_max_conc=args.router_max_conc or int(peak),
+                          router_extra=dict(args.router_set), keep_config=args.keep_config)
+            console.print(f"starting {args.mock_count} mock(s) and a router "
+                          f"({args.router_workers} worker(s))...", highlight=False)
+            fleet.start()
+            config["router_config"] = fleet.router_config()
+            if args.keep_config:
+                console.print(f"router config kept at {fleet.config_path}")
+            url, direct_url = fleet.router_url, (fleet.direct_url if args.direct else None)
+        else:
+            url, direct_url = args.url, None
+        results, direct = asyncio.run(drive(args, spec, stages, url, direct_url, console))
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: tearing down[/]")
+        return 130
+    except (RuntimeError, TimeoutError) as e:
+        console.print(f"[red]loadtest:[/] {e}")
+        return 1
+    finally:
+        if fleet is not None:
+            fleet.stop()
+    knee = find_knee(results)
+    print_summary(console, results, knee, stages[0].mode, direct)
+    doc = document(config, results, knee, direct)
+    if args.json:
+        write_json(args.json, doc)
+        console.print(f"wrote {args.json}")
+    if args.html:
+        write_html(args.html, doc)
+        console.print(f"wrote {args.html}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "compare":
+        return compare_mod.main(argv[1:])
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

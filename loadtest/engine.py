@@ -1,0 +1,166 @@
+"""Drive one stage of load: closed loop (N virtual users) or open loop (R arrivals/s).
+
+Open-loop latency counts from the *intended* send time, so a stalled server cannot hide
+behind a client that slowed down with it (coordinated omission, as wrk2 corrects it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import aiohttp
+
+from .client import Result, send
+from .workload import Conversation, WorkloadSpec
+
+
+@dataclass
+class Stage:
+    mode: str  # "closed" | "open"
+    load: float  # concurrency or rate
+    duration: float | None = 10.0
+    requests: int | None = None
+    warmup: float = 1.0
+    arrival: str = "constant"  # open loop: constant | poisson
+    seed: int = 0
+
+
+@dataclass
+class Progress:
+    started: int = 0
+    done: int = 0
+    errors: int = 0
+    t0: float = 0.0
+    measuring: bool = False
+
+
+@dataclass
+class StageRun:
+    stage: Stage
+    target: str  # "router" | "direct"
+    results: list[Result] = field(default_factory=list)
+    window_start: float = 0.0
+    window_end: float = 0.0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    loop_lag: list[float] = field(default_factory=list)
+
+
+class LoopMonitor:
+    """Samples event-loop lag (how late a 10 ms sleep wakes) and this process's CPU time."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.interval = interval
+        self.lags: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(self.interval)
+            self.lags.append(time.perf_counter() - t - self.interval)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+
+    async def stop(self) -> tuple[float, float]:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        return time.process_time() - self.cpu0, time.perf_counter() - self.wall0
+
+
+async def _sleep_until(t: float) -> None:
+    delay = t - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def run_stage(session: aiohttp.ClientSession, base_url: str, spec: WorkloadSpec, stage: Stage,
+                    timeout: float, target: str = "router", progress: Progress | None = None,
+                    on_result: Callable[[Result], None] | None = None) -> StageRun:
+    url = base_url.rstrip("/") + spec.path
+    prog = progress or Progress()
+    run = StageRun(stage, target)
+    single_body = spec.body()
+    monitor = LoopMonitor()
+    t0 = time.perf_counter()
+    prog.t0 = t0
+    measure_from = t0 + stage.warmup
+    end = measure_from + stage.duration if stage.requests is None and stage.duration else float("inf")
+    measured_started = 0
+    keep_answer = spec.turns > 1
+
+    def take(r: Result) -> None:
+        prog.done += 1
+        if not r.ok:
+            prog.errors += 1
+        if r.start >= measure_from:
+            run.results.append(r)
+        if on_result:
+            on_result(r)
+
+    def may_start(now: float) -> bool:
+        nonlocal measured_started
+        if now >= end:
+            return False
+        if now >= measure_from:
+            prog.measuring = True
+            if stage.requests is not None:
+                if measured_started >= stage.requests:
+                    return False
+                measured_started += 1
+        prog.started += 1
+        return True
+
+    async def user(uid: int) -> None:
+        number = 0
+        conv = Conversation(spec, uid, number) if spec.turns > 1 else None
+        while True:
+            now = time.perf_counter()
+            if not may_start(now):
+                return
+            if conv is None:
+                r = await send(session, url, single_body, spec.headers, spec.api, spec.endpoint,
+                               spec.stream, timeout, now)
+            else:
+                r = await send(session, url, conv.next_body(), conv.headers(), spec.api, spec.endpoint,
+                               spec.stream, timeout, now, keep_answer=True)
+                r.turn = conv.turn + 1
+                if r.ok:
+                    conv.record(r.answer)
+                if not r.ok or conv.finished:
+                    number += 1
+                    conv = Conversation(spec, uid, number)
+            take(r)
+
+    monitor.start()
+    if stage.mode == "closed":
+        await asyncio.gather(*(user(i) for i in range(int(stage.load))))
+    else:
+        rng = random.Random(stage.seed)
+        tasks: set[asyncio.Task] = set()
+        headers = spec.headers
+        t = t0
+        while True:
+            gap = rng.expovariate(stage.load) if stage.arrival == "poisson" else 1.0 / stage.load
+            t += gap
+            await _sleep_until(t)
+            if not may_start(t):
+                break
+            task = asyncio.ensure_future(send(session, url, single_body, headers, spec.api, spec.endpoint,
+                                              spec.stream, timeout, t))
+            task.add_done_callback(lambda f: (tasks.discard(f), take(f.result())))
+            tasks.add(task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+    run.cpu_s, run.wall_s = await monitor.stop()
+    run.loop_lag = monitor.lags
+    run.window_start = measure_from
+    run.window_end = max((r.end for r in run.results), default=measure_from)
+    return run

@@ -1,0 +1,79 @@
+"""Per-stage metrics. Names follow `vllm bench serve` where they overlap
+(request_throughput, output_throughput, median/p99_ttft_ms, tpot, itl, e2el, completed, failed)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from .engine import StageRun
+
+CPU_BOTTLENECK = 0.85  # share of one core
+LAG_BOTTLENECK_MS = 20.0
+SEND_LAG_BOTTLENECK_MS = 10.0
+
+
+def _dist(prefix: str, values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
+    if not values:
+        return {f"mean_{prefix}_ms": None, f"median_{prefix}_ms": None, f"p90_{prefix}_ms": None,
+                f"p99_{prefix}_ms": None, f"max_{prefix}_ms": None}
+    a = np.asarray(values, dtype=float) * scale
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {f"mean_{prefix}_ms": round(float(a.mean()), 3), f"median_{prefix}_ms": round(float(p50), 3),
+            f"p90_{prefix}_ms": round(float(p90), 3), f"p99_{prefix}_ms": round(float(p99), 3),
+            f"max_{prefix}_ms": round(float(a.max()), 3)}
+
+
+def summarize(run: StageRun) -> dict[str, Any]:
+    results = run.results
+    ok = [r for r in results if r.ok]
+    duration = max(run.window_end - run.window_start, 1e-9)
+    out_tokens = sum(r.out_tokens for r in ok)
+    errors = Counter(r.error for r in results if not r.ok)
+    tpot = [(r.latency - r.ttft) / (r.out_tokens - 1) for r in ok
+            if r.ttft is not None and r.out_tokens > 1 and r.itl]
+    itl = [g for r in ok for g in r.itl]
+    lag_ms = np.percentile(np.asarray(run.loop_lag) * 1000, 99) if run.loop_lag else 0.0
+    send_lag_ms = np.percentile([r.send_lag * 1000 for r in results], 99) if results else 0.0
+    cpu = run.cpu_s / run.wall_s if run.wall_s else 0.0
+    stage = run.stage
+    m: dict[str, Any] = {
+        "target": run.target,
+        "mode": stage.mode,
+        "max_concurrency": int(stage.load) if stage.mode == "closed" else None,
+        "request_rate": stage.load if stage.mode == "open" else None,
+        "load": stage.load,
+        "requests": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "error_rate": round((len(results) - len(ok)) / len(results), 5) if results else 0.0,
+        "errors": dict(errors),
+        "duration_s": round(duration, 3),
+        "request_throughput": round(len(ok) / duration, 3),
+        "output_throughput": round(out_tokens / duration, 3),
+        "total_output_tokens": out_tokens,
+    }
+    m.update(_dist("e2el", [r.latency for r in ok]))
+    m.update(_dist("ttft", [r.ttft for r in ok if r.ttft is not None]))
+    m.update(_dist("tpot", tpot))
+    m.update(_dist("itl", itl))
+    overheads = [r.overhead_ms for r in ok if r.overhead_ms is not None]
+    m.update(_dist("router_overhead", overheads, scale=1.0))
+    m["endpoints"] = dict(Counter(r.endpoint for r in ok if r.endpoint))
+    m["affinity"] = dict(Counter(r.affinity for r in ok if r.affinity))
+    turns = sorted({r.turn for r in ok if r.turn})
+    if len(turns) > 1:
+        m["turns"] = {str(t): _dist("ttft", [r.ttft for r in ok if r.turn == t and r.ttft is not None])
+                      for t in turns}
+        later = [r.ttft for r in ok if r.turn >= 2 and r.ttft is not None]
+        m.update({k.replace("ttft", "ttft_turn2plus"): v for k, v in _dist("ttft", later).items()})
+    m["client"] = {
+        "cpu_share": round(cpu, 3),
+        "loop_lag_p99_ms": round(float(lag_ms), 3),
+        "send_lag_p99_ms": round(float(send_lag_ms), 3),
+        "bottleneck": bool(cpu >= CPU_BOTTLENECK or lag_ms > LAG_BOTTLENECK_MS
+                           or (stage.mode == "open" and send_lag_ms > SEND_LAG_BOTTLENECK_MS)),
+    }
+    return m

@@ -1,0 +1,106 @@
+"""Spawn mocks and a router wired to them, and tear everything down whatever happens.
+
+Each child runs in its own session (process group), so killing the group also takes
+uvicorn's worker processes. Teardown runs on normal exit, on errors, on Ctrl-C and on
+SIGTERM; nothing is left running and no port stays bound.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from mock import MockConfig, MockProcess, free_port
+from mock.runner import wait_http
+
+
+@dataclass
+class Fleet:
+    mock_config: MockConfig
+    mock_count: int = 1
+    mock_port: int | None = None  # the first mock's port; others follow
+    router_port: int | None = None
+    router_workers: int = 1
+    router_max_conc: int = 32
+    router_extra: dict[str, Any] = field(default_factory=dict)
+    keep_config: bool = False
+    mocks: list[MockProcess] = field(default_factory=list)
+    router: subprocess.Popen | None = None
+    config_path: str | None = None
+    router_url: str = ""
+
+    def start(self) -> "Fleet":
+        try:
+            for i in range(self.mock_count):
+                port = self.mock_port + i if self.mock_port else None
+                self.mocks.append(MockProcess(self.mock_config, port=port).start())
+            self._start_router()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def router_config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "endpoints": [{"url": m.url, "name": f"mock{i}", "max_concurrent": self.router_max_conc}
+                          for i, m in enumerate(self.mocks)],
+            "max_queue": 100_000,
+            "health_interval": 1,
+        }
+        cfg.update(self.router_extra)
+        return cfg
+
+    def _start_router(self) -> None:
+        fd, self.config_path = tempfile.mkstemp(prefix="nomyo-loadtest-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(self.router_config(), f)
+        port = self.router_port or free_port()
+        self.router_url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "nomyo_router", "--config", self.config_path, "--port", str(port),
+               "--workers", str(self.router_workers), "--log-level", "warning"]
+        self.router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       start_new_session=True)
+        wait_http(self.router_url + "/health", 30, self.router)
+
+    @property
+    def direct_url(self) -> str:
+        return self.mocks[0].url
+
+    def stop(self) -> None:
+        if self.router is not None and self.router.poll() is None:
+            _kill_group(self.router)
+        for m in self.mocks:
+            m.stop()
+        if self.config_path and not self.keep_config and os.path.exists(self.config_path):
+            os.unlink(self.config_path)
+
+    def __enter__(self) -> "Fleet":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def install_sigterm_as_interrupt() -> None:
+    """SIGTERM tears down like Ctrl-C does."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)

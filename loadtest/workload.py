@@ -1,0 +1,114 @@
+"""What the load tester sends: request payloads, built before the clock starts.
+
+A single-turn workload reuses one pre-encoded body. A conversation (`turns > 1`) grows
+its history each turn: it appends the answer and a new user message, as chat clients do.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+FILLER = ("the quick brown fox jumps over the lazy dog while the router keeps the cache warm "
+          "and every backend serves its share of the load ")
+
+PATHS = {
+    ("ollama", "chat"): "/api/chat",
+    ("ollama", "generate"): "/api/generate",
+    ("ollama", "embed"): "/api/embed",
+    ("openai", "chat"): "/v1/chat/completions",
+    ("openai", "generate"): "/v1/completions",
+    ("openai", "embed"): "/v1/embeddings",
+}
+
+
+def filler_text(tokens: int, seed: str = "") -> str:
+    """About `tokens` tokens (4 characters each) of text, starting with `seed`."""
+    chars = max(tokens, 0) * 4
+    text = seed
+    while len(text) < chars:
+        text += FILLER
+    return text[:chars] if chars >= len(seed) else seed
+
+
+@dataclass
+class WorkloadSpec:
+    api: str = "ollama"
+    endpoint: str = "chat"
+    stream: bool = True
+    model: str = "llama3"
+    prompt: str = "Why is the sky blue?"
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    turns: int = 1
+    context_tokens: int = 0  # history in a conversation's first turn
+    system_prompt: str = "You are a helpful assistant."
+    session_header: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return PATHS[(self.api, self.endpoint)]
+
+    def user_text(self) -> str:
+        if self.prompt_tokens:
+            return filler_text(self.prompt_tokens)
+        return self.prompt
+
+    def body(self, messages: list[dict[str, Any]] | None = None, prompt: str | None = None) -> bytes:
+        b: dict[str, Any] = {"model": self.model}
+        if self.endpoint == "embed":
+            b["input"] = prompt if prompt is not None else self.user_text()
+            return json.dumps(b).encode()
+        b["stream"] = self.stream
+        if self.endpoint == "chat":
+            b["messages"] = messages if messages is not None else [{"role": "user", "content": self.user_text()}]
+        else:
+            b["prompt"] = prompt if prompt is not None else self.user_text()
+        if self.max_tokens is not None:
+            if self.api == "ollama":
+                b["options"] = {"num_predict": self.max_tokens}
+            else:
+                b["max_tokens"] = self.max_tokens
+        if self.api == "openai" and self.stream:
+            b["stream_options"] = {"include_usage": True}
+        return json.dumps(b).encode()
+
+
+class Conversation:
+    """One virtual user's multi-turn chat. `next_body()` then `record(answer)` per turn."""
+
+    def __init__(self, spec: WorkloadSpec, user: int, number: int) -> None:
+        self.spec = spec
+        self.id = f"u{user}-c{number}-{uuid.uuid4().hex[:8]}"
+        self.turn = 0
+        opening = filler_text(spec.context_tokens, f"[{self.id}] ") if spec.context_tokens else \
+            f"[{self.id}] {spec.user_text()}"
+        self.messages: list[dict[str, Any]] = []
+        if spec.system_prompt:
+            self.messages.append({"role": "system", "content": spec.system_prompt})
+        self.messages.append({"role": "user", "content": opening})
+        self.prompt = opening  # for generate: the growing prompt
+
+    @property
+    def finished(self) -> bool:
+        return self.turn >= self.spec.turns
+
+    def next_body(self) -> bytes:
+        if self.spec.endpoint == "chat":
+            return self.spec.body(self.messages)
+        return self.spec.body(prompt=self.prompt)
+
+    def headers(self) -> dict[str, str]:
+        if self.spec.session_header:
+            return {**self.spec.headers, self.spec.session_header: self.id}
+        return self.spec.headers
+
+    def record(self, answer: str) -> None:
+        self.turn += 1
+        follow_up = f"Turn {self.turn + 1}: please go on."
+        self.messages.append({"role": "assistant", "content": answer})
+        self.messages.append({"role": "user", "content": follow_up})
+        self.prompt = f"{self.prompt}{answer}\n{follow_up}"
