@@ -15,19 +15,18 @@ import urllib.request
 from dataclasses import asdict, fields
 from typing import Any, AsyncIterator
 
-from aiohttp import web
-
 from .config import MockConfig
+from .http import Server
 from .server import MockBackend
 
 
 class RunningMock:
     """A mock serving in the current loop; `backend` is the live object, for knobs and stats."""
 
-    def __init__(self, backend: MockBackend, runner: web.ServerRunner, url: str) -> None:
+    def __init__(self, backend: MockBackend, server: Server, url: str) -> None:
         self.backend = backend
         self.url = url
-        self._runner = runner
+        self._server = server
 
     def update(self, **changes: Any) -> MockConfig:
         return self.backend.update(**changes)
@@ -36,20 +35,15 @@ class RunningMock:
         return self.backend.stats()
 
     async def close(self) -> None:
-        await self._runner.cleanup()
+        await self._server.close()
 
 
 async def start_mock(config: MockConfig | None = None, host: str = "127.0.0.1",
                      port: int = 0) -> RunningMock:
     backend = MockBackend(config or MockConfig())
-    server = web.Server(backend.handle, handler_cancellation=True, access_log=None)
-    runner = web.ServerRunner(server, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
-    await site.start()
-    sock = site._server.sockets[0]  # type: ignore[union-attr]
-    bound = sock.getsockname()[1]
-    return RunningMock(backend, runner, f"http://{host}:{bound}")
+    server = Server(backend.handle)
+    await server.start(host, port)
+    return RunningMock(backend, server, f"http://{host}:{server.port}")
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""The mock backend: Ollama and OpenAI routes on aiohttp's low-level server.
+"""The mock backend: Ollama and OpenAI routes on a small httptools server (mock.http).
 
 One `MockBackend` is one simulated GPU server: its slots, its KV prefix cache,
 its fault dice and its counters. It knows nothing about routers.
@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any, Awaitable, Callable
 
-from aiohttp import web
+from . import http as web  # Request, Response, StreamResponse
 
 from . import formats
 from .capacity import QueueFull, Slots
@@ -27,7 +27,8 @@ from .text import chat_prompt, count_tokens, embedding, output_tokens
 OLLAMA_BUSY = "server busy, please try again.  maximum pending requests exceeded"
 JSON = "application/json"
 
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+Reply = web.Response | web.StreamResponse
+Handler = Callable[[web.Request], Awaitable[Reply]]
 
 
 class BadRequest(Exception):
@@ -124,7 +125,7 @@ class MockBackend:
         }
 
     # ---- HTTP entry -----------------------------------------------------------
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: web.Request) -> Reply:
         handler = self.routes.get((request.method, request.path))
         if handler is not None:
             try:
@@ -143,25 +144,24 @@ class MockBackend:
                                               "param": None, "code": None}}
         else:
             body = {"error": message}
-        return web.Response(status=status, body=json.dumps(body).encode(),
-                            content_type=JSON, headers=headers)
+        return web.Response(status, json.dumps(body).encode(), JSON, headers)
 
     # ---- metadata routes ----------------------------------------------------------
-    async def tags(self, request: web.BaseRequest) -> web.Response:
+    async def tags(self, request: web.Request) -> web.Response:
         return _json({"models": [formats.ollama_model_entry(m) for m in self.config.models]})
 
-    async def ps(self, request: web.BaseRequest) -> web.Response:
+    async def ps(self, request: web.Request) -> web.Response:
         return _json({"models": [formats.ollama_ps_entry(m) for m in self.config.models]})
 
-    async def version(self, request: web.BaseRequest) -> web.Response:
+    async def version(self, request: web.Request) -> web.Response:
         return _json({"version": formats.OLLAMA_VERSION})
 
-    async def models(self, request: web.BaseRequest) -> web.Response:
+    async def models(self, request: web.Request) -> web.Response:
         return _json({"object": "list", "data": [
             {"id": m, "object": "model", "created": int(self.started), "owned_by": "mock"}
             for m in self.config.models]})
 
-    async def show(self, request: web.BaseRequest) -> web.Response:
+    async def show(self, request: web.Request) -> web.Response:
         body = await _read_json(request)
         model = body.get("model") or body.get("name")
         if not isinstance(model, str) or not model:
@@ -169,10 +169,10 @@ class MockBackend:
         self._check_model(model)
         return _json(formats.ollama_show(model))
 
-    async def stats_route(self, request: web.BaseRequest) -> web.Response:
+    async def stats_route(self, request: web.Request) -> web.Response:
         return _json(self.stats())
 
-    async def config_route(self, request: web.BaseRequest) -> web.Response:
+    async def config_route(self, request: web.Request) -> web.Response:
         if request.method == "POST":
             changes = await _read_json(request)
             try:
@@ -181,12 +181,12 @@ class MockBackend:
                 raise BadRequest(400, str(e))
         return _json(asdict(self.config))
 
-    async def reset_route(self, request: web.BaseRequest) -> web.Response:
+    async def reset_route(self, request: web.Request) -> web.Response:
         self.reset_stats()
         self.kv.clear()
         return _json({"ok": True})
 
-    async def stall_route(self, request: web.BaseRequest) -> web.Response:
+    async def stall_route(self, request: web.Request) -> web.Response:
         """Freeze the whole server for `ms` (a GC pause, a swapped-out process): every request
         in flight and every new one waits. The answer comes after the stall."""
         body = await _read_json(request)
@@ -208,7 +208,7 @@ class MockBackend:
 
     # ---- generation -----------------------------------------------------------
     def _gen(self, api: str, kind: str) -> Handler:
-        async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        async def handler(request: web.Request) -> Reply:
             route = request.path
             self.requests[route] += 1
             gen = _parse_generation(api, kind, await _read_json(request))
@@ -242,7 +242,7 @@ class MockBackend:
             f = 1.0 + self.rng.expovariate(1.0 / c.jitter)
         return max(f, 0.0)
 
-    async def _serve(self, request: web.BaseRequest, gen: Generation, route: str) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, gen: Generation, route: str) -> Reply:
         fault = self._dice()
         jitter = self._jitter()
         if fault is not None:
@@ -278,8 +278,8 @@ class MockBackend:
         return self._error(path, self.config.openai_busy_status,
                            "server busy, please try again", {"Retry-After": "1"})
 
-    async def _generate(self, request: web.BaseRequest, gen: Generation, jitter: float,
-                        drop: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, gen: Generation, jitter: float,
+                        drop: bool) -> Reply:
         loop = asyncio.get_running_loop()
         c = self.config
         t0 = loop.time()
@@ -350,7 +350,7 @@ class MockBackend:
         return 1.0 + c.batch_slowdown * max(self.slots.active - 1, 0)
 
 
-def _cut(request: web.BaseRequest) -> None:
+def _cut(request: web.Request) -> None:
     """Simulate a crashed backend: the connection ends without a complete response."""
     if request.transport is not None:
         request.transport.abort()
@@ -364,10 +364,10 @@ async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=json.dumps(obj).encode(), content_type=JSON)
+    return web.Response(status, json.dumps(obj).encode(), JSON)
 
 
-async def _read_json(request: web.BaseRequest) -> dict:
+async def _read_json(request: web.Request) -> dict:
     raw = await request.read()
     try:
         body = json.loads(raw) if raw else {}

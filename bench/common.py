@@ -1,0 +1,94 @@
+"""Shared bench helpers: wrk runs, process RSS, a zero-delay mock and a router as subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mock import MockConfig, MockProcess, free_port  # noqa: E402
+from mock.runner import wait_http  # noqa: E402,F401
+
+ZERO = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=8, parallel=100_000, max_queue=100_000)
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
+def wrk(url: str, body: str, conc: int, seconds: float = 4.0) -> dict[str, float]:
+    """req/s and p50/p99 (ms) of a wrk POST run."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk not found: apt-get install wrk")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        body_lua = body.replace("\\", "\\\\").replace("'", "\\'")
+        f.write(f"wrk.method='POST'\nwrk.body='{body_lua}'\nwrk.headers['Content-Type']='application/json'\n")
+        script = f.name
+    try:
+        out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script, url],
+                             capture_output=True, text=True, timeout=seconds + 30).stdout
+    finally:
+        os.unlink(script)
+    res = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
+    for pct in ("50", "99"):
+        m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        res[f"p{pct}_ms"] = float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    res["non2xx"] = int(errors.group(1)) if errors else 0
+    return res
+
+
+def rss_mb(pid: int) -> float:
+    total = 0
+    for p in [pid] + _children(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total / 1024
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+    return kids + [g for k in kids for g in _children(k)]
+
+
+@contextmanager
+def mock_process(config: MockConfig = ZERO) -> Iterator[MockProcess]:
+    with MockProcess(config) as m:
+        yield m
+
+
+@contextmanager
+def router_process(endpoints: list[dict], workers: int = 1, **extra: object) -> Iterator[tuple[str, subprocess.Popen]]:
+    cfg = {"endpoints": endpoints, "max_queue": 100_000, **extra}
+    fd, path = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(cfg, f)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
+                             "--workers", str(workers), "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", 30, proc)
+        yield url, proc
+    finally:
+        import signal
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+        os.unlink(path)
