@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable
 import aiohttp
 
 from .api import listing
-from .api.asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, read_body, send_response
+from .api.asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, send_response
 from .api.errors import ApiError, error_body, render
 from .api.requests import GENERATION_ROUTES, parse
 from .config import ConfigError, RouterConfig, load_config
@@ -40,8 +40,10 @@ class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.endpoints = [Endpoint.from_config(e) for e in config.endpoints]
-        self.store: StateStore = MemoryStore(config.max_queue)
-        self.scheduler = Scheduler(self.endpoints, self.store, LeastBusy(), config.queue_timeout)
+        self.store: StateStore = MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
+        self.scheduler = Scheduler(self.endpoints, self.store, LeastBusy(), config.queue_timeout,
+                                   config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
+        self.session_header = config.session_header.lower().encode("latin-1")
         self.session: aiohttp.ClientSession | None = None
         self.discovery: Discovery | None = None
         self.proxy: Proxy | None = None
@@ -125,6 +127,9 @@ class RouterApp:
         router = self._router()
         raw = await read_body(scope, receive, router.config.max_body_bytes)
         req = parse(scope["path"], raw, t0)
+        sid = header(scope, router.session_header)
+        if sid:
+            req.session_id = sid.decode("latin-1")
         assert router.proxy is not None
         await _cancel_on_disconnect(router.proxy.handle(req, send), receive)
 

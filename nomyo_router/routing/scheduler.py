@@ -5,17 +5,23 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from ..domain import Endpoint
-from ..state import Lease, NoEndpoint, StateStore
+from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
 from .policies import Policy, RouteContext
 
 
 class Scheduler:
+    """Picks a slot: the policy among free endpoints, the queue when all are full, and
+    conversation affinity on top (follow the pin while it has room; after
+    `affinity_wait` seconds of waiting for it, spill to the least busy and re-pin)."""
+
     def __init__(self, endpoints: Sequence[Endpoint], store: StateStore, policy: Policy,
-                 queue_timeout: float) -> None:
+                 queue_timeout: float, affinity_wait: float | None = None) -> None:
         self.endpoints = list(endpoints)
         self.store = store
         self.policy = policy
         self.queue_timeout = queue_timeout
+        self.affinity_wait = affinity_wait  # None: affinity off
+        self._by_name = {e.name: e for e in self.endpoints}
         self._by_model: dict[str, list[Endpoint]] = {}
         self.reindex()
 
@@ -46,4 +52,26 @@ class Scheduler:
         def choose(free: Sequence[Endpoint]) -> Endpoint:
             return policy.choose(ctx, free, store.in_flight)
 
-        return await store.acquire(ctx.model, candidates, choose, self.queue_timeout)
+        keys = ctx.keys
+        if keys is None or self.affinity_wait is None:
+            return await store.acquire(ctx.model, candidates, choose, self.queue_timeout)
+        lease = None
+        order = store.next_order()
+        outcome = "repin" if exclude else "miss"
+        pin = None if exclude else await store.find_pin(keys.lookup)
+        if pin is not None:
+            pinned = self._by_name.get(pin[1])
+            if pinned is not None and pinned in candidates and store.is_healthy(pinned):
+                try:
+                    lease = await store.acquire(ctx.model, [pinned], choose, self.affinity_wait, order)
+                    outcome = "hit"
+                except (QueueTimeout, QueueFull, NoEndpoint):
+                    outcome = "spill"
+            else:
+                outcome = "repin"  # its endpoint is gone, sick, or no longer serves the model
+                await store.drop_pin(pin[0])
+        if lease is None:
+            lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order)
+        await store.set_pin(keys.register, lease.endpoint.name)
+        lease.affinity = outcome
+        return lease

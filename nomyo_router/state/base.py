@@ -29,11 +29,12 @@ class NoEndpoint(Exception):
 class Lease:
     """One slot on one endpoint. Release it in a `finally`; releasing twice is harmless."""
 
-    __slots__ = ("endpoint", "queued_s", "_store", "_released")
+    __slots__ = ("endpoint", "queued_s", "affinity", "_store", "_released")
 
     def __init__(self, store: "StateStore", endpoint: Endpoint, queued_s: float = 0.0) -> None:
         self.endpoint = endpoint
         self.queued_s = queued_s
+        self.affinity: str | None = None  # hit | miss | spill | repin, when affinity applied
         self._store = store
         self._released = False
 
@@ -46,10 +47,15 @@ class Lease:
 class StateStore(ABC):
     @abstractmethod
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float) -> Lease:
+                      timeout: float, order: int | None = None) -> Lease:
         """A slot on one of `candidates` (all serve `model`): at once on a free one picked by
-        `choose`, else the first that frees in FIFO order. Raises QueueFull, QueueTimeout,
+        `choose`, else the first that frees in FIFO order. `order` (from `next_order`) keeps
+        the place of a request that already waited once. Raises QueueFull, QueueTimeout,
         NoEndpoint."""
+
+    @abstractmethod
+    def next_order(self) -> int:
+        """A queue position for a request that may wait more than once."""
 
     @abstractmethod
     def release(self, endpoint: Endpoint) -> None: ...
@@ -66,6 +72,17 @@ class StateStore(ABC):
     @abstractmethod
     def set_healthy(self, endpoint: Endpoint, healthy: bool) -> None:
         """Marking an endpoint healthy hands its free slots to waiting requests."""
+
+    @abstractmethod
+    async def find_pin(self, keys: Sequence[str]) -> tuple[str, str] | None:
+        """The first of `keys` (longest prefix first) that has a live pin: (key, endpoint name).
+        Finding a pin refreshes its idle timer."""
+
+    @abstractmethod
+    async def set_pin(self, key: str, endpoint: str) -> None: ...
+
+    @abstractmethod
+    async def drop_pin(self, key: str) -> None: ...
 
     async def close(self) -> None:
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Sequence
 
 from ..domain import Endpoint
@@ -21,8 +21,11 @@ class _Waiter:
 
 
 class MemoryStore(StateStore):
-    def __init__(self, max_queue: int) -> None:
+    def __init__(self, max_queue: int, pin_ttl: float = 600.0, max_pins: int = 100_000) -> None:
         self.max_queue = max_queue
+        self.pin_ttl = pin_ttl
+        self.max_pins = max_pins
+        self._pins: OrderedDict[str, tuple[str, float]] = OrderedDict()  # key -> (endpoint, expiry)
         self._in_flight: dict[str, int] = {}
         self._unhealthy: set[str] = set()
         self._queues: dict[str, deque[_Waiter]] = {}  # per model: A never waits behind B
@@ -37,7 +40,7 @@ class MemoryStore(StateStore):
         self._in_flight[ep.name] = self._in_flight.get(ep.name, 0) + 1
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float) -> Lease:
+                      timeout: float, order: int | None = None) -> Lease:
         free = [e for e in candidates if self._free(e)]
         if free:
             ep = free[0] if len(free) == 1 else choose(free)
@@ -51,9 +54,16 @@ class MemoryStore(StateStore):
             self._endpoints[e.name] = e
         t0 = time.monotonic()
         fut: asyncio.Future[Endpoint] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(next(self._seq), frozenset(e.name for e in candidates), fut)
+        waiter = _Waiter(next(self._seq) if order is None else order,
+                         frozenset(e.name for e in candidates), fut)
         queue = self._queues.setdefault(model, deque())
-        queue.append(waiter)
+        if queue and queue[-1].seq > waiter.seq:  # a request that already waited keeps its place
+            i = len(queue)
+            while i > 0 and queue[i - 1].seq > waiter.seq:
+                i -= 1
+            queue.insert(i, waiter)
+        else:
+            queue.append(waiter)
         self._queued += 1
         try:
             async with asyncio.timeout(timeout):
@@ -63,8 +73,9 @@ class MemoryStore(StateStore):
                 self.release(fut.result())  # handed a slot just as we gave up: pass it on
             else:
                 fut.cancel()
-                queue.remove(waiter)
-                self._queued -= 1
+                if waiter in queue:
+                    queue.remove(waiter)
+                    self._queued -= 1
             if isinstance(exc, TimeoutError):
                 raise QueueTimeout(model) from None
             raise
@@ -80,7 +91,7 @@ class MemoryStore(StateStore):
             best: tuple[deque[_Waiter], _Waiter] | None = None
             for queue in self._queues.values():
                 for w in queue:
-                    if ep.name in w.names:
+                    if ep.name in w.names and not w.future.done():  # done: cancelled, leaving
                         if best is None or w.seq < best[1].seq:
                             best = (queue, w)
                         break
@@ -92,11 +103,42 @@ class MemoryStore(StateStore):
             self._take(ep)
             w.future.set_result(ep)
 
+    def next_order(self) -> int:
+        return next(self._seq)
+
     def in_flight(self, endpoint: Endpoint) -> int:
         return self._in_flight.get(endpoint.name, 0)
 
     def queue_length(self) -> int:
         return self._queued
+
+    async def find_pin(self, keys: Sequence[str]) -> tuple[str, str] | None:
+        now = time.monotonic()
+        pins = self._pins
+        for key in keys:
+            pin = pins.get(key)
+            if pin is None:
+                continue
+            if pin[1] < now:
+                del pins[key]
+                continue
+            pins[key] = (pin[0], now + self.pin_ttl)
+            pins.move_to_end(key)
+            return key, pin[0]
+        return None
+
+    async def set_pin(self, key: str, endpoint: str) -> None:
+        pins = self._pins
+        pins[key] = (endpoint, time.monotonic() + self.pin_ttl)
+        pins.move_to_end(key)
+        while len(pins) > self.max_pins:
+            pins.popitem(last=False)
+
+    async def drop_pin(self, key: str) -> None:
+        self._pins.pop(key, None)
+
+    def pin_count(self) -> int:
+        return len(self._pins)
 
     def is_healthy(self, endpoint: Endpoint) -> bool:
         return endpoint.name not in self._unhealthy

@@ -18,6 +18,7 @@ from ..api.errors import ApiError, error_body
 from ..api.requests import GenRequest
 from ..config import RouterConfig
 from ..domain import Endpoint
+from ..routing import affinity
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
@@ -56,7 +57,10 @@ class Proxy:
     async def handle(self, req: GenRequest, send: Send) -> None:
         if not self.scheduler.knows(req.key):
             raise _unknown_model(req)
-        ctx = RouteContext(model=req.key, api=req.api, kind=req.kind)
+        keys = None
+        if self.config.conversation_affinity or req.session_id:
+            keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id)
+        ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys)
         tried: list[str] = []
         last: RetryableFailure | None = None
         for _ in range(self.config.max_attempts):
@@ -115,6 +119,8 @@ class Proxy:
             (b"x-router-queue-ms", b"%.3f" % (lease.queued_s * 1000)),
             (b"x-router-overhead-ms", b"%.3f" % ((t_up - req.t0 - lease.queued_s) * 1000)),
         ]
+        if lease.affinity is not None:
+            headers.append((b"x-router-affinity", lease.affinity.encode()))
         try:
             # A whole answer is bounded by sock_read=first_byte_timeout (nothing arrives before it
             # is complete); a stream's first chunk by an explicit deadline, later chunks by idling.

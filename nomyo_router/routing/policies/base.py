@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ...domain import Endpoint
+
+if TYPE_CHECKING:
+    from ..affinity import Keys
 
 
 @dataclass
@@ -15,6 +18,7 @@ class RouteContext:
     model: str  # model_key
     api: str  # "ollama" | "openai"
     kind: str  # "chat" | "generate" | "embed" | ...
+    keys: "Keys | None" = None  # conversation affinity keys, when affinity applies
 
 
 class Policy(Protocol):

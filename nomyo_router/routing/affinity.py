@@ -1,0 +1,96 @@
+"""Conversation affinity keys: recognise a conversation without a session header.
+
+Chat clients resend the whole history each turn. A turn's messages therefore begin
+with the messages of the request that produced the previous answer:
+
+    turn 1:  [system, user1]                          -> pinned as H([system, user1])
+    turn 2:  [system, user1, assistant1, user2]       -> looks up H(messages before the
+                                                         last assistant message) = turn 1
+
+So each request is registered under the hash of its own messages, and a new request
+looks up the hash of its messages *up to its last assistant message*. That is an exact
+continuation: an edited earlier message changes the hash (a miss), two conversations
+that share only a system prompt never match (the registered prefixes always end in a
+user turn), and two branches from one shared turn both continue it.
+
+Prompts (`/api/generate`, `/v1/completions`) have no message boundaries: a prompt is
+registered at its last whole block of `BLOCK` characters, and a new prompt looks up
+each of its block boundaries, longest first.
+
+Hashes are blake2b over the model and the content, stable across processes and hosts
+(pins can live in a shared store); a key is 32 hex characters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+BLOCK = 1024  # characters per prompt block (~256 tokens)
+
+
+class Keys:
+    """What one request registers under, and what it looks up (longest first)."""
+
+    __slots__ = ("register", "lookup", "explicit")
+
+    def __init__(self, register: str, lookup: list[str], explicit: bool = False) -> None:
+        self.register, self.lookup, self.explicit = register, lookup, explicit
+
+
+def _content(m: dict[str, Any]) -> bytes:
+    c = m.get("content")
+    text = c if isinstance(c, str) else json.dumps(c, sort_keys=True, separators=(",", ":"))
+    extra = m.get("tool_calls") or m.get("images")
+    if extra:
+        text += json.dumps(extra, sort_keys=True, separators=(",", ":"))
+    return text.encode()
+
+
+def chat_keys(model: str, messages: list[Any]) -> Keys | None:
+    h = hashlib.blake2b(model.encode() + b"\x00", digest_size=16)
+    prefix_key: str | None = None
+    msgs = [m for m in messages if isinstance(m, dict)]
+    if not msgs or all(m.get("role") == "system" for m in msgs):
+        return None
+    for m in msgs:
+        if m.get("role") == "assistant":
+            prefix_key = h.hexdigest()  # the request that produced this answer
+        h.update(str(m.get("role")).encode() + b"\x00" + _content(m) + b"\x00")
+    whole = h.hexdigest()
+    lookup = [whole]  # the same request again (a retry or a regenerate)
+    if prefix_key is not None:
+        lookup.append(prefix_key)
+    return Keys(whole, lookup)
+
+
+def prompt_keys(model: str, prompt: str) -> Keys | None:
+    data = prompt.encode()
+    if len(data) < BLOCK:
+        return None
+    h = hashlib.blake2b(model.encode() + b"\x01", digest_size=16)
+    boundaries: list[str] = []
+    for start in range(0, len(data) - BLOCK + 1, BLOCK):
+        h.update(data[start:start + BLOCK])
+        boundaries.append(h.hexdigest())
+    return Keys(boundaries[-1], boundaries[::-1])
+
+
+def session_keys(model: str, session_id: str) -> Keys:
+    key = "sid:" + hashlib.blake2b(session_id.encode(), digest_size=16).hexdigest()
+    return Keys(key, [key], explicit=True)
+
+
+def request_keys(kind: str, model: str, body: dict[str, Any], session_id: str | None) -> Keys | None:
+    if session_id:
+        return session_keys(model, session_id)
+    if kind == "chat":
+        messages = body.get("messages")
+        return chat_keys(model, messages) if isinstance(messages, list) else None
+    if kind == "generate":
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            system = body.get("system")
+            return prompt_keys(model, f"{system}\n\n{prompt}" if isinstance(system, str) else prompt)
+    return None
