@@ -68,6 +68,7 @@ def summarize(run: StageRun) -> dict[str, Any]:
         m["turns"] = {str(t): _dist("ttft", [r.ttft for r in ok if r.turn == t and r.ttft is not None])
                       for t in turns}
         later = [r.ttft for r in ok if r.turn >= 2 and r.ttft is not None]
+        m["affinity_turn2plus"] = dict(Counter(r.affinity for r in ok if r.turn >= 2 and r.affinity))
         m.update({k.replace("ttft", "ttft_turn2plus"): v for k, v in _dist("ttft", later).items()})
     m["client"] = {
         "cpu_share": round(cpu, 3),

@@ -148,7 +148,7 @@ class RouterApp:
 
     async def health(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()
-        status, body = listing.health(router.endpoints, router.store)
+        status, body = await listing.health(router.endpoints, router.store)
         await send_response(send, status, body)
 
     async def root(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:

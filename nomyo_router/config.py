@@ -57,7 +57,7 @@ class RouterConfig:
     session_header: str = "X-Session-ID"
     affinity_ttl: float = 600.0
     affinity_max_pins: int = 100_000
-    affinity_wait_ms: float = 50.0
+    affinity_wait_ms: float = 2000.0
 
     def endpoint(self, name: str) -> EndpointConfig:
         return next(e for e in self.endpoints if e.name == name)

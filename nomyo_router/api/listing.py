@@ -69,13 +69,15 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def health(endpoints: Sequence[Endpoint], store: StateStore) -> tuple[int, bytes]:
+async def health(endpoints: Sequence[Endpoint], store: StateStore) -> tuple[int, bytes]:
+    snap = await store.snapshot()
+    in_flight = snap.get("in_flight", {})
     rows = [{"name": ep.name, "type": ep.type, "healthy": store.is_healthy(ep) and ep.type is not None,
-             "in_flight": store.in_flight(ep), "slots": ep.slots, "models": sorted(ep.models.values())}
+             "in_flight": in_flight.get(ep.name, 0), "slots": ep.slots, "models": sorted(ep.models.values())}
             for ep in endpoints]
     ok = any(r["healthy"] for r in rows)
-    body = {"status": "ok" if ok else "unavailable", "queue_length": store.queue_length(),
-            "endpoints": rows}
+    body = {"status": "ok" if ok else "unavailable", "state": snap.get("mode"),
+            "queue_length": snap.get("queue_length", 0), "pins": snap.get("pins"), "endpoints": rows}
     return (200 if ok else 503), json.dumps(body).encode()
 
 

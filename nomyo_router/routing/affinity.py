@@ -58,11 +58,9 @@ def chat_keys(model: str, messages: list[Any]) -> Keys | None:
         if m.get("role") == "assistant":
             prefix_key = h.hexdigest()  # the request that produced this answer
         h.update(str(m.get("role")).encode() + b"\x00" + _content(m) + b"\x00")
-    whole = h.hexdigest()
-    lookup = [whole]  # the same request again (a retry or a regenerate)
-    if prefix_key is not None:
-        lookup.append(prefix_key)
-    return Keys(whole, lookup)
+    # A first turn looks nothing up: identical opening requests from different users are
+    # different conversations and must spread by load, not pile onto one pin.
+    return Keys(h.hexdigest(), [prefix_key] if prefix_key is not None else [])
 
 
 def prompt_keys(model: str, prompt: str) -> Keys | None:

@@ -56,16 +56,18 @@ class Scheduler:
         if keys is None or self.affinity_wait is None:
             return await store.acquire(ctx.model, candidates, choose, self.queue_timeout)
         lease = None
-        order = store.next_order()
+        order = None
         outcome = "repin" if exclude else "miss"
-        pin = None if exclude else await store.find_pin(keys.lookup)
+        pin = None if exclude or not keys.lookup else await store.find_pin(keys.lookup)
         if pin is not None:
             pinned = self._by_name.get(pin[1])
             if pinned is not None and pinned in candidates and store.is_healthy(pinned):
                 try:
                     lease = await store.acquire(ctx.model, [pinned], choose, self.affinity_wait, order)
                     outcome = "hit"
-                except (QueueTimeout, QueueFull, NoEndpoint):
+                except QueueTimeout as e:
+                    outcome, order = "spill", e.order  # keep its place in the queue
+                except (QueueFull, NoEndpoint):
                     outcome = "spill"
             else:
                 outcome = "repin"  # its endpoint is gone, sick, or no longer serves the model

@@ -7,7 +7,7 @@ and Redis implements the same methods; the contract tests run over each.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..domain import Endpoint
 
@@ -19,7 +19,12 @@ class QueueFull(Exception):
 
 
 class QueueTimeout(Exception):
-    """The request waited `queue_timeout` without a slot."""
+    """The request waited `timeout` without a slot. `order` is its place in the queue, to
+    keep when it waits again (affinity spill)."""
+
+    def __init__(self, model: str, order: int | None = None) -> None:
+        super().__init__(model)
+        self.order = order
 
 
 class NoEndpoint(Exception):
@@ -49,22 +54,23 @@ class StateStore(ABC):
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
                       timeout: float, order: int | None = None) -> Lease:
         """A slot on one of `candidates` (all serve `model`): at once on a free one picked by
-        `choose`, else the first that frees in FIFO order. `order` (from `next_order`) keeps
+        `choose`, else the first that frees in FIFO order. `order` (from a QueueTimeout) keeps
         the place of a request that already waited once. Raises QueueFull, QueueTimeout,
         NoEndpoint."""
-
-    @abstractmethod
-    def next_order(self) -> int:
-        """A queue position for a request that may wait more than once."""
 
     @abstractmethod
     def release(self, endpoint: Endpoint) -> None: ...
 
     @abstractmethod
-    def in_flight(self, endpoint: Endpoint) -> int: ...
+    def in_flight(self, endpoint: Endpoint) -> int:
+        """In-flight requests at `endpoint` as this process last knew them."""
 
     @abstractmethod
     def queue_length(self) -> int: ...
+
+    async def snapshot(self) -> dict[str, Any]:
+        """{"in_flight": {endpoint name: n}, "queue_length": n, "pins": n, "mode": ...} for /health."""
+        return {"mode": type(self).__name__, "in_flight": {}, "queue_length": self.queue_length()}
 
     @abstractmethod
     def is_healthy(self, endpoint: Endpoint) -> bool: ...

@@ -77,7 +77,7 @@ class MemoryStore(StateStore):
                     queue.remove(waiter)
                     self._queued -= 1
             if isinstance(exc, TimeoutError):
-                raise QueueTimeout(model) from None
+                raise QueueTimeout(model, waiter.seq) from None
             raise
         return Lease(self, ep, time.monotonic() - t0)
 
@@ -103,8 +103,9 @@ class MemoryStore(StateStore):
             self._take(ep)
             w.future.set_result(ep)
 
-    def next_order(self) -> int:
-        return next(self._seq)
+    async def snapshot(self) -> dict:
+        return {"mode": "memory", "in_flight": dict(self._in_flight), "queue_length": self._queued,
+                "pins": len(self._pins)}
 
     def in_flight(self, endpoint: Endpoint) -> int:
         return self._in_flight.get(endpoint.name, 0)
