@@ -8,9 +8,12 @@ state store, scheduler, discovery) is built in the lifespan and held by `Router`
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import multiprocessing
 import os
 import sys
+import tempfile
 import time
 from typing import Any, Awaitable, Callable
 
@@ -24,7 +27,7 @@ from .config import ConfigError, RouterConfig, load_config
 from .domain import Endpoint
 from .routing.policies import LeastBusy
 from .routing.scheduler import Scheduler
-from .state import MemoryStore, StateStore
+from .state import MemoryStore, SharedStore, StateStore
 from .upstream.discovery import Discovery
 from .upstream.proxy import Proxy
 from .upstream.session import create_session
@@ -40,8 +43,9 @@ class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.endpoints = [Endpoint.from_config(e) for e in config.endpoints]
-        self.store: StateStore = MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
-        self.scheduler = Scheduler(self.endpoints, self.store, LeastBusy(), config.queue_timeout,
+        policy = LeastBusy()
+        self.store: StateStore = make_store(config, self.endpoints, policy)
+        self.scheduler = Scheduler(self.endpoints, self.store, policy, config.queue_timeout,
                                    config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
         self.session_header = config.session_header.lower().encode("latin-1")
         self.session: aiohttp.ClientSession | None = None
@@ -49,9 +53,9 @@ class Router:
         self.proxy: Proxy | None = None
 
     async def start(self) -> None:
-        if self.config.state != "memory":
-            raise ConfigError(f"state: {self.config.state!r} is not available in this version; "
-                              "use 'memory'")
+        start = getattr(self.store, "start", None)
+        if start is not None:
+            await start()
         self.session = create_session(self.config)
         self.proxy = Proxy(self.scheduler, self.session, self.store, self.config)
         self.discovery = Discovery(self.endpoints, self.session, self.store, self.scheduler, self.config)
@@ -66,6 +70,30 @@ class Router:
         if self.session:
             await self.session.close()
         await self.store.close()
+
+
+def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: LeastBusy) -> StateStore:
+    """`auto`: in-memory for one process (the fast path), shared when uvicorn runs workers."""
+    mode = config.state
+    if mode == "auto":
+        mode = "shared" if multiprocessing.parent_process() is not None else "memory"
+    if mode == "memory":
+        return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
+    if mode == "shared":
+        return SharedStore(shared_state_path(), endpoints, config.max_queue, config.affinity_ttl,
+                           config.affinity_max_pins, policy)
+    from .state.redis import RedisStore
+    return RedisStore(mode, endpoints, config, policy)
+
+
+def shared_state_path() -> str:
+    """Where the workers of one master meet: NOMYO_ROUTER_STATE_PATH, else keyed by the
+    master's pid (all workers of one uvicorn master share it) and the config path."""
+    explicit = os.environ.get("NOMYO_ROUTER_STATE_PATH")
+    if explicit:
+        return explicit
+    tag = hashlib.blake2b(os.environ.get(CONFIG_ENV, "config.yaml").encode(), digest_size=4).hexdigest()
+    return os.path.join(tempfile.gettempdir(), f"nomyo-router-{os.getppid()}-{tag}")
 
 
 Handler = Callable[["RouterApp", Scope, Receive, Send, float], Awaitable[None]]
@@ -94,6 +122,10 @@ class RouterApp:
                 except ConfigError as e:
                     print(f"nomyo-router: bad config: {e}", file=sys.stderr, flush=True)
                     await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                except Exception as e:  # start-up must fail loudly, never half-start
+                    log.exception("start-up failed")
+                    await send({"type": "lifespan.startup.failed", "message": f"{type(e).__name__}: {e}"})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":

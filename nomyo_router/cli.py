@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.workers > 1 and config.state == "memory":
         print("nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
-              "worker", file=sys.stderr)
+              "worker; use 'auto' (the default) or 'shared'", file=sys.stderr)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run("nomyo_router.app:app", host=args.host, port=args.port, workers=args.workers,

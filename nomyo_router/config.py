@@ -52,7 +52,7 @@ class RouterConfig:
     max_attempts: int = 3
     retry_after: int = 1
     access_log: bool = False
-    state: str = "memory"
+    state: str = "auto"  # auto | memory | shared | redis://...
     conversation_affinity: bool = True
     session_header: str = "X-Session-ID"
     affinity_ttl: float = 600.0
@@ -83,8 +83,8 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "max_attempts": _POSITIVE_INT,
     "retry_after": _NON_NEG_INT,
     "access_log": _BOOL,
-    "state": (str, lambda v: v == "memory" or v == "shared" or v.startswith(("redis://", "rediss://")),
-              "'memory', 'shared' or a redis:// URL"),
+    "state": (str, lambda v: v in ("auto", "memory", "shared") or v.startswith(("redis://", "rediss://", "unix://")),
+              "'auto', 'memory', 'shared' or a redis:// URL"),
     "conversation_affinity": _BOOL,
     "session_header": (str, lambda v: bool(v.strip()), "a header name"),
     "affinity_ttl": _POSITIVE_NUM,

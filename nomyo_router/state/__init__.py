@@ -2,5 +2,6 @@
 
 from .base import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
 from .memory import MemoryStore
+from .shared import SharedStore
 
-__all__ = ["Lease", "MemoryStore", "NoEndpoint", "QueueFull", "QueueTimeout", "StateStore"]
+__all__ = ["Lease", "MemoryStore", "NoEndpoint", "QueueFull", "QueueTimeout", "SharedStore", "StateStore"]

@@ -34,19 +34,20 @@ class NoEndpoint(Exception):
 class Lease:
     """One slot on one endpoint. Release it in a `finally`; releasing twice is harmless."""
 
-    __slots__ = ("endpoint", "queued_s", "affinity", "_store", "_released")
+    __slots__ = ("endpoint", "queued_s", "affinity", "token", "_store", "_released")
 
     def __init__(self, store: "StateStore", endpoint: Endpoint, queued_s: float = 0.0) -> None:
         self.endpoint = endpoint
         self.queued_s = queued_s
         self.affinity: str | None = None  # hit | miss | spill | repin, when affinity applied
+        self.token: Any = None  # the store's handle on this lease, if it needs one
         self._store = store
         self._released = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._store.release(self.endpoint)
+            self._store.release(self.endpoint, self.token)
 
 
 class StateStore(ABC):
@@ -59,7 +60,7 @@ class StateStore(ABC):
         NoEndpoint."""
 
     @abstractmethod
-    def release(self, endpoint: Endpoint) -> None: ...
+    def release(self, endpoint: Endpoint, token: Any = None) -> None: ...
 
     @abstractmethod
     def in_flight(self, endpoint: Endpoint) -> int:

@@ -81,7 +81,7 @@ class MemoryStore(StateStore):
             raise
         return Lease(self, ep, time.monotonic() - t0)
 
-    def release(self, endpoint: Endpoint) -> None:
+    def release(self, endpoint: Endpoint, token: object = None) -> None:
         self._in_flight[endpoint.name] -= 1
         self._dispatch(endpoint)
 

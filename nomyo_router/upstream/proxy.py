@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import aiohttp
 
@@ -51,6 +52,7 @@ class Proxy:
         # answer is bounded by first_byte_timeout around the call instead.
         self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
                                                      sock_read=config.stream_idle_timeout)
+        self._worker = (b"x-router-worker", str(os.getpid()).encode())
         self._whole_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
                                                     sock_read=config.first_byte_timeout)
 
@@ -115,6 +117,7 @@ class Proxy:
         path, body, translating = self._plan(req, ep)
         t_up = time.perf_counter()
         headers: Headers = [
+            self._worker,
             (b"x-router-endpoint", ep.name.encode()),
             (b"x-router-queue-ms", b"%.3f" % (lease.queued_s * 1000)),
             (b"x-router-overhead-ms", b"%.3f" % ((t_up - req.t0 - lease.queued_s) * 1000)),

@@ -1,0 +1,90 @@
+"""One router, many worker processes: exact limits, one FIFO queue, shared pins, and a
+worker killed with SIGKILL while it holds slots."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import aiohttp
+
+from mock import MockConfig, MockProcess
+from test.router_proc import router_workers
+
+CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "x"}]}
+
+
+async def burst(url: str, n: int, gap: float = 0.005) -> list[tuple[int, int, float]]:
+    """n requests sent `gap` apart, each on its own connection (so they spread over workers)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+        t0 = time.perf_counter()
+
+        async def one(i: int):
+            await asyncio.sleep(i * gap)
+            async with s.post(url + "/api/chat", json=CHAT) as r:
+                await r.read()
+                return r.status, i, time.perf_counter() - t0, r.headers.get("X-Router-Worker")
+        return await asyncio.gather(*[one(i) for i in range(n)])
+
+
+async def test_four_workers_one_endpoint_two_slots_forty_requests_fifo():
+    with MockProcess(MockConfig(ttft_ms=100.0, tok_ms=0.0, tokens=1, parallel=64)) as m:
+        cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 2}]}
+        with router_workers(cfg, 4) as (url, _):
+            results = await burst(url, 40)
+            async with aiohttp.ClientSession() as s:
+                stats = await (await s.get(m.url + "/mock/stats")).json()
+                health = await (await s.get(url + "/health")).json()
+    assert [st for st, *_ in results] == [200] * 40
+    assert stats["max_in_flight"] == 2
+    assert len({w for *_, w in results}) >= 2  # the load really spread over workers
+    waves = [round(t / 0.1) for _, _, t, _ in sorted(results, key=lambda r: r[1])]
+    assert waves == sorted(waves), waves  # FIFO: no request finished a wave before an earlier one
+    assert waves[-1] - waves[0] >= 18  # 40 requests / 2 slots = 20 waves of 100 ms
+    assert health["state"] == "shared"
+
+
+async def test_sigkill_of_a_worker_holding_slots_gives_them_back():
+    with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=50.0, tokens=200, parallel=64)) as m:
+        cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 2}]}
+        with router_workers(cfg, 3) as (url, _):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                streams = []
+                for _ in range(2):  # two 10-second streams take both slots
+                    r = await s.post(url + "/api/chat", json={**CHAT, "stream": True})
+                    await r.content.readline()
+                    streams.append(r)
+                holders = {r.headers["X-Router-Worker"] for r in streams}
+                victim = int(sorted(holders)[0])
+                os.kill(victim, signal.SIGKILL)
+                t0 = time.perf_counter()
+                async with s.post(url + "/api/chat", json={**CHAT, "stream": True,
+                                                          "options": {"num_predict": 1}}) as r:
+                    assert r.status == 200
+                    await r.read()
+                waited = time.perf_counter() - t0
+                for r in streams:
+                    r.close()
+            assert waited < 3.0  # the victim's slot came back at once, not after its 10 s stream
+
+
+async def test_a_conversation_keeps_its_backend_across_workers():
+    cfg_m = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=4, parallel=64)
+    with MockProcess(cfg_m) as a, MockProcess(cfg_m) as b:
+        cfg = {"endpoints": [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}]}
+        with router_workers(cfg, 4) as (url, _):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                msgs = [{"role": "user", "content": "across workers"}]
+                seen = []
+                for i in range(10):
+                    async with s.post(url + "/api/chat", json={"model": "llama3", "stream": False,
+                                                              "messages": msgs}) as r:
+                        body = await r.json()
+                        seen.append((r.headers["X-Router-Endpoint"], r.headers["X-Router-Affinity"],
+                                     r.headers["X-Router-Worker"]))
+                    msgs = msgs + [body["message"], {"role": "user", "content": f"turn {i}"}]
+    assert len({ep for ep, _, _ in seen}) == 1
+    assert [aff for _, aff, _ in seen[1:]] == ["hit"] * 9
+    assert len({w for _, _, w in seen}) >= 2
