@@ -53,6 +53,7 @@ class RouterConfig:
     retry_after: int = 1
     access_log: bool = False
     state: str = "auto"  # auto | memory | shared | redis://...
+    lease_ttl: float = 30.0  # Redis: a dead instance's slots come back after this
     conversation_affinity: bool = True
     session_header: str = "X-Session-ID"
     affinity_ttl: float = 600.0
@@ -85,6 +86,7 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "access_log": _BOOL,
     "state": (str, lambda v: v in ("auto", "memory", "shared") or v.startswith(("redis://", "rediss://", "unix://")),
               "'auto', 'memory', 'shared' or a redis:// URL"),
+    "lease_ttl": _POSITIVE_NUM,
     "conversation_affinity": _BOOL,
     "session_header": (str, lambda v: bool(v.strip()), "a header name"),
     "affinity_ttl": _POSITIVE_NUM,

@@ -17,3 +17,48 @@ async def mock():
 async def mock2():
     async with run_mock(**FAST) as m:
         yield m
+
+
+@pytest.fixture
+def redis_url():
+    """A real redis-server on a free port, stopped after the test."""
+    with RedisServer() as r:
+        yield r.url
+
+
+class RedisServer:
+    def __init__(self) -> None:
+        from mock import free_port
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+
+    def start(self) -> "RedisServer":
+        import shutil
+        import subprocess
+        import time
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not installed; `make test` installs it from the distribution")
+        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import socket
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def __enter__(self) -> "RedisServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -16,7 +16,7 @@ from test.router_proc import router_workers
 CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "x"}]}
 
 
-async def burst(url: str, n: int, gap: float = 0.005) -> list[tuple[int, int, float]]:
+async def burst(url: str, n: int, gap: float = 0.01) -> list[tuple[int, int, float]]:
     """n requests sent `gap` apart, each on its own connection (so they spread over workers)."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
         t0 = time.perf_counter()
