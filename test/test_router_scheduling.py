@@ -1,4 +1,5 @@
-"""Admission limit, the work-conserving FIFO queue, and client disconnects."""
+"""Admission limit, the work-conserving FIFO queue, and client disconnects: a contract
+that every state store (memory, embedded shared, Redis) must keep."""
 
 from __future__ import annotations
 
@@ -6,11 +7,26 @@ import asyncio
 import time
 
 import aiohttp
+import pytest
 
 from mock import run_mock
+from test.conftest import RedisServer
 from test.helpers import endpoints, run_router
 
 CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(params=["memory", "shared", "redis"])
+def state(request, tmp_path, monkeypatch):
+    """Extra router config selecting the store under test."""
+    if request.param == "shared":
+        monkeypatch.setenv("NOMYO_ROUTER_STATE_PATH", str(tmp_path / "state"))
+        yield {"state": "shared"}
+    elif request.param == "redis":
+        with RedisServer() as r:
+            yield {"state": r.url}
+    else:
+        yield {"state": "memory"}
 
 
 async def post(s: aiohttp.ClientSession, url: str, body=CHAT, **kw):
@@ -18,9 +34,9 @@ async def post(s: aiohttp.ClientSession, url: str, body=CHAT, **kw):
         return r.status, r.headers.get("X-Router-Endpoint"), await r.read()
 
 
-async def test_admission_is_exact_two_endpoints_two_slots_twenty_requests():
+async def test_admission_is_exact_two_endpoints_two_slots_twenty_requests(state):
     async with run_mock(ttft_ms=20.0, tok_ms=5.0, tokens=4) as a, run_mock(ttft_ms=20.0, tok_ms=5.0, tokens=4) as b:
-        async with run_router({"endpoints": endpoints(a, b, slots=2)}) as r, aiohttp.ClientSession() as s:
+        async with run_router({"endpoints": endpoints(a, b, slots=2), **state}) as r, aiohttp.ClientSession() as s:
             results = await asyncio.gather(*[post(s, r.url) for _ in range(20)])
     assert [st for st, _, _ in results] == [200] * 20
     assert a.stats()["max_in_flight"] <= 2 and b.stats()["max_in_flight"] <= 2
@@ -28,9 +44,9 @@ async def test_admission_is_exact_two_endpoints_two_slots_twenty_requests():
     assert min(a.stats()["requests_total"], b.stats()["requests_total"]) >= 6  # both did work
 
 
-async def test_queue_is_fifo():
+async def test_queue_is_fifo(state):
     async with run_mock(ttft_ms=60.0, tok_ms=0.0, tokens=1) as m:
-        async with run_router({"endpoints": endpoints(m, slots=1)}) as r, aiohttp.ClientSession() as s:
+        async with run_router({"endpoints": endpoints(m, slots=1), **state}) as r, aiohttp.ClientSession() as s:
             done: list[int] = []
 
             async def one(i: int):
@@ -42,10 +58,10 @@ async def test_queue_is_fifo():
     assert m.stats()["max_in_flight"] == 1
 
 
-async def test_queued_requests_take_the_first_freed_slot():
+async def test_queued_requests_take_the_first_freed_slot(state):
     async with run_mock(ttft_ms=40.0, tok_ms=0.0, tokens=1) as fast, \
             run_mock(ttft_ms=1000.0, tok_ms=0.0, tokens=1) as slow:
-        async with run_router({"endpoints": endpoints(fast, slow, slots=1)}) as r, \
+        async with run_router({"endpoints": endpoints(fast, slow, slots=1), **state}) as r, \
                 aiohttp.ClientSession() as s:
             t0 = time.perf_counter()
             results = await asyncio.gather(*[post(s, r.url) for _ in range(6)])
@@ -55,11 +71,11 @@ async def test_queued_requests_take_the_first_freed_slot():
     assert elapsed < 1.3
 
 
-async def test_queue_is_work_conserving_across_models():
+async def test_queue_is_work_conserving_across_models(state):
     async with run_mock(ttft_ms=300.0, tok_ms=0.0, tokens=1, models=["x", "y"]) as shared, \
             run_mock(ttft_ms=10.0, tok_ms=0.0, tokens=1, models=["y"]) as only_y:
         eps = endpoints(shared, only_y, slots=1)
-        async with run_router({"endpoints": eps}) as r, aiohttp.ClientSession() as s:
+        async with run_router({"endpoints": eps, **state}) as r, aiohttp.ClientSession() as s:
             xs = [asyncio.create_task(post(s, r.url, {**CHAT, "model": "x"})) for _ in range(3)]
             await asyncio.sleep(0.05)  # x fills the shared endpoint and queues behind it
             t0 = time.perf_counter()
@@ -70,9 +86,9 @@ async def test_queue_is_work_conserving_across_models():
             assert [t[0] for t in await asyncio.gather(*xs)] == [200] * 3
 
 
-async def test_queue_timeout_and_full_queue_answer_busy():
+async def test_queue_timeout_and_full_queue_answer_busy(state):
     async with run_mock(ttft_ms=800.0, tok_ms=0.0, tokens=1) as m:
-        cfg = {"endpoints": endpoints(m, slots=1), "queue_timeout": 0.2, "max_queue": 1}
+        cfg = {"endpoints": endpoints(m, slots=1), "queue_timeout": 0.2, "max_queue": 1, **state}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             first = asyncio.create_task(post(s, r.url))
             await asyncio.sleep(0.05)
@@ -86,9 +102,9 @@ async def test_queue_timeout_and_full_queue_answer_busy():
             assert (await first)[0] == 200
 
 
-async def test_queued_client_that_leaves_is_dropped():
+async def test_queued_client_that_leaves_is_dropped(state):
     async with run_mock(ttft_ms=300.0, tok_ms=0.0, tokens=1) as m:
-        async with run_router({"endpoints": endpoints(m, slots=1)}) as r, aiohttp.ClientSession() as s:
+        async with run_router({"endpoints": endpoints(m, slots=1), **state}) as r, aiohttp.ClientSession() as s:
             first = asyncio.create_task(post(s, r.url))
             await asyncio.sleep(0.05)
             try:
@@ -102,9 +118,9 @@ async def test_queued_client_that_leaves_is_dropped():
     assert m.stats()["requests_total"] == 1  # the one that left never reached the backend
 
 
-async def test_stream_disconnect_frees_the_slot():
+async def test_stream_disconnect_frees_the_slot(state):
     async with run_mock(ttft_ms=0.0, tok_ms=50.0, tokens=200) as m:
-        async with run_router({"endpoints": endpoints(m, slots=1)}) as r, aiohttp.ClientSession() as s:
+        async with run_router({"endpoints": endpoints(m, slots=1), **state}) as r, aiohttp.ClientSession() as s:
             async with s.post(r.url + "/api/chat", json={**CHAT, "stream": True}) as resp:
                 await resp.content.readline()
                 assert m.stats()["in_flight"] == 1

@@ -76,15 +76,39 @@ async def test_a_conversation_keeps_its_backend_across_workers():
         cfg = {"endpoints": [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}]}
         with router_workers(cfg, 4) as (url, _):
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
-                msgs = [{"role": "user", "content": "across workers"}]
-                seen = []
-                for i in range(10):
-                    async with s.post(url + "/api/chat", json={"model": "llama3", "stream": False,
-                                                              "messages": msgs}) as r:
-                        body = await r.json()
-                        seen.append((r.headers["X-Router-Endpoint"], r.headers["X-Router-Affinity"],
-                                     r.headers["X-Router-Worker"]))
-                    msgs = msgs + [body["message"], {"role": "user", "content": f"turn {i}"}]
-    assert len({ep for ep, _, _ in seen}) == 1
-    assert [aff for _, aff, _ in seen[1:]] == ["hit"] * 9
-    assert len({w for _, _, w in seen}) >= 2
+                async def conversation(n: int) -> list[tuple[str, str, str]]:
+                    msgs = [{"role": "user", "content": f"across workers {n}"}]
+                    seen = []
+                    for i in range(10):
+                        async with s.post(url + "/api/chat", json={"model": "llama3", "stream": False,
+                                                                  "messages": msgs}) as r:
+                            body = await r.json()
+                            seen.append((r.headers["X-Router-Endpoint"], r.headers["X-Router-Affinity"],
+                                         r.headers["X-Router-Worker"]))
+                        msgs = msgs + [body["message"], {"role": "user", "content": f"turn {i}"}]
+                    return seen
+                convs = await asyncio.gather(*[conversation(n) for n in range(6)])
+    for seen in convs:
+        assert len({ep for ep, _, _ in seen}) == 1
+        assert [aff for _, aff, _ in seen[1:]] == ["hit"] * 9
+    assert max(len({w for _, _, w in seen}) for seen in convs) >= 2  # turns did cross workers
+
+
+async def test_the_state_host_dies_and_a_survivor_takes_over(tmp_path):
+    with MockProcess(MockConfig(ttft_ms=50.0, tok_ms=0.0, tokens=1, parallel=64)) as m:
+        cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 2}]}
+        base = str(tmp_path / "state")
+        with router_workers(cfg, 3, state_path=base) as (url, _):
+            await burst(url, 6)
+            host = int(open(base + ".lock").read())
+            os.kill(host, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            async with aiohttp.ClientSession() as s:
+                await s.post(m.url + "/mock/reset")
+            results = await burst(url, 30)
+            async with aiohttp.ClientSession() as s:
+                stats = await (await s.get(m.url + "/mock/stats")).json()
+            new_host = int(open(base + ".lock").read())
+    assert [st for st, *_ in results] == [200] * 30
+    assert stats["max_in_flight"] == 2
+    assert new_host != host

@@ -55,9 +55,13 @@ class Coordinator:
         policy, in_flight = self.policy, self.store.in_flight
         return lambda free: policy.choose(ctx, free, in_flight)
 
-    async def start(self, path: str) -> None:
+    async def start(self, path: str, takeover: bool = False) -> None:
+        """`takeover`: an earlier host died; wait for survivors to re-declare their slots."""
         self._server = await asyncio.start_unix_server(self._connection, path=path)
-        asyncio.get_running_loop().call_later(GRACE_S, self._ready.set)
+        if takeover:
+            asyncio.get_running_loop().call_later(GRACE_S, self._ready.set)
+        else:
+            self._ready.set()
 
     async def close(self) -> None:
         if self._server is not None:

@@ -58,11 +58,14 @@ class SharedStore(StateStore):
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return  # another worker hosts the state
-        if os.path.exists(self.sock_path):
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, str(os.getpid()).encode(), 0)  # who hosts, for operators
+        takeover = os.path.exists(self.sock_path)  # a clean shutdown removes it; a crash does not
+        if takeover:
             os.unlink(self.sock_path)
         store = MemoryStore(*self._store_args)
         self._coordinator = Coordinator(store, list(self.endpoints.values()), self._policy)
-        await self._coordinator.start(self.sock_path)
+        await self._coordinator.start(self.sock_path, takeover)
         log.warning("worker %d hosts the shared state at %s", os.getpid(), self.sock_path)
 
     async def _connect(self) -> None:

@@ -1,0 +1,143 @@
+"""Cost and exactness of the state stores.
+
+    python bench/state_ops.py [--ops 5000] [--seconds 4]
+
+1. Per-request cost of state operations (acquire + release, and the affinity pin lookup
+   and pin write) for the in-memory, embedded (shared, Unix socket) and Redis stores,
+   measured in one process with no contention.
+2. Router req/s with 1 and with 2 workers (wrk, zero-delay mock, non-stream, c=32).
+3. The maximum in-flight a backend with 2 slots sees under 20x oversubscription (40
+   concurrent clients), with 4 workers (embedded store) and with 2 instances (Redis).
+Needs wrk and redis-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+from common import ZERO, free_port, mock_process, router_process, wrk
+
+from mock import MockConfig
+from nomyo_router.config import parse_config
+from nomyo_router.domain import Endpoint
+from nomyo_router.routing.policies import LeastBusy
+from nomyo_router.state import MemoryStore, SharedStore
+from nomyo_router.state.redis import RedisStore
+
+BODY = json.dumps({"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def start_redis() -> tuple[subprocess.Popen, str]:
+    if shutil.which("redis-server") is None:
+        raise SystemExit("redis-server not found: apt-get install redis-server")
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+async def op_cost(store, ep: Endpoint, n: int) -> tuple[float, float]:
+    """(µs per acquire+release, µs per find_pin+set_pin)."""
+    choose = lambda free: free[0]  # noqa: E731
+    for _ in range(50):  # warm up connections
+        (await store.acquire("m:latest", [ep], choose, 5.0)).release()
+    await asyncio.sleep(0.05)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        lease = await store.acquire("m:latest", [ep], choose, 5.0)
+        lease.release()
+        await asyncio.sleep(0)  # let a background release run, as a request would
+    slot = (time.perf_counter() - t0) / n * 1e6
+    t0 = time.perf_counter()
+    for i in range(n):
+        await store.find_pin([f"k{i}"])
+        await store.set_pin(f"k{i}", ep.name)
+    pin = (time.perf_counter() - t0) / n * 1e6
+    return slot, pin
+
+
+async def costs(n: int, redis_url: str) -> None:
+    cfg = parse_config({"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 4}],
+                        "state": redis_url})
+    ep = Endpoint.from_config(cfg.endpoints[0])
+    stores = {
+        "memory": MemoryStore(1000),
+        "embedded (shared)": SharedStore(os.path.join(tempfile.mkdtemp(), "bench"), [ep], 1000, 600, 1000, LeastBusy()),
+        "redis": RedisStore(redis_url, [ep], cfg, LeastBusy()),
+    }
+    print("per-request state cost (one process, no contention):")
+    for name, store in stores.items():
+        if hasattr(store, "start"):
+            await store.start()
+        await asyncio.sleep(0.35)  # the embedded host's grace period
+        slot, pin = await op_cost(store, ep, n)
+        print(f"  {name:18} acquire+release {slot:8.1f} µs   find_pin+set_pin {pin:8.1f} µs")
+        await store.close()
+
+
+def max_in_flight(mock_url: str) -> int:
+    with urllib.request.urlopen(mock_url + "/mock/stats") as r:
+        return json.load(r)["max_in_flight"]
+
+
+def reset(mock_url: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(mock_url + "/mock/reset", data=b"{}", method="POST")).read()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ops", type=int, default=5000)
+    p.add_argument("--seconds", type=float, default=4.0)
+    args = p.parse_args()
+    redis_proc, redis_url = start_redis()
+    try:
+        asyncio.run(costs(args.ops, redis_url))
+        print("router req/s, zero-delay mock, non-stream, c=32 (wrk):")
+        with mock_process() as m:
+            for workers in (1, 2):
+                with router_process([{"url": m.url, "name": "m", "max_concurrent": 4096}], workers=workers) as (url, _):
+                    time.sleep(0.5)
+                    r = wrk(url + "/api/chat", BODY, 32, args.seconds)
+                    d = wrk(m.url + "/api/chat", BODY, 32, args.seconds)
+                    print(f"  {workers} worker(s): {r['rps']:7.0f} req/s (direct to the mock {d['rps']:7.0f}, "
+                          f"ratio {r['rps'] / d['rps']:.2f})")
+        print("max in flight at a 2-slot backend, 40 concurrent clients (20x oversubscribed):")
+        with mock_process(MockConfig(ttft_ms=20.0, tok_ms=0.0, tokens=1, parallel=1000)) as m:
+            eps = [{"url": m.url, "name": "m", "max_concurrent": 2}]
+            with router_process(eps, workers=4) as (url, _):
+                time.sleep(0.5)
+                reset(m.url)
+                r = wrk(url + "/api/chat", BODY, 40, args.seconds)
+                print(f"  4 workers, embedded store: max in flight {max_in_flight(m.url)} "
+                      f"({r['rps']:.0f} req/s, {r['non2xx']} non-2xx)")
+            with router_process(eps, state=redis_url) as (u1, _), router_process(eps, state=redis_url) as (u2, _):
+                time.sleep(0.5)
+                reset(m.url)
+                out: dict[str, dict] = {}
+                threads = [threading.Thread(target=lambda u=u: out.__setitem__(u, wrk(u + "/api/chat", BODY, 20, args.seconds)))
+                           for u in (u1, u2)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                rps = sum(v["rps"] for v in out.values())
+                print(f"  2 instances, Redis store: max in flight {max_in_flight(m.url)} ({rps:.0f} req/s, "
+                      f"{sum(v['non2xx'] for v in out.values())} non-2xx)")
+    finally:
+        redis_proc.terminate()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()
