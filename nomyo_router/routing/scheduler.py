@@ -63,7 +63,8 @@ class Scheduler:
             pinned = self._by_name.get(pin[1])
             if pinned is not None and pinned in candidates and store.is_healthy(pinned):
                 try:
-                    lease = await store.acquire(ctx.model, [pinned], choose, self.affinity_wait, order)
+                    lease = await store.acquire(ctx.model, [pinned], choose, self.affinity_wait, order,
+                                                keys.register)
                     outcome = "hit"
                 except QueueTimeout as e:
                     outcome, order = "spill", e.order  # keep its place in the queue
@@ -73,7 +74,7 @@ class Scheduler:
                 outcome = "repin"  # its endpoint is gone, sick, or no longer serves the model
                 await store.drop_pin(pin[0])
         if lease is None:
-            lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order)
-        await store.set_pin(keys.register, lease.endpoint.name)
+            lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order,
+                                        keys.register)
         lease.affinity = outcome
         return lease

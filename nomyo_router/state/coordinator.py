@@ -16,7 +16,7 @@ lock, a survivor takes over, and every worker reconnects and re-declares the slo
 still holds before the new host grants new ones (a short grace period).
 
 Wire format: one JSON object per line. Worker -> host:
-  {"op": "acquire", "id", "model", "cands", "timeout", "order"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
+  {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
   {"op": "cancel", "id"}            {"op": "release", "ep"}        {"op": "reclaim", "ep", "n"}
   {"op": "health", "ep", "ok"}      {"op": "find_pin", "id", "keys"} -> {"id", "pin"}
   {"op": "set_pin", "key", "ep"}    {"op": "drop_pin", "key"}      {"op": "snapshot", "id"} -> {"id", "snap"}
@@ -82,7 +82,7 @@ class Coordinator:
             try:
                 await self._ready.wait()
                 lease = await self.store.acquire(msg["model"], cands, self.choose_for(msg["model"]),
-                                                 msg["timeout"], msg.get("order"))
+                                                 msg["timeout"], msg.get("order"), msg.get("pin"))
             except QueueTimeout as e:
                 send({"id": rid, "err": "timeout", "order": e.order})
             except QueueFull:

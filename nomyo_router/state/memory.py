@@ -40,11 +40,13 @@ class MemoryStore(StateStore):
         self._in_flight[ep.name] = self._in_flight.get(ep.name, 0) + 1
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None) -> Lease:
+                      timeout: float, order: int | None = None, pin: str | None = None) -> Lease:
         free = [e for e in candidates if self._free(e)]
         if free:
             ep = free[0] if len(free) == 1 else choose(free)
             self._take(ep)
+            if pin is not None:
+                self._pin(pin, ep.name)
             return Lease(self, ep)
         if all(e.name in self._unhealthy for e in candidates):
             raise NoEndpoint(model)
@@ -79,6 +81,8 @@ class MemoryStore(StateStore):
             if isinstance(exc, TimeoutError):
                 raise QueueTimeout(model, waiter.seq) from None
             raise
+        if pin is not None:
+            self._pin(pin, ep.name)
         return Lease(self, ep, time.monotonic() - t0)
 
     def release(self, endpoint: Endpoint, token: object = None) -> None:
@@ -129,6 +133,9 @@ class MemoryStore(StateStore):
         return None
 
     async def set_pin(self, key: str, endpoint: str) -> None:
+        self._pin(key, endpoint)
+
+    def _pin(self, key: str, endpoint: str) -> None:
         pins = self._pins
         pins[key] = (endpoint, time.monotonic() + self.pin_ttl)
         pins.move_to_end(key)

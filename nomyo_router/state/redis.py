@@ -99,7 +99,14 @@ class RedisStore(StateStore):
 
     # ---- slots ------------------------------------------------------------------
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None) -> Lease:
+                      timeout: float, order: int | None = None, pin: str | None = None) -> Lease:
+        lease = await self._acquire(model, candidates, choose, timeout, order)
+        if pin is not None:
+            await self.set_pin(pin, lease.endpoint.name)  # awaited: the next turn will see it
+        return lease
+
+    async def _acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
+                       timeout: float, order: int | None) -> Lease:
         if self.degraded:
             return await self.local.acquire(model, candidates, choose, timeout)
         lid = uuid.uuid4().hex

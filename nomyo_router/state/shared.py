@@ -126,11 +126,11 @@ class SharedStore(StateStore):
             self._replies.pop(rid, None)
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None) -> Lease:
+                      timeout: float, order: int | None = None, pin: str | None = None) -> Lease:
         await self._connected.wait()
         rid = next(self._ids)
         msg = {"op": "acquire", "id": rid, "model": model, "cands": [e.name for e in candidates],
-               "timeout": timeout, "order": order}
+               "timeout": timeout, "order": order, "pin": pin}
         fut = asyncio.get_running_loop().create_future()
         self._replies[rid] = fut
         self._acquiring[rid] = msg
