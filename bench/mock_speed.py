@@ -15,7 +15,6 @@ import json
 
 from common import mock_process, wrk
 
-from loadtest.client import make_session
 from loadtest.engine import Stage, run_stage
 from loadtest.metrics import summarize
 from loadtest.workload import WorkloadSpec
@@ -24,8 +23,7 @@ BODY = {"model": "llama3", "messages": [{"role": "user", "content": "hello there
 
 
 async def client_ceiling(url: str, stream: bool, conc: int, seconds: float) -> dict:
-    async with make_session() as s:
-        run = await run_stage(s, url, WorkloadSpec(stream=stream), Stage("closed", conc, seconds, warmup=0.5), 30)
+    run = await run_stage(url, WorkloadSpec(stream=stream), Stage("closed", conc, seconds, warmup=0.5), 30)
     return summarize(run)
 
 

@@ -20,7 +20,6 @@ from rich.text import Text
 from mock.config import MockConfig, add_arguments, from_namespace
 
 from . import compare as compare_mod
-from .client import make_session
 from .engine import Progress, Stage, run_stage
 from .knee import find_knee
 from .metrics import summarize
@@ -128,26 +127,25 @@ async def drive(args: argparse.Namespace, spec: WorkloadSpec, stages: list[Stage
                 direct_url: str | None, console: Console) -> tuple[list[dict], list[dict] | None]:
     results: list[dict] = []
     direct: list[dict] | None = [] if direct_url else None
-    async with make_session() as session:
-        for i, stage in enumerate(stages):
-            targets = [("direct", direct_url)] if direct_url else []
-            targets.append(("router", router_url))
-            for target, url in targets:
-                prog = Progress()
-                label = f"stage {i + 1}/{len(stages)} {target} {'conc' if stage.mode == 'closed' else 'rate'}={stage.load:g}"
-                run_task = asyncio.ensure_future(run_stage(session, url, spec, stage, args.timeout, target, prog))
-                if args.quiet:
-                    run = await run_task
-                else:
-                    with Live(console=console, refresh_per_second=4, transient=True) as live:
-                        while not run_task.done():
-                            live.update(Text(_progress_line(label, prog)))
-                            await asyncio.wait({run_task}, timeout=0.25)
-                    run = run_task.result()
-                m = summarize(run)
-                (direct if target == "direct" else results).append(m)  # type: ignore[union-attr]
-                console.print(f"{label}: {m['completed']} ok, {m['failed']} err, "
-                              f"{m['request_throughput']:.1f} req/s, p50 {m['median_e2el_ms']} ms", highlight=False)
+    for i, stage in enumerate(stages):
+        targets = [("direct", direct_url)] if direct_url else []
+        targets.append(("router", router_url))
+        for target, url in targets:
+            prog = Progress()
+            label = f"stage {i + 1}/{len(stages)} {target} {'conc' if stage.mode == 'closed' else 'rate'}={stage.load:g}"
+            run_task = asyncio.ensure_future(run_stage(url, spec, stage, args.timeout, target, prog))
+            if args.quiet:
+                run = await run_task
+            else:
+                with Live(console=console, refresh_per_second=4, transient=True) as live:
+                    while not run_task.done():
+                        live.update(Text(_progress_line(label, prog)))
+                        await asyncio.wait({run_task}, timeout=0.25)
+                run = run_task.result()
+            m = summarize(run)
+            (direct if target == "direct" else results).append(m)  # type: ignore[union-attr]
+            console.print(f"{label}: {m['completed']} ok, {m['failed']} err, "
+                          f"{m['request_throughput']:.1f} req/s, p50 {m['median_e2el_ms']} ms", highlight=False)
     return results, direct
 
 

@@ -1,7 +1,7 @@
 """Send one request and time it: latency, TTFT at the first non-empty content, inter-token gaps.
 
-One aiohttp session for the whole run; bodies arrive pre-encoded. The only work on the
-hot path is what is measured: reading chunks and finding their content.
+Requests go out as pre-built bytes on keep-alive connections (loadtest.http); the only
+work on the hot path is what is measured: splitting chunks and finding their content.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
+from .http import Client, ResponseHandler
 
 
 @dataclass
@@ -38,15 +38,6 @@ class Result:
     @property
     def latency(self) -> float:
         return self.end - self.start
-
-
-def make_session(limit: int = 0) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit, ttl_dns_cache=300, keepalive_timeout=60),
-        timeout=aiohttp.ClientTimeout(total=None),
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent",),
-    )
 
 
 def _content(api: str, line: bytes) -> tuple[str, int | None, bool]:
@@ -90,61 +81,101 @@ def _whole_answer(api: str, endpoint: str, data: Any) -> tuple[str, int]:
     return text, int((data.get("usage") or {}).get("completion_tokens") or 0)
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
-               api: str, endpoint: str, stream: bool, timeout: float, start: float,
-               keep_answer: bool = False) -> Result:
-    now = time.perf_counter
+class _Measure(ResponseHandler):
+    """Times one response as its bytes arrive: TTFT at the first non-empty content."""
+
+    def __init__(self, r: Result, api: str, streaming: bool, keep_answer: bool) -> None:
+        self.r, self.api, self.streaming, self.keep_answer = r, api, streaming, keep_answer
+        self.buf = b""
+        self.body: list[bytes] = []
+        self.chunks_at: list[float] = []
+        self.parts: list[str] = []
+        self.count: int | None = None
+        self.finished = False
+        self.received = False
+        self.bad: str | None = None
+
+    def on_status(self, status: int) -> None:
+        self.r.status = status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        n = name.lower()
+        if n.startswith(b"x-router-"):
+            if n == b"x-router-endpoint":
+                self.r.endpoint = value.decode()
+            elif n == b"x-router-overhead-ms":
+                self.r.overhead_ms = float(value)
+            elif n == b"x-router-affinity":
+                self.r.affinity = value.decode()
+
+    def on_body(self, data: bytes) -> None:
+        self.received = True
+        if not self.streaming or self.r.status != 200:
+            self.body.append(data)
+            return
+        buf = self.buf + data
+        *lines, self.buf = buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        try:
+            text, c, fin = _content(self.api, line)
+        except (ValueError, ProtocolError) as e:
+            self.bad = str(e)
+            return
+        if text:
+            t = time.perf_counter()
+            if self.r.ttft is None:
+                self.r.ttft = t - self.r.start
+            self.chunks_at.append(t)
+            if self.keep_answer:
+                self.parts.append(text)
+        if c is not None:
+            self.count = c
+        self.finished = self.finished or fin
+
+
+async def send(client: Client, data: bytes, api: str, endpoint: str, stream: bool, timeout: float,
+               start: float, keep_answer: bool = False) -> Result:
+    """One request (pre-built bytes) through `client`; never raises, errors land in the Result."""
     r = Result(start=start)
-    r.send_lag = now() - start
-    chunks_at: list[float] = []
-    parts: list[str] = []
+    streaming = stream and endpoint != "embed"
+    m = _Measure(r, api, streaming, keep_answer)
+
+    def sent() -> None:
+        r.send_lag = time.perf_counter() - start
+
     try:
         async with asyncio.timeout(timeout):
-            async with session.post(url, data=body, headers=headers) as resp:
-                r.status = resp.status
-                h = resp.headers
-                r.endpoint = h.get("X-Router-Endpoint")
-                oh = h.get("X-Router-Overhead-Ms")
-                r.overhead_ms = float(oh) if oh else None
-                r.affinity = h.get("X-Router-Affinity")
-                if resp.status != 200:
-                    await resp.read()
-                    r.error = f"http_{resp.status}"
-                elif not stream or endpoint == "embed":
-                    data = json.loads(await resp.read())
-                    r.ttft = now() - start
-                    text, r.out_tokens = _whole_answer(api, endpoint, data)
-                    if keep_answer:
-                        parts.append(text)
-                else:
-                    count = None
-                    done = False
-                    async for line in resp.content:
-                        if not line.strip():
-                            continue
-                        text, c, fin = _content(api, line)
-                        if text:
-                            t = now()
-                            if r.ttft is None:
-                                r.ttft = t - start
-                            chunks_at.append(t)
-                            if keep_answer:
-                                parts.append(text)
-                        if c is not None:
-                            count = c
-                        done = done or fin
-                    if not done:
-                        raise ProtocolError("stream ended without its final chunk")
-                    r.out_tokens = count if count is not None else len(chunks_at)
+            await client.send(data, m, sent)
     except asyncio.TimeoutError:
         r.error = "timeout"
-    except (aiohttp.ClientPayloadError, ProtocolError, ValueError):
+    except (ConnectionError, OSError):
+        r.error = "protocol" if m.received else "connection"
+    except ValueError:
         r.error = "protocol"
-    except (aiohttp.ClientError, OSError):
-        r.error = "connection"
-    r.end = now()
-    if len(chunks_at) > 1:
-        r.itl = [b - a for a, b in zip(chunks_at, chunks_at[1:])]
+    r.end = time.perf_counter()
+    if r.error is None:
+        if r.status != 200:
+            r.error = f"http_{r.status}"
+        elif not streaming:
+            try:
+                text, r.out_tokens = _whole_answer(api, endpoint, json.loads(b"".join(m.body)))
+                r.ttft = r.end - start
+                if keep_answer:
+                    m.parts.append(text)
+            except (ValueError, AttributeError):
+                r.error = "protocol"
+        else:
+            if m.buf.strip():
+                m._line(m.buf)
+            if m.bad is not None or not m.finished:
+                r.error = "protocol"
+            r.out_tokens = m.count if m.count is not None else len(m.chunks_at)
+    if len(m.chunks_at) > 1:
+        r.itl = [b - a for a, b in zip(m.chunks_at, m.chunks_at[1:])]
     if keep_answer:
-        r.answer = "".join(parts)
+        r.answer = "".join(m.parts)
     return r

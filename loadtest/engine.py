@@ -12,9 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import aiohttp
-
 from .client import Result, send
+from .http import Client
 from .workload import Conversation, WorkloadSpec
 
 
@@ -81,13 +80,20 @@ async def _sleep_until(t: float) -> None:
         await asyncio.sleep(delay)
 
 
-async def run_stage(session: aiohttp.ClientSession, base_url: str, spec: WorkloadSpec, stage: Stage,
-                    timeout: float, target: str = "router", progress: Progress | None = None,
+async def run_stage(base_url: str, spec: WorkloadSpec, stage: Stage, timeout: float,
+                    target: str = "router", progress: Progress | None = None,
                     on_result: Callable[[Result], None] | None = None) -> StageRun:
-    url = base_url.rstrip("/") + spec.path
-    prog = progress or Progress()
+    client = Client(base_url)
+    try:
+        return await _run(client, spec, stage, timeout, target, progress or Progress(), on_result)
+    finally:
+        client.close()
+
+
+async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float, target: str,
+               prog: Progress, on_result: Callable[[Result], None] | None) -> StageRun:
     run = StageRun(stage, target)
-    single_body = spec.body()
+    single = client.build(spec.path, spec.body(), spec.headers)
     monitor = LoopMonitor()
     t0 = time.perf_counter()
     prog.t0 = t0
@@ -126,11 +132,11 @@ async def run_stage(session: aiohttp.ClientSession, base_url: str, spec: Workloa
             if not may_start(now):
                 return
             if conv is None:
-                r = await send(session, url, single_body, spec.headers, spec.api, spec.endpoint,
-                               spec.stream, timeout, now)
+                r = await send(client, single, spec.api, spec.endpoint, spec.stream, timeout, now)
             else:
-                r = await send(session, url, conv.next_body(), conv.headers(), spec.api, spec.endpoint,
-                               spec.stream, timeout, now, keep_answer=True)
+                data = client.build(spec.path, conv.next_body(), conv.headers())
+                r = await send(client, data, spec.api, spec.endpoint, spec.stream, timeout, now,
+                               keep_answer=True)
                 r.turn = conv.turn + 1
                 if r.ok:
                     conv.record(r.answer)
@@ -145,7 +151,6 @@ async def run_stage(session: aiohttp.ClientSession, base_url: str, spec: Workloa
     else:
         rng = random.Random(stage.seed)
         tasks: set[asyncio.Task] = set()
-        headers = spec.headers
         t = t0
         while True:
             gap = rng.expovariate(stage.load) if stage.arrival == "poisson" else 1.0 / stage.load
@@ -153,8 +158,7 @@ async def run_stage(session: aiohttp.ClientSession, base_url: str, spec: Workloa
             await _sleep_until(t)
             if not may_start(t):
                 break
-            task = asyncio.ensure_future(send(session, url, single_body, headers, spec.api, spec.endpoint,
-                                              spec.stream, timeout, t))
+            task = asyncio.ensure_future(send(client, single, spec.api, spec.endpoint, spec.stream, timeout, t))
             task.add_done_callback(lambda f: (tasks.discard(f), take(f.result())))
             tasks.add(task)
         if tasks:

@@ -15,7 +15,6 @@ import aiohttp
 import pytest
 
 from loadtest import compare as compare_mod
-from loadtest.client import make_session
 from loadtest.engine import Stage, run_stage
 from loadtest.knee import find_knee
 from loadtest.metrics import summarize
@@ -26,8 +25,7 @@ from test.helpers import endpoints, run_router
 
 
 async def stage(url: str, spec: WorkloadSpec, **kw) -> dict:
-    async with make_session() as s:
-        return summarize(await run_stage(s, url, spec, Stage(**kw), timeout=30))
+    return summarize(await run_stage(url, spec, Stage(**kw), timeout=30))
 
 
 @pytest.mark.parametrize("api", ["ollama", "openai"])
