@@ -19,13 +19,13 @@ CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "conte
 
 
 async def test_two_instances_share_slots_and_one_fifo_queue(redis_url):
-    async with run_mock(ttft_ms=100.0, tok_ms=0.0, tokens=1, parallel=64) as m:
+    async with run_mock(ttft_ms=200.0, tok_ms=0.0, tokens=1, parallel=64) as m:
         cfg = {"endpoints": endpoints(m, slots=2), "state": redis_url}
         async with run_router(cfg) as r1, run_router(cfg) as r2, aiohttp.ClientSession() as s:
             t0 = time.perf_counter()
 
             async def one(i: int):
-                await asyncio.sleep(i * 0.015)  # both instances share this test's event loop
+                await asyncio.sleep(i * 0.03)  # both instances share this test's event loop
                 url = (r1 if i % 2 else r2).url
                 async with s.post(url + "/api/chat", json=CHAT) as r:
                     await r.read()
@@ -35,7 +35,7 @@ async def test_two_instances_share_slots_and_one_fifo_queue(redis_url):
                 health = await h.json()
     assert [st for st, _, _ in results] == [200] * 40
     assert m.stats()["max_in_flight"] == 2
-    waves = [round(t / 0.1) for _, _, t in sorted(results, key=lambda r: r[1])]
+    waves = [round(t / 0.2) for _, _, t in sorted(results, key=lambda r: r[1])]
     assert waves == sorted(waves) and waves[-1] - waves[0] >= 18
     assert health["state"] == "redis" and health["endpoints"][0]["in_flight"] == 0
 

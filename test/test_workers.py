@@ -30,19 +30,20 @@ async def burst(url: str, n: int, gap: float = 0.01) -> list[tuple[int, int, flo
 
 
 async def test_four_workers_one_endpoint_two_slots_forty_requests_fifo():
-    with MockProcess(MockConfig(ttft_ms=100.0, tok_ms=0.0, tokens=1, parallel=64)) as m:
+    with MockProcess(MockConfig(ttft_ms=200.0, tok_ms=0.0, tokens=1, parallel=64)) as m:
         cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 2}]}
         with router_workers(cfg, 4) as (url, _):
-            results = await burst(url, 40)
+            # 30 ms apart: far more than worker scheduling jitter, far less than a 200 ms wave
+            results = await burst(url, 40, gap=0.03)
             async with aiohttp.ClientSession() as s:
                 stats = await (await s.get(m.url + "/mock/stats")).json()
                 health = await (await s.get(url + "/health")).json()
     assert [st for st, *_ in results] == [200] * 40
     assert stats["max_in_flight"] == 2
     assert len({w for *_, w in results}) >= 2  # the load really spread over workers
-    waves = [round(t / 0.1) for _, _, t, _ in sorted(results, key=lambda r: r[1])]
+    waves = [round(t / 0.2) for _, _, t, _ in sorted(results, key=lambda r: r[1])]
     assert waves == sorted(waves), waves  # FIFO: no request finished a wave before an earlier one
-    assert waves[-1] - waves[0] >= 18  # 40 requests / 2 slots = 20 waves of 100 ms
+    assert waves[-1] - waves[0] >= 18  # 40 requests / 2 slots = 20 waves of 200 ms
     assert health["state"] == "shared"
 
 
