@@ -34,7 +34,9 @@ class Endpoint:
     def from_config(cls, cfg: EndpointConfig) -> "Endpoint":
         ep = cls(name=cfg.name, url=cfg.url, slots=cfg.max_concurrent, type=cfg.type,
                  api_key=cfg.api_key, static_models=cfg.models)
-        ep.headers = {"Content-Type": "application/json"}
+        # Every header aiohttp would add is set here, so it adds none (its cheapest path).
+        ep.headers = {"Content-Type": "application/json", "Accept": "*/*",
+                      "Accept-Encoding": "identity", "User-Agent": "nomyo-router"}
         if cfg.api_key:
             ep.headers["Authorization"] = f"Bearer {cfg.api_key}"
         if cfg.models:
