@@ -79,7 +79,7 @@ def print_summary(console: Console, stages: Sequence[dict[str, Any]], knee: dict
             total = sum(s["endpoints"].values())
             split = ", ".join(f"{k} {v * 100 / total:.0f}%" for k, v in sorted(s["endpoints"].items()))
             console.print(f"  load {s['load']:g}: endpoint split {split}")
-        if s["affinity"]:
+        if set(s["affinity"]) - {"miss"}:  # single-turn load is all misses: nothing to say
             console.print(f"  load {s['load']:g}: affinity {s['affinity']}")
     bound = [s for s in stages if s["client"]["bottleneck"]]
     if bound:
