@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+
 import aiohttp
 
 from ..api.asgi import Headers, Send
@@ -48,19 +49,19 @@ class Proxy:
         self.session = session
         self.store = store
         self.config = config
-        # Streams may idle for stream_idle_timeout between chunks; a whole (non-stream)
-        # answer is bounded by first_byte_timeout around the call instead.
+        # Streams may idle for stream_idle_timeout between chunks; nothing of a whole
+        # (non-stream) answer arrives before it is complete, so first_byte_timeout bounds it.
         self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
                                                      sock_read=config.stream_idle_timeout)
-        self._worker = (b"x-router-worker", str(os.getpid()).encode())
         self._whole_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
                                                     sock_read=config.first_byte_timeout)
+        self._worker = (b"x-router-worker", str(os.getpid()).encode())
 
     async def handle(self, req: GenRequest, send: Send) -> None:
         if not self.scheduler.knows(req.key):
             raise _unknown_model(req)
         keys = None
-        if self.config.conversation_affinity or req.session_id:
+        if self.config.conversation_affinity:
             keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id)
         ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys)
         tried: list[str] = []
@@ -151,13 +152,18 @@ class Proxy:
             else:
                 await _send_whole(send, resp.status, data, None, headers)
             return
+        finished = False
         try:
             if translating:
                 await self._relay_translated(req, resp, first, headers, send)
             else:
                 await self._relay(resp, first, headers, send)
+            finished = True
         finally:
-            resp.close()  # not reusable after a streamed body; closing also stops the backend
+            if finished:
+                resp.release()  # back to the keep-alive pool
+            else:
+                resp.close()  # the client left: closing the connection stops the backend
 
     async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: aiohttp.ClientTimeout,
                     line: bool) -> tuple[aiohttp.ClientResponse, bytes, bytes]:
@@ -198,6 +204,7 @@ class Proxy:
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                 if conv.done:
+                    await resp.read()  # drain what follows [DONE] so the connection can be reused
                     break
                 pending = await resp.content.readline()
                 if not pending:
