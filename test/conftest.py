@@ -62,3 +62,33 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Clients:
+    """The official clients, closed at the end of the test (they own httpx pools)."""
+
+    def __init__(self) -> None:
+        self._open: list = []
+
+    def openai(self, url: str):
+        import openai
+        c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        self._open.append(c)
+        return c
+
+    def ollama(self, url: str):
+        import ollama
+        c = ollama.AsyncClient(host=url)
+        self._open.append(c)
+        return c
+
+    async def close(self) -> None:
+        for c in self._open:
+            await c.close()
+
+
+@pytest.fixture
+async def clients():
+    c = Clients()
+    yield c
+    await c.close()

@@ -9,12 +9,10 @@ import pytest
 MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
 
 
-def oa(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
-async def test_ollama_chat_stream_equals_nonstream(mock):
-    c = ollama.AsyncClient(host=mock.url)
+async def test_ollama_chat_stream_equals_nonstream(mock, clients):
+    c = clients.ollama(mock.url)
     full = await c.chat(model="llama3", messages=MSGS, stream=False)
     parts = [p async for p in await c.chat(model="llama3", messages=MSGS, stream=True)]
     assert full.message.content == "".join(p.message.content for p in parts)
@@ -27,8 +25,8 @@ async def test_ollama_chat_stream_equals_nonstream(mock):
     assert not any(p.done for p in parts[:-1])
 
 
-async def test_ollama_generate_and_num_predict(mock):
-    c = ollama.AsyncClient(host=mock.url)
+async def test_ollama_generate_and_num_predict(mock, clients):
+    c = clients.ollama(mock.url)
     full = await c.generate(model="llama3", prompt="hi", options={"num_predict": 3})
     parts = [p async for p in await c.generate(model="llama3", prompt="hi", stream=True,
                                                options={"num_predict": 3})]
@@ -37,8 +35,8 @@ async def test_ollama_generate_and_num_predict(mock):
     assert full.eval_count == 3
 
 
-async def test_ollama_embed_show_tags_ps_version(mock):
-    c = ollama.AsyncClient(host=mock.url)
+async def test_ollama_embed_show_tags_ps_version(mock, clients):
+    c = clients.ollama(mock.url)
     e = await c.embed(model="llama3", input=["a", "b"])
     assert len(e.embeddings) == 2 and len(e.embeddings[0]) == 64
     assert e.embeddings[0] != e.embeddings[1]
@@ -53,15 +51,15 @@ async def test_ollama_embed_show_tags_ps_version(mock):
     assert (await c._request_raw("GET", "/api/version")).json()["version"]
 
 
-async def test_ollama_unknown_model_is_404(mock):
-    c = ollama.AsyncClient(host=mock.url)
+async def test_ollama_unknown_model_is_404(mock, clients):
+    c = clients.ollama(mock.url)
     with pytest.raises(ollama.ResponseError) as e:
         await c.chat(model="nope", messages=MSGS, stream=False)
     assert e.value.status_code == 404
 
 
-async def test_openai_chat_stream_equals_nonstream(mock):
-    c = oa(mock.url)
+async def test_openai_chat_stream_equals_nonstream(mock, clients):
+    c = clients.openai(mock.url)
     full = await c.chat.completions.create(model="llama3", messages=MSGS)
     stream = await c.chat.completions.create(model="llama3", messages=MSGS, stream=True,
                                              stream_options={"include_usage": True})
@@ -75,8 +73,8 @@ async def test_openai_chat_stream_equals_nonstream(mock):
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == 8
 
 
-async def test_openai_completions_max_tokens(mock):
-    c = oa(mock.url)
+async def test_openai_completions_max_tokens(mock, clients):
+    c = clients.openai(mock.url)
     full = await c.completions.create(model="llama3", prompt="hi", max_tokens=2)
     parts = [ch async for ch in await c.completions.create(model="llama3", prompt="hi",
                                                            max_tokens=2, stream=True)]
@@ -84,8 +82,8 @@ async def test_openai_completions_max_tokens(mock):
     assert full.choices[0].finish_reason == "length"
 
 
-async def test_openai_embeddings_and_models(mock):
-    c = oa(mock.url)
+async def test_openai_embeddings_and_models(mock, clients):
+    c = clients.openai(mock.url)
     e = await c.embeddings.create(model="llama3", input=["x", "y"])
     assert [d.index for d in e.data] == [0, 1] and len(e.data[0].embedding) == 64
     models = await c.models.list()

@@ -24,16 +24,14 @@ async def setup(request):
             yield r.url, m.url, request.param
 
 
-def oa(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
-async def test_ollama_chat_and_generate(setup):
+async def test_ollama_chat_and_generate(setup, clients):
     router, direct, kind = setup
     for fn, kwargs, field in (("chat", {"messages": MSGS}, "message"),
                               ("generate", {"prompt": "hi", "options": {"num_predict": 3}}, "response")):
-        want = await getattr(ollama.AsyncClient(host=direct), fn)(model="llama3", stream=False, **kwargs)
-        c = ollama.AsyncClient(host=router)
+        want = await getattr(clients.ollama(direct), fn)(model="llama3", stream=False, **kwargs)
+        c = clients.ollama(router)
         got = await getattr(c, fn)(model="llama3", stream=False, **kwargs)
         parts = [p async for p in await getattr(c, fn)(model="llama3", stream=True, **kwargs)]
         text = lambda r: r.message.content if field == "message" else r.response  # noqa: E731
@@ -52,18 +50,18 @@ async def test_ollama_stream_is_the_default(setup):
     assert len(lines) == 9  # 8 tokens + the done chunk
 
 
-async def test_ollama_embeddings(setup):
+async def test_ollama_embeddings(setup, clients):
     router, direct, _ = setup
-    want = await ollama.AsyncClient(host=direct).embed(model="llama3", input=["a", "b"])
-    got = await ollama.AsyncClient(host=router).embed(model="llama3", input=["a", "b"])
+    want = await clients.ollama(direct).embed(model="llama3", input=["a", "b"])
+    got = await clients.ollama(router).embed(model="llama3", input=["a", "b"])
     assert got.embeddings == want.embeddings
-    legacy = await ollama.AsyncClient(host=router).embeddings(model="llama3", prompt="a")
+    legacy = await clients.ollama(router).embeddings(model="llama3", prompt="a")
     assert list(legacy.embedding) == list(want.embeddings[0])
 
 
-async def test_openai_routes(setup):
+async def test_openai_routes(setup, clients):
     router, direct, _ = setup
-    c, d = oa(router), oa(direct)
+    c, d = clients.openai(router), clients.openai(direct)
     want = await d.chat.completions.create(model="llama3", messages=MSGS)
     got = await c.chat.completions.create(model="llama3", messages=MSGS)
     assert got.choices[0].message.content == want.choices[0].message.content
@@ -81,36 +79,36 @@ async def test_openai_routes(setup):
     assert ids == [model_key(m.id) for m in (await d.models.list()).data]
 
 
-async def test_listing_routes_merge_endpoints():
+async def test_listing_routes_merge_endpoints(clients):
     async with run_mock(**FAST, models=["llama3", "a:1"]) as m1, run_mock(**FAST, models=["llama3:latest", "b"]) as m2:
         async with run_router({"endpoints": endpoints(m1, m2)}) as r:
-            c = ollama.AsyncClient(host=r.url)
+            c = clients.ollama(r.url)
             names = sorted(m.model for m in (await c.list()).models)
             assert names == ["a:1", "b:latest", "llama3:latest"]
             assert len((await c.ps()).models) == 3
             show = await c.show("b")
             assert show.details.family == "b"
-            ids = sorted(m.id for m in (await oa(r.url).models.list()).data)
+            ids = sorted(m.id for m in (await clients.openai(r.url).models.list()).data)
             assert len(ids) == 3
             async with aiohttp.ClientSession() as s:
                 async with s.get(r.url + "/api/version") as v:
                     assert (await v.json())["version"]
 
 
-async def test_unknown_model_is_404_in_each_shape(setup):
+async def test_unknown_model_is_404_in_each_shape(setup, clients):
     router, _, _ = setup
     with pytest.raises(ollama.ResponseError) as e:
-        await ollama.AsyncClient(host=router).chat(model="nope", messages=MSGS, stream=False)
+        await clients.ollama(router).chat(model="nope", messages=MSGS, stream=False)
     assert e.value.status_code == 404
     with pytest.raises(openai.NotFoundError) as e2:
-        await oa(router).chat.completions.create(model="nope", messages=MSGS)
+        await clients.openai(router).chat.completions.create(model="nope", messages=MSGS)
     assert e2.value.body["code"] == "model_not_found"
 
 
-async def test_name_and_latest_match():
+async def test_name_and_latest_match(clients):
     async with run_mock(**FAST, models=["llama3:latest"]) as m:
         async with run_router({"endpoints": endpoints(m, type="openai")}) as r:
-            got = await oa(r.url).chat.completions.create(model="llama3", messages=MSGS)
+            got = await clients.openai(r.url).chat.completions.create(model="llama3", messages=MSGS)
             assert got.choices[0].message.content
-            got2 = await ollama.AsyncClient(host=r.url).chat(model="llama3:latest", messages=MSGS, stream=False)
+            got2 = await clients.ollama(r.url).chat(model="llama3:latest", messages=MSGS, stream=False)
             assert got2.message.content == got.choices[0].message.content
