@@ -31,6 +31,7 @@ async def test_two_instances_share_slots_and_one_fifo_queue(redis_url):
                     await r.read()
                     return r.status, i, time.perf_counter() - t0
             results = await asyncio.gather(*[one(i) for i in range(40)])
+            await asyncio.sleep(1.2)  # usage is flushed to Redis with the next sweep
             async with s.get(r1.url + "/health") as h:
                 health = await h.json()
     assert [st for st, _, _ in results] == [200] * 40
@@ -38,6 +39,7 @@ async def test_two_instances_share_slots_and_one_fifo_queue(redis_url):
     waves = [round(t / 0.2) for _, _, t in sorted(results, key=lambda r: r[1])]
     assert waves == sorted(waves) and waves[-1] - waves[0] >= 18
     assert health["state"] == "redis" and health["endpoints"][0]["in_flight"] == 0
+    assert health["usage"] == {"m0": {"llama3:latest": 40}}  # both instances' requests
 
 
 async def test_a_conversation_keeps_its_backend_across_instances(redis_url):

@@ -40,6 +40,7 @@ async def test_four_workers_one_endpoint_two_slots_forty_requests_fifo():
                 health = await (await s.get(url + "/health")).json()
     assert [st for st, *_ in results] == [200] * 40
     assert stats["max_in_flight"] == 2
+    assert health["usage"] == {"one": {"llama3:latest": 40}}  # counted once, over all workers
     assert len({w for *_, w in results}) >= 2  # the load really spread over workers
     waves = [round(t / 0.2) for _, _, t, _ in sorted(results, key=lambda r: r[1])]
     assert waves == sorted(waves), waves  # FIFO: no request finished a wave before an earlier one
@@ -71,28 +72,38 @@ async def test_sigkill_of_a_worker_holding_slots_gives_them_back():
             assert waited < 3.0  # the victim's slot came back at once, not after its 10 s stream
 
 
-async def test_a_conversation_keeps_its_backend_across_workers():
+async def test_a_conversation_keeps_its_backend_across_workers(tmp_path):
+    """Turn 1 is served by some worker; that worker is then killed, so every later turn
+    is served by another one, which must find the pin."""
     cfg_m = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=4, parallel=64)
     with MockProcess(cfg_m) as a, MockProcess(cfg_m) as b:
         cfg = {"endpoints": [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}]}
-        with router_workers(cfg, 4) as (url, _):
+        base = str(tmp_path / "state")
+        with router_workers(cfg, 3, state_path=base) as (url, _):
+            host = int(open(base + ".lock").read())
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
-                async def conversation(n: int) -> list[tuple[str, str, str]]:
+                async def turn(msgs):
+                    async with s.post(url + "/api/chat", json={"model": "llama3", "stream": False,
+                                                              "messages": msgs}) as r:
+                        body = await r.json()
+                        return (body["message"], r.headers["X-Router-Endpoint"],
+                                r.headers["X-Router-Affinity"], int(r.headers["X-Router-Worker"]))
+                for n in range(50):  # find a conversation whose first turn a non-host worker served
                     msgs = [{"role": "user", "content": f"across workers {n}"}]
-                    seen = []
-                    for i in range(10):
-                        async with s.post(url + "/api/chat", json={"model": "llama3", "stream": False,
-                                                                  "messages": msgs}) as r:
-                            body = await r.json()
-                            seen.append((r.headers["X-Router-Endpoint"], r.headers["X-Router-Affinity"],
-                                         r.headers["X-Router-Worker"]))
-                        msgs = msgs + [body["message"], {"role": "user", "content": f"turn {i}"}]
-                    return seen
-                convs = await asyncio.gather(*[conversation(n) for n in range(6)])
-    for seen in convs:
-        assert len({ep for ep, _, _ in seen}) == 1
-        assert [aff for _, aff, _ in seen[1:]] == ["hit"] * 9
-    assert max(len({w for _, _, w in seen}) for seen in convs) >= 2  # turns did cross workers
+                    answer, home, _, first_worker = await turn(msgs)
+                    if first_worker != host:
+                        break
+                assert first_worker != host
+                os.kill(first_worker, signal.SIGKILL)
+                await asyncio.sleep(0.3)
+                seen = []
+                for i in range(9):
+                    msgs = msgs + [answer, {"role": "user", "content": f"turn {i}"}]
+                    answer, ep, aff, worker = await turn(msgs)
+                    seen.append((ep, aff, worker))
+    assert {ep for ep, _, _ in seen} == {home}
+    assert [aff for _, aff, _ in seen] == ["hit"] * 9
+    assert first_worker not in {w for _, _, w in seen}
 
 
 async def test_the_state_host_dies_and_a_survivor_takes_over(tmp_path):

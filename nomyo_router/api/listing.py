@@ -77,7 +77,10 @@ async def health(endpoints: Sequence[Endpoint], store: StateStore) -> tuple[int,
             for ep in endpoints]
     ok = any(r["healthy"] for r in rows)
     body = {"status": "ok" if ok else "unavailable", "state": snap.get("mode"),
-            "queue_length": snap.get("queue_length", 0), "pins": snap.get("pins"), "endpoints": rows}
+            "queue_length": snap.get("queue_length", 0), "pins": snap.get("pins"),
+            "usage": snap.get("usage", {}), "endpoints": rows}
+    if "degraded" in snap:
+        body["degraded"], body["degraded_events"] = snap["degraded"], snap["degraded_events"]
     return (200 if ok else 503), json.dumps(body).encode()
 
 

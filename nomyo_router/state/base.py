@@ -70,8 +70,13 @@ class StateStore(ABC):
     @abstractmethod
     def queue_length(self) -> int: ...
 
+    @abstractmethod
+    def record(self, endpoint: str, model: str) -> None:
+        """Count one request served (usage counters, summed over every worker and instance)."""
+
     async def snapshot(self) -> dict[str, Any]:
-        """{"in_flight": {endpoint name: n}, "queue_length": n, "pins": n, "mode": ...} for /health."""
+        """{"in_flight": {endpoint: n}, "queue_length": n, "pins": n, "usage": {endpoint: {model: n}},
+        "mode": ...} for /health."""
         return {"mode": type(self).__name__, "in_flight": {}, "queue_length": self.queue_length()}
 
     @abstractmethod

@@ -19,6 +19,7 @@ Wire format: one JSON object per line. Worker -> host:
   {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
   {"op": "cancel", "id"}            {"op": "release", "ep"}        {"op": "reclaim", "ep", "n"}
   {"op": "health", "ep", "ok"}      {"op": "find_pin", "id", "keys"} -> {"id", "pin"}
+  {"op": "usage", "ep", "model"}
   {"op": "set_pin", "key", "ep"}    {"op": "drop_pin", "key"}      {"op": "snapshot", "id"} -> {"id", "snap"}
 """
 
@@ -132,6 +133,8 @@ class Coordinator:
                     await self.store.set_pin(msg["key"], msg["ep"])
                 elif op == "drop_pin":
                     await self.store.drop_pin(msg["key"])
+                elif op == "usage":
+                    self.store.record(msg["ep"], msg["model"])
                 elif op == "snapshot":
                     send({"id": msg["id"], "snap": await self.store.snapshot()})
                 await writer.drain()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from typing import Sequence
 
 from ..domain import Endpoint
@@ -26,6 +26,7 @@ class MemoryStore(StateStore):
         self.pin_ttl = pin_ttl
         self.max_pins = max_pins
         self._pins: OrderedDict[str, tuple[str, float]] = OrderedDict()  # key -> (endpoint, expiry)
+        self._usage: dict[str, Counter[str]] = {}
         self._in_flight: dict[str, int] = {}
         self._unhealthy: set[str] = set()
         self._queues: dict[str, deque[_Waiter]] = {}  # per model: A never waits behind B
@@ -107,9 +108,12 @@ class MemoryStore(StateStore):
             self._take(ep)
             w.future.set_result(ep)
 
+    def record(self, endpoint: str, model: str) -> None:
+        self._usage.setdefault(endpoint, Counter())[model] += 1
+
     async def snapshot(self) -> dict:
         return {"mode": "memory", "in_flight": dict(self._in_flight), "queue_length": self._queued,
-                "pins": len(self._pins)}
+                "pins": len(self._pins), "usage": {e: dict(c) for e, c in self._usage.items()}}
 
     def in_flight(self, endpoint: Endpoint) -> int:
         return self._in_flight.get(endpoint.name, 0)

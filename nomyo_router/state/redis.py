@@ -19,6 +19,7 @@ import logging
 import random
 import time
 import uuid
+from collections import Counter
 from typing import Any, Sequence
 
 import redis.asyncio as aioredis
@@ -61,6 +62,7 @@ class RedisStore(StateStore):
         self._active: dict[str, str] = {}  # lease id -> endpoint, for lease extension
         self._unhealthy: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._usage: Counter[tuple[str, str]] = Counter()  # not yet flushed to Redis
         self._loops: list[asyncio.Task] = []
 
     # ---- life cycle -----------------------------------------------------------
@@ -191,6 +193,7 @@ class RedisStore(StateStore):
                 for lid, name in list(self._active.items()):
                     args += [name, lid]
                 await self._run("SWEEP", *args)
+                await self._flush_usage()
             except (RedisError, OSError) as e:
                 self._degrade(e)
 
@@ -225,6 +228,22 @@ class RedisStore(StateStore):
             if ep is not None and not fut.done():
                 fut.set_result(_s(ep))
 
+    def record(self, endpoint: str, model: str) -> None:
+        self._usage[(endpoint, model)] += 1  # flushed with the next sweep, in one pipeline
+
+    async def _flush_usage(self) -> None:
+        if not self._usage:
+            return
+        pending, self._usage = self._usage, Counter()
+        pipe = self._redis.pipeline(transaction=False)
+        for (ep, model), n in pending.items():
+            pipe.hincrby(f"{self.prefix}:usage:{ep}", model, n)
+        try:
+            await pipe.execute()
+        except (RedisError, OSError):
+            self._usage.update(pending)  # try again next time
+            raise
+
     # ---- views, health, pins ----------------------------------------------------------
     def in_flight(self, endpoint: Endpoint) -> int:
         return sum(1 for n in self._active.values() if n == endpoint.name) + self.local.in_flight(endpoint)
@@ -244,11 +263,20 @@ class RedisStore(StateStore):
             for name in self.endpoints:
                 pipe.zcount(f"{self.prefix}:lease:{name}", now_ms, "+inf")
             pipe.zcard(f"{self.prefix}:queue")
-            counts = await pipe.execute()
+            for name in self.endpoints:
+                pipe.hgetall(f"{self.prefix}:usage:{name}")
+            res = await pipe.execute()
         except (RedisError, OSError) as e:
             self._degrade(e)
             return {**snap, "degraded": True, "in_flight": {}, "queue_length": 0}
-        return {**snap, "in_flight": dict(zip(self.endpoints, counts[:-1])), "queue_length": counts[-1]}
+        n = len(self.endpoints)
+        usage: dict[str, dict[str, int]] = {}
+        for name, counts in zip(self.endpoints, res[n + 1:]):
+            usage[name] = {_s(k): int(v) for k, v in counts.items()}
+        for (ep, model), c in self._usage.items():  # not flushed yet
+            usage.setdefault(ep, {})[model] = usage.get(ep, {}).get(model, 0) + c
+        return {**snap, "in_flight": dict(zip(self.endpoints, res[:n])), "queue_length": res[n],
+                "usage": usage}
 
     def is_healthy(self, endpoint: Endpoint) -> bool:
         return endpoint.name not in self._unhealthy

@@ -161,6 +161,9 @@ class SharedStore(StateStore):
             self._held[endpoint.name] -= 1
             self._send({"op": "release", "ep": endpoint.name, "id": token})
 
+    def record(self, endpoint: str, model: str) -> None:
+        self._send({"op": "usage", "ep": endpoint, "model": model})
+
     def in_flight(self, endpoint: Endpoint) -> int:
         return self._held[endpoint.name]  # this worker's share; /health asks the host
 

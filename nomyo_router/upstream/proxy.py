@@ -80,6 +80,7 @@ class Proxy:
                                retry_after=self.config.retry_after) from None
             try:
                 await self._attempt(req, lease, send)
+                self.store.record(lease.endpoint.name, req.key)
                 return
             except RetryableFailure as f:
                 log.info("attempt on %s failed before any byte was sent (%s); retrying",
