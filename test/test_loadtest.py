@@ -176,3 +176,13 @@ def test_ctrl_c_tears_everything_down():
     assert p.returncode == 130, out
     assert "interrupted" in out
     assert _children_gone([mport, rport])
+
+
+@pytest.mark.parametrize("api,endpoint,stream", [("ollama", "generate", True), ("openai", "generate", False),
+                                                 ("ollama", "embed", False), ("openai", "embed", False)])
+async def test_every_endpoint_kind_is_driven(api, endpoint, stream):
+    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=5) as m:
+        s = await stage(m.url, WorkloadSpec(api=api, endpoint=endpoint, stream=stream, max_tokens=3),
+                        mode="closed", load=2, duration=None, requests=10, warmup=0.0)
+    assert s["completed"] == 10 and s["failed"] == 0
+    assert s["total_output_tokens"] == (0 if endpoint == "embed" else 30)

@@ -163,3 +163,31 @@ async def test_stats_count_routes_and_config_rejects_bad_knobs(mock):
             assert r.status == 400 and "unknown knob" in (await r.json())["error"]
         async with s.post(mock.url + "/mock/config", json={"parallel": "x"}) as r:
             assert r.status == 400
+
+
+async def test_batch_slowdown_bends_throughput():
+    async with run_mock(ttft_ms=0.0, tok_ms=10.0, tokens=10, parallel=4, batch_slowdown=1.0) as m, \
+            aiohttp.ClientSession() as s:
+        t0 = time.perf_counter()
+        await post(s, m.url, {**CHAT, "stream": False})
+        alone = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await asyncio.gather(*[post(s, m.url, {**CHAT, "stream": False}) for _ in range(4)])
+        together = time.perf_counter() - t0
+    assert 0.09 <= alone <= 0.15  # 10 tokens x 10 ms
+    assert together >= 2.5 * alone  # 4 active sequences: each token up to 4x slower
+
+
+async def test_jitter_is_seeded():
+    async def ttfts(seed: int) -> list[float]:
+        async with run_mock(ttft_ms=40.0, tok_ms=0.0, tokens=1, jitter=0.5, jitter_dist="uniform",
+                            seed=seed) as m, aiohttp.ClientSession() as s:
+            out = []
+            for _ in range(6):
+                t0 = time.perf_counter()
+                await post(s, m.url, {**CHAT, "stream": False})
+                out.append(time.perf_counter() - t0)
+            return out
+    a, b = await ttfts(3), await ttfts(3)
+    assert max(a) - min(a) > 0.010  # it varies
+    assert all(abs(x - y) < 0.008 for x, y in zip(a, b))  # and the same seed replays it

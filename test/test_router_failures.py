@@ -129,3 +129,41 @@ async def test_bad_input_gets_a_4xx_in_the_api_shape(method, path, body, status,
             async with s.post(r.url + "/api/chat", json=CHAT) as ok:
                 assert ok.status == 200
             assert r.router.store.in_flight(r.router.endpoints[0]) == 0
+
+
+async def test_a_failed_model_refresh_keeps_serving_the_stale_list():
+    async with run_mock(**FAST, models=["llama3", "only-here"]) as m:
+        cfg = {"endpoints": endpoints(m), "model_refresh_interval": 0.1, "health_interval": 60}
+        async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+            await m.close()  # the backend disappears: refreshes now fail
+            await asyncio.sleep(0.4)
+            async with s.get(r.url + "/api/tags") as t:
+                names = {x["name"] for x in (await t.json())["models"]}
+            assert names == {"llama3:latest", "only-here:latest"}
+
+
+def test_uvicorn_entry_point_reads_the_config_from_the_environment(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from mock.runner import wait_http
+    with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=2)) as m:
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(f"endpoints:\n  - url: {m.url}\n    name: via-uvicorn\n")
+        port = free_port()
+        env = {**os.environ, "NOMYO_ROUTER_CONFIG": str(cfg)}
+        p = subprocess.Popen([sys.executable, "-m", "uvicorn", "nomyo_router.app:app", "--port", str(port),
+                              "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", 20, p)
+            import urllib.request
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/api/chat", method="POST",
+                                         data=json.dumps({**CHAT}).encode())
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                assert resp.headers["X-Router-Endpoint"] == "via-uvicorn"
+                assert json.loads(resp.read())["done"] is True
+        finally:
+            p.terminate()
+            p.wait(10)
