@@ -141,3 +141,18 @@ def test_keys_are_exact_continuations():
     p1 = prompt_keys("m", "x" * 3000)
     assert p1.register in prompt_keys("m", "x" * 3000 + "answer and more" * 100).lookup
     assert prompt_keys("m", "short") is None
+
+
+async def test_generate_continues_by_prompt_prefix():
+    async with run_mock(**FAST) as a, run_mock(**FAST) as b:
+        async with run_router({"endpoints": endpoints(a, b)}) as r, aiohttp.ClientSession() as s:
+            prompt = "A long document. " * 200
+            outcomes = []
+            for i in range(5):
+                async with s.post(r.url + "/api/generate", json={"model": "llama3", "prompt": prompt,
+                                                                  "stream": False}) as resp:
+                    body = await resp.json()
+                    outcomes.append((resp.headers["X-Router-Endpoint"], resp.headers["X-Router-Affinity"]))
+                prompt = prompt + body["response"] + f"\nQuestion {i}: and then?\n"
+    assert outcomes[0][1] == "miss" and [o for _, o in outcomes[1:]] == ["hit"] * 4
+    assert len({ep for ep, _ in outcomes}) == 1

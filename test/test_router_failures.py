@@ -167,3 +167,14 @@ def test_uvicorn_entry_point_reads_the_config_from_the_environment(tmp_path):
         finally:
             p.terminate()
             p.wait(10)
+
+
+@pytest.mark.parametrize("path,shape", [("/api/chat", "ollama"), ("/v1/chat/completions", "openai")])
+async def test_backend_errors_pass_through_with_status_and_body(path, shape):
+    async with run_mock(**FAST, fail_rate=1.0) as m:
+        async with run_router({"endpoints": endpoints(m)}) as r, aiohttp.ClientSession() as s:
+            async with s.post(r.url + path, json=CHAT) as resp:
+                assert resp.status == 500
+                err = (await resp.json())["error"]
+    assert (err if shape == "ollama" else err["message"]) == "injected failure"
+    assert m.stats()["errors_injected"] == {"fail": 1}  # a 500 is not retried

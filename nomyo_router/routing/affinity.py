@@ -31,12 +31,16 @@ BLOCK = 1024  # characters per prompt block (~256 tokens)
 
 
 class Keys:
-    """What one request registers under, and what it looks up (longest first)."""
+    """What one request registers under, and what it looks up (longest first).
 
-    __slots__ = ("register", "lookup", "explicit")
+    `certain`: a session id or an exact chat continuation, worth waiting for its endpoint
+    (`affinity_wait_ms`). A shared prompt prefix may be another user's request for the
+    same document, so it follows its pin only while that endpoint has a free slot."""
 
-    def __init__(self, register: str, lookup: list[str], explicit: bool = False) -> None:
-        self.register, self.lookup, self.explicit = register, lookup, explicit
+    __slots__ = ("register", "lookup", "certain")
+
+    def __init__(self, register: str, lookup: list[str], certain: bool = True) -> None:
+        self.register, self.lookup, self.certain = register, lookup, certain
 
 
 def _content(m: dict[str, Any]) -> bytes:
@@ -72,12 +76,12 @@ def prompt_keys(model: str, prompt: str) -> Keys | None:
     for start in range(0, len(data) - BLOCK + 1, BLOCK):
         h.update(data[start:start + BLOCK])
         boundaries.append(h.hexdigest())
-    return Keys(boundaries[-1], boundaries[::-1])
+    return Keys(boundaries[-1], boundaries[::-1], certain=False)
 
 
 def session_keys(model: str, session_id: str) -> Keys:
     key = "sid:" + hashlib.blake2b(session_id.encode(), digest_size=16).hexdigest()
-    return Keys(key, [key], explicit=True)
+    return Keys(key, [key])
 
 
 def request_keys(kind: str, model: str, body: dict[str, Any], session_id: str | None) -> Keys | None:

@@ -63,8 +63,8 @@ class Scheduler:
             pinned = self._by_name.get(pin[1])
             if pinned is not None and pinned in candidates and store.is_healthy(pinned):
                 try:
-                    lease = await store.acquire(ctx.model, [pinned], choose, self.affinity_wait, order,
-                                                keys.register)
+                    wait = self.affinity_wait if keys.certain else 0.0
+                    lease = await store.acquire(ctx.model, [pinned], choose, wait, order, keys.register)
                     outcome = "hit"
                 except QueueTimeout as e:
                     outcome, order = "spill", e.order  # keep its place in the queue
