@@ -17,7 +17,10 @@ from mock.runner import wait_http
 
 
 @contextlib.contextmanager
-def router_workers(config: dict[str, Any], workers: int, state_path: str | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+def router_workers(config: dict[str, Any], workers: int, state_path: str | None = None,
+                   wait: bool = True) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`wait=False`: return at once (when this test's own event loop must keep running,
+    e.g. because it hosts the shared state); then await `ready(url)`."""
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(config, f)
@@ -30,7 +33,8 @@ def router_workers(config: dict[str, Any], workers: int, state_path: str | None 
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(url + "/health", 30, proc)
+        if wait:
+            wait_http(url + "/health", 30, proc)
         yield url, proc
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -41,3 +45,21 @@ def router_workers(config: dict[str, Any], workers: int, state_path: str | None 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         os.unlink(path)
+
+
+async def ready(url: str, timeout: float = 30.0) -> None:
+    import asyncio
+
+    import aiohttp
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with aiohttp.ClientSession() as s:
+        while True:
+            try:
+                async with s.get(url + "/health") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{url} not ready")
+            await asyncio.sleep(0.1)

@@ -11,7 +11,11 @@ import time
 import aiohttp
 
 from mock import MockConfig, MockProcess
-from test.router_proc import router_workers
+from nomyo_router.config import parse_config
+from nomyo_router.domain import Endpoint
+from nomyo_router.routing.policies import LeastBusy
+from nomyo_router.state import SharedStore
+from test.router_proc import ready, router_workers
 
 CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "x"}]}
 
@@ -73,34 +77,38 @@ async def test_sigkill_of_a_worker_holding_slots_gives_them_back():
 
 
 async def test_a_conversation_keeps_its_backend_across_workers(tmp_path):
-    """Turn 1 is served by some worker; that worker is then killed, so every later turn
-    is served by another one, which must find the pin."""
+    """Turn 1 is served by some worker; that worker is then killed, so every later turn is
+    served by another one, which must find the pin. The test process hosts the shared
+    state itself (it wins the election by starting first), so killing any worker is safe."""
     cfg_m = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=4, parallel=64)
     with MockProcess(cfg_m) as a, MockProcess(cfg_m) as b:
         cfg = {"endpoints": [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}]}
         base = str(tmp_path / "state")
-        with router_workers(cfg, 3, state_path=base) as (url, _):
-            host = int(open(base + ".lock").read())
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
-                async def turn(msgs):
-                    async with s.post(url + "/api/chat", json={"model": "llama3", "stream": False,
-                                                              "messages": msgs}) as r:
-                        body = await r.json()
-                        return (body["message"], r.headers["X-Router-Endpoint"],
-                                r.headers["X-Router-Affinity"], int(r.headers["X-Router-Worker"]))
-                for n in range(50):  # find a conversation whose first turn a non-host worker served
-                    msgs = [{"role": "user", "content": f"across workers {n}"}]
+        eps = [Endpoint.from_config(e) for e in parse_config(cfg).endpoints]
+        host = SharedStore(base, eps, 100, 600, 1000, LeastBusy())
+        await host.start()
+        assert host.is_host
+        try:
+            with router_workers(cfg, 3, state_path=base, wait=False) as (url, _):
+                await ready(url)
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                    async def turn(msgs):
+                        async with s.post(url + "/api/chat", json={"model": "llama3", "stream": False,
+                                                                  "messages": msgs}) as r:
+                            body = await r.json()
+                            return (body["message"], r.headers["X-Router-Endpoint"],
+                                    r.headers["X-Router-Affinity"], int(r.headers["X-Router-Worker"]))
+                    msgs = [{"role": "user", "content": "across workers"}]
                     answer, home, _, first_worker = await turn(msgs)
-                    if first_worker != host:
-                        break
-                assert first_worker != host
-                os.kill(first_worker, signal.SIGKILL)
-                await asyncio.sleep(0.3)
-                seen = []
-                for i in range(9):
-                    msgs = msgs + [answer, {"role": "user", "content": f"turn {i}"}]
-                    answer, ep, aff, worker = await turn(msgs)
-                    seen.append((ep, aff, worker))
+                    os.kill(first_worker, signal.SIGKILL)
+                    await asyncio.sleep(0.3)
+                    seen = []
+                    for i in range(9):
+                        msgs = msgs + [answer, {"role": "user", "content": f"turn {i}"}]
+                        answer, ep, aff, worker = await turn(msgs)
+                        seen.append((ep, aff, worker))
+        finally:
+            await host.close()
     assert {ep for ep, _, _ in seen} == {home}
     assert [aff for _, aff, _ in seen] == ["hit"] * 9
     assert first_worker not in {w for _, _, w in seen}
