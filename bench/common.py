@@ -45,6 +45,20 @@ def wrk(url: str, body: str, conc: int, seconds: float = 4.0) -> dict[str, float
     return res
 
 
+def wait_tcp(port: int, timeout: float = 20.0) -> None:
+    import socket
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def rss_mb(pid: int) -> float:
     total = 0
     for p in [pid] + _children(pid):

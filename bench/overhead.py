@@ -20,7 +20,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 
-from common import free_port, mock_process, router_process, rss_mb, wait_http, wrk
+from common import free_port, mock_process, router_process, rss_mb, wait_tcp, wrk
 
 BODY = {"model": "llama3", "messages": [{"role": "user", "content": "hello there"}]}
 
@@ -35,13 +35,7 @@ def floor_process(upstream: str):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                wrk(url + "/api/version", "{}", 1, 1)
-                break
-            except Exception:
-                import time as _t
-                _t.sleep(0.1)
+        wait_tcp(port)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.request
 
-from common import ZERO, free_port, mock_process, router_process, wrk
+from common import free_port, mock_process, router_process, wrk
 
 from mock import MockConfig
 from nomyo_router.config import parse_config

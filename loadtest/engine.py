@@ -100,7 +100,6 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
     measure_from = t0 + stage.warmup
     end = measure_from + stage.duration if stage.requests is None and stage.duration else float("inf")
     measured_started = 0
-    keep_answer = spec.turns > 1
 
     def take(r: Result) -> None:
         prog.done += 1

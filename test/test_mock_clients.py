@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ollama
-import openai
 import pytest
 
 MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
