@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import aiohttp
 
@@ -53,9 +53,7 @@ class Router:
         self.proxy: Proxy | None = None
 
     async def start(self) -> None:
-        start = getattr(self.store, "start", None)
-        if start is not None:
-            await start()
+        await self.store.start()
         self.session = create_session(self.config)
         self.proxy = Proxy(self.scheduler, self.session, self.store, self.config)
         self.discovery = Discovery(self.endpoints, self.session, self.store, self.scheduler, self.config)
@@ -222,7 +220,7 @@ async def _cancel_on_disconnect(work: Awaitable[None], receive: Receive) -> None
         watcher.cancel()
 
 
-ROUTES: dict[tuple[str, str], Any] = {("POST", p): RouterApp.generate for p in GENERATION_ROUTES}
+ROUTES: dict[tuple[str, str], Handler] = {("POST", p): RouterApp.generate for p in GENERATION_ROUTES}
 ROUTES.update({
     ("POST", "/api/show"): RouterApp.show,
     ("GET", "/api/tags"): RouterApp.listing,

@@ -97,5 +97,9 @@ class StateStore(ABC):
     @abstractmethod
     async def drop_pin(self, key: str) -> None: ...
 
+    async def start(self) -> None:
+        """Connect or elect, for stores that share state; called once before serving."""
+        return None
+
     async def close(self) -> None:
         return None
