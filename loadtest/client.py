@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,22 @@ class Result:
     @property
     def latency(self) -> float:
         return self.end - self.start
+
+
+# The fast path: most stream chunks only need "is there content?" to be timed. A chunk
+# that may end the stream, carry usage or report an error is parsed in full.
+_CONTENT = re.compile(rb'"(?:content|response|text)"\s*:\s*"(.)')
+_NEEDS_PARSE = re.compile(rb'"done"\s*:\s*true|"usage"|"error"|\[DONE\]|"finish_reason"\s*:\s*"')
+
+
+def _has_content(line: bytes) -> bool | None:
+    """True/False when a plain content chunk says so cheaply; None when it must be parsed."""
+    if _NEEDS_PARSE.search(line):
+        return None
+    m = _CONTENT.search(line)
+    if m is None:
+        return False if line.startswith(b"data:") or line.startswith(b"{") else None
+    return m.group(1) != b'"'
 
 
 def _content(api: str, line: bytes) -> tuple[str, int | None, bool]:
@@ -120,6 +137,15 @@ class _Measure(ResponseHandler):
                 self._line(line)
 
     def _line(self, line: bytes) -> None:
+        if not self.keep_answer:
+            fast = _has_content(line)
+            if fast is not None:
+                if fast:
+                    t = time.perf_counter()
+                    if self.r.ttft is None:
+                        self.r.ttft = t - self.r.start
+                    self.chunks_at.append(t)
+                return
         try:
             text, c, fin = _content(self.api, line)
         except (ValueError, ProtocolError) as e:

@@ -186,3 +186,24 @@ async def test_every_endpoint_kind_is_driven(api, endpoint, stream):
                         mode="closed", load=2, duration=None, requests=10, warmup=0.0)
     assert s["completed"] == 10 and s["failed"] == 0
     assert s["total_output_tokens"] == (0 if endpoint == "embed" else 30)
+
+
+def test_fast_chunk_check_agrees_with_a_full_parse():
+    from loadtest.client import _content, _has_content
+    lines = [
+        (b'{"model":"m","message":{"role":"assistant","content":"lorem "},"done":false}', "ollama"),
+        (b'{"model":"m","message":{"role":"assistant","content":""},"done":false}', "ollama"),
+        (b'{"model": "m", "message": {"role": "assistant", "content": ""}, "done": true, "eval_count": 3}', "ollama"),
+        (b'{"model":"m","response":"x","done":false}', "ollama"),
+        (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}', "openai"),
+        (b'data: {"choices":[{"index":0,"delta":{"content":"ipsum "},"finish_reason":null}]}', "openai"),
+        (b'data: {"choices":[{"index":0,"text":"a \\"quoted\\" usage","finish_reason":null}]}', "openai"),
+        (b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}', "openai"),
+        (b'data: {"choices":[],"usage":{"completion_tokens":8}}', "openai"),
+        (b"data: [DONE]", "openai"),
+    ]
+    for line, api in lines:
+        fast = _has_content(line)
+        if fast is not None:
+            assert fast == bool(_content(api, line)[0]), line
+    assert _has_content(lines[2][0]) is None and _has_content(lines[9][0]) is None  # parsed in full
