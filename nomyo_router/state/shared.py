@@ -102,7 +102,13 @@ class SharedStore(StateStore):
                     return
                 log.warning("lost the shared-state host; electing a new one")
                 self._connected.clear()
-                await self._connect()
+                while not self._closing:
+                    try:
+                        await self._connect()
+                        break
+                    except (RuntimeError, OSError) as e:  # keep trying; requests wait meanwhile
+                        log.error("no shared-state host yet (%s); retrying", e)
+                        await asyncio.sleep(1.0)
                 continue
             msg = json.loads(line)
             fut = self._replies.pop(msg["id"], None)
