@@ -47,3 +47,12 @@ async def run_router(config: RouterConfig | dict[str, Any]) -> AsyncIterator[Run
 
 def endpoints(*mocks: Any, slots: int = 2, **extra: Any) -> list[dict[str, Any]]:
     return [{"url": m.url, "name": f"m{i}", "max_concurrent": slots, **extra} for i, m in enumerate(mocks)]
+
+
+def fifo(done_at: list[float], service: float) -> bool:
+    """`done_at[i]`: when request i (in sending order) finished, with 2 slots and a fixed
+    service time. Requests i and i+1 may share a wave; any later request j >= i+2 was
+    queued behind i and must finish at least about one service time after it. Times, not
+    rounded wave numbers: waves drift with the router's per-wave overhead."""
+    n = len(done_at)
+    return all(done_at[j] - done_at[i] > service / 2 for i in range(n) for j in range(i + 2, n))
