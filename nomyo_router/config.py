@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -59,9 +59,6 @@ class RouterConfig:
     affinity_ttl: float = 600.0
     affinity_max_pins: int = 100_000
     affinity_wait_ms: float = 2000.0
-
-    def endpoint(self, name: str) -> EndpointConfig:
-        return next(e for e in self.endpoints if e.name == name)
 
 
 # key -> (python type(s), check, what is expected)
@@ -209,20 +206,3 @@ def load_config(path: str) -> RouterConfig:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}")
     return parse_config(data, path)
-
-
-def config_keys() -> list[str]:
-    return [f.name for f in fields(RouterConfig)]
-
-
-def dump_config(config: RouterConfig) -> dict[str, Any]:
-    """A YAML-ready mapping of `config` (used to hand a config to worker processes)."""
-    out: dict[str, Any] = {f.name: getattr(config, f.name) for f in fields(RouterConfig) if f.name != "endpoints"}
-    out["endpoints"] = [
-        {k: (list(v) if isinstance(v, tuple) else v)
-         for k, v in (("url", e.url), ("name", e.name), ("type", e.type),
-                      ("max_concurrent", e.max_concurrent), ("api_key", e.api_key),
-                      ("models", e.models)) if v is not None}
-        for e in config.endpoints]
-    return out
-

@@ -36,9 +36,6 @@ class Scheduler:
     def knows(self, model: str) -> bool:
         return model in self._by_model
 
-    def serving(self, model: str) -> list[Endpoint]:
-        return self._by_model.get(model, [])
-
     async def acquire(self, ctx: RouteContext, exclude: Iterable[str] = ()) -> Lease:
         """A slot for `ctx.model`, skipping endpoints in `exclude` (already tried)."""
         candidates = self._by_model.get(ctx.model, [])
