@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test setup setup-test redis bench clean
+.PHONY: demo test setup setup-test redis wrk bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,14 +21,19 @@ redis:
 	  echo "installing redis-server from the distribution"; \
 	  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null; }
 
+wrk:
+	@command -v wrk >/dev/null 2>&1 || { \
+	  echo "installing wrk from the distribution"; \
+	  (apt-get update -qq && apt-get install -y -qq wrk) >/dev/null; }
+
 demo: setup
 	$(BIN)/python loadtest.py --mock-backend --ramp $(RAMP)
 
 test: setup-test redis
 	$(BIN)/python -m pytest -q
 
-bench: setup
-	$(BIN)/python bench/overhead.py
+bench: setup wrk
+	$(BIN)/python bench/overhead.py --floor
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
