@@ -47,6 +47,7 @@ async def test_admission_is_exact_two_endpoints_two_slots_twenty_requests(state)
 async def test_queue_is_fifo(state):
     async with run_mock(ttft_ms=60.0, tok_ms=0.0, tokens=1) as m:
         async with run_router({"endpoints": endpoints(m, slots=1), **state}) as r, aiohttp.ClientSession() as s:
+            assert (await post(s, r.url))[0] == 200  # warm up (store connections), then measure
             done: list[int] = []
 
             async def one(i: int):
