@@ -29,6 +29,7 @@ from . import translate
 log = logging.getLogger("nomyo_router.proxy")
 
 RETRY_STATUSES = frozenset((429, 502, 503))
+_FORWARDED = (("Content-Type", b"content-type"), ("Content-Encoding", b"content-encoding"))
 # Errors meaning the backend is unreachable: it leaves rotation until a probe succeeds.
 UNREACHABLE = (aiohttp.ClientConnectorError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)
 
@@ -142,10 +143,11 @@ class Proxy:
         except aiohttp.ClientError as e:  # disconnected or cut before we sent a byte
             raise RetryableFailure(f"{type(e).__name__}: {e}") from None
 
-        for name in (b"content-type", b"content-encoding"):
-            value = resp.headers.get(name.decode())
-            if value and not translating:
-                headers.append((name, value.encode()))
+        if not translating:
+            for name, key in _FORWARDED:
+                value = resp.headers.get(name)
+                if value:
+                    headers.append((key, value.encode()))
         if not req.stream or resp.status != 200:
             resp.release()
             if translating:
