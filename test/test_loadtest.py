@@ -40,13 +40,18 @@ async def test_ttft_and_latency_match_the_mock(api):
     assert m_["total_output_tokens"] == 80
 
 
-async def test_knee_closed_loop_on_known_capacity():
-    """2 mocks x 4 slots x 200 ms = 40 req/s: the knee is 8 concurrent."""
+async def ramp_known_capacity(mode: str, loads: tuple[int, ...], warmup: float) -> list[dict]:
+    """2 mocks x 4 slots x 200 ms behind the router: a backend that serves 40 req/s."""
     knobs = dict(ttft_ms=200.0, tok_ms=0.0, tokens=1, parallel=4)
     async with run_mock(**knobs) as a, run_mock(**knobs) as b:
         async with run_router({"endpoints": endpoints(a, b, slots=4)}) as r:
-            stages = [await stage(r.url, WorkloadSpec(stream=False), mode="closed", load=c,
-                                  duration=2.0, warmup=0.4) for c in (2, 4, 8, 16, 32)]
+            return [await stage(r.url, WorkloadSpec(stream=False), mode=mode, load=load,
+                                duration=2.0, warmup=warmup) for load in loads]
+
+
+async def test_knee_closed_loop_on_known_capacity():
+    """40 req/s at 200 ms each: the knee is 8 concurrent."""
+    stages = await ramp_known_capacity("closed", (2, 4, 8, 16, 32), warmup=0.4)
     knee = find_knee(stages)
     assert knee["knee_load"] == 8, [(s["load"], s["request_throughput"], s["p99_e2el_ms"]) for s in stages]
     assert 34 <= knee["max_request_throughput"] <= 42
@@ -54,11 +59,7 @@ async def test_knee_closed_loop_on_known_capacity():
 
 
 async def test_knee_open_loop_on_known_capacity():
-    knobs = dict(ttft_ms=200.0, tok_ms=0.0, tokens=1, parallel=4)
-    async with run_mock(**knobs) as a, run_mock(**knobs) as b:
-        async with run_router({"endpoints": endpoints(a, b, slots=4)}) as r:
-            stages = [await stage(r.url, WorkloadSpec(stream=False), mode="open", load=rate,
-                                  duration=2.0, warmup=0.0) for rate in (10, 20, 30, 60)]
+    stages = await ramp_known_capacity("open", (10, 20, 30, 60), warmup=0.0)
     knee = find_knee(stages)
     assert knee["knee_load"] == 30, [(s["load"], s["request_throughput"], s["p99_e2el_ms"]) for s in stages]
 
