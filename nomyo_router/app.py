@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import multiprocessing
 import os
@@ -25,6 +26,7 @@ from .api.errors import ApiError, error_body, render
 from .api.requests import GENERATION_ROUTES, parse
 from .config import ConfigError, RouterConfig, load_config
 from .domain import Endpoint
+from .events import Events, RequestRecord
 from .routing.policies import LeastBusy
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, SharedStore, StateStore
@@ -48,6 +50,7 @@ class Router:
         self.scheduler = Scheduler(self.endpoints, self.store, policy, config.queue_timeout,
                                    config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
         self.session_header = config.session_header.lower().encode("latin-1")
+        self.events = Events()
         self.session: aiohttp.ClientSession | None = None
         self.discovery: Discovery | None = None
         self.proxy: Proxy | None = None
@@ -55,7 +58,7 @@ class Router:
     async def start(self) -> None:
         await self.store.start()
         self.session = create_session(self.config)
-        self.proxy = Proxy(self.scheduler, self.session, self.store, self.config)
+        self.proxy = Proxy(self.scheduler, self.session, self.store, self.config, self.events)
         self.discovery = Discovery(self.endpoints, self.session, self.store, self.scheduler, self.config)
         await self.discovery.start()
         for ep in self.endpoints:
@@ -92,6 +95,15 @@ def shared_state_path() -> str:
         return explicit
     tag = hashlib.blake2b(os.environ.get(CONFIG_ENV, "config.yaml").encode(), digest_size=4).hexdigest()
     return os.path.join(tempfile.gettempdir(), f"nomyo-router-{os.getppid()}-{tag}")
+
+
+_request_ids = itertools.count(1)
+_id_prefix = f"{os.getpid():x}-"
+
+
+def next_request_id() -> str:
+    """Unique within this process and across workers (the pid is part of it); cheap."""
+    return _id_prefix + str(next(_request_ids))
 
 
 Handler = Callable[["RouterApp", Scope, Receive, Send, float], Awaitable[None]]
@@ -161,7 +173,15 @@ class RouterApp:
         if sid:
             req.session_id = sid.decode("latin-1")
         assert router.proxy is not None
-        await _cancel_on_disconnect(router.proxy.handle(req, send), receive)
+        rec = RequestRecord(next_request_id(), req.api, req.path, req.model, req.stream, req.client)
+        try:
+            await _cancel_on_disconnect(router.proxy.handle(req, send, rec), receive)
+        except ApiError as e:
+            rec.status, rec.error = e.status, e.code or "error"
+            raise
+        finally:
+            rec.total_s = time.perf_counter() - t0
+            router.events.request_done(rec)
 
     async def show(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()

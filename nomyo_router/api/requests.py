@@ -23,7 +23,7 @@ GENERATION_ROUTES: dict[str, tuple[str, str]] = {
 class GenRequest:
     """One validated generation request. `raw` is forwarded untouched when APIs match."""
 
-    __slots__ = ("api", "kind", "path", "model", "key", "stream", "body", "raw", "t0", "session_id")
+    __slots__ = ("api", "kind", "path", "model", "key", "stream", "body", "raw", "t0", "session_id", "client")
 
     def __init__(self, api: str, kind: str, path: str, model: str, stream: bool,
                  body: dict[str, Any], raw: bytes, t0: float) -> None:
@@ -31,6 +31,7 @@ class GenRequest:
         self.model, self.key, self.stream = model, model_key(model), stream
         self.body, self.raw, self.t0 = body, raw, t0
         self.session_id: str | None = None
+        self.client: str | None = None  # the client key's name, when keys are configured
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:

@@ -20,6 +20,7 @@ from ..api.errors import ApiError, error_body
 from ..api.requests import GenRequest
 from ..config import RouterConfig
 from ..domain import Endpoint
+from ..events import Events, RequestRecord
 from ..routing import affinity
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
@@ -45,8 +46,9 @@ class RetryableFailure(Exception):
 
 class Proxy:
     def __init__(self, scheduler: Scheduler, session: aiohttp.ClientSession, store: StateStore,
-                 config: RouterConfig) -> None:
+                 config: RouterConfig, events: Events) -> None:
         self.scheduler = scheduler
+        self.events = events
         self.session = session
         self.store = store
         self.config = config
@@ -58,7 +60,7 @@ class Proxy:
                                                     sock_read=config.first_byte_timeout)
         self._worker = (b"x-router-worker", str(os.getpid()).encode())
 
-    async def handle(self, req: GenRequest, send: Send) -> None:
+    async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
         if not self.scheduler.knows(req.key):
             raise _unknown_model(req)
         keys = None
@@ -79,8 +81,11 @@ class Proxy:
                 raise ApiError(503, f"no slot became free within queue_timeout "
                                     f"({self.config.queue_timeout:g}s)", code="queue_timeout",
                                retry_after=self.config.retry_after) from None
+            if tried:
+                rec.retries += 1
+                self.events.count("retry", lease.endpoint.name, req.key)
             try:
-                await self._attempt(req, lease, send)
+                await self._attempt(req, lease, send, rec)
                 self.store.record(lease.endpoint.name, req.key)
                 return
             except RetryableFailure as f:
@@ -90,9 +95,10 @@ class Proxy:
                 last = f
             finally:
                 lease.release()
-        await self._give_up(req, last, send)
+        await self._give_up(req, last, send, rec)
 
-    async def _give_up(self, req: GenRequest, last: RetryableFailure | None, send: Send) -> None:
+    async def _give_up(self, req: GenRequest, last: RetryableFailure | None, send: Send,
+                       rec: RequestRecord) -> None:
         if last is None:
             raise ApiError(503, f"no healthy endpoint serves model '{req.model}'",
                            code="no_healthy_endpoint", retry_after=self.config.retry_after)
@@ -100,6 +106,7 @@ class Proxy:
             body = last.body
             if req.api == "ollama" and last.content_type.startswith(b"application/json"):
                 body = error_body("ollama", last.status, translate.error_message(body))
+            rec.status, rec.error = last.status, "upstream_status"
             await _send_whole(send, last.status, body, last.content_type, [])
             return
         raise ApiError(502, f"every endpoint failed for model '{req.model}': {last.reason}",
@@ -115,10 +122,12 @@ class Proxy:
             raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
         return req.path, raw, False
 
-    async def _attempt(self, req: GenRequest, lease: Lease, send: Send) -> None:
+    async def _attempt(self, req: GenRequest, lease: Lease, send: Send, rec: RequestRecord) -> None:
         ep = lease.endpoint
         path, body, translating = self._plan(req, ep)
         t_up = time.perf_counter()
+        rec.endpoint, rec.queue_s, rec.affinity = ep.name, lease.queued_s, lease.affinity
+        rec.overhead_s = t_up - req.t0 - lease.queued_s
         headers: Headers = [
             self._worker,
             (b"x-router-endpoint", ep.name.encode()),
@@ -148,6 +157,7 @@ class Proxy:
                 value = resp.headers.get(name)
                 if value:
                     headers.append((key, value.encode()))
+        rec.status = resp.status
         if not req.stream or resp.status != 200:
             resp.release()
             if translating:
