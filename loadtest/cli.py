@@ -25,6 +25,7 @@ from .knee import find_knee
 from .metrics import summarize
 from .orchestrate import Fleet, install_sigterm_as_interrupt
 from .report import document, print_summary, write_html, write_json
+from . import prefix as prefix_mod
 from .workload import WorkloadSpec
 
 # The mock the load tester spawns is cheap and wide, so the router is what gets measured.
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--turns", type=int, default=1, help="turns per conversation (closed loop)")
     conv.add_argument("--context-tokens", type=int, default=0, help="history size of a conversation's first turn")
     conv.add_argument("--session-header", default=None, help="send the conversation id in this header")
+    prefix_mod.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="PATH")
     out.add_argument("--html", default=None, metavar="PATH")
@@ -172,7 +174,9 @@ def run(args: argparse.Namespace) -> int:
     spec = WorkloadSpec(api=args.api, endpoint=args.endpoint, stream=args.stream, model=model,
                         prompt=args.prompt, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
                         turns=args.turns, context_tokens=args.context_tokens,
-                        session_header=args.session_header, headers=dict(args.header))
+                        session_header=args.session_header, headers=dict(args.header),
+                        prefixes=prefix_mod.Prefixes(args.prefix_groups, args.prefix_tokens, args.prefix_skew,
+                                                     args.seed) if args.prefix_groups > 0 else None)
     config: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("header",)}
     config["stages"] = [vars(s) for s in stages]
     fleet: Fleet | None = None
@@ -194,6 +198,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             url, direct_url = args.url, None
         results, direct = asyncio.run(drive(args, spec, stages, url, direct_url, console))
+        if fleet is not None:
+            kv = prefix_mod.kv_stats([m.url for m in fleet.mocks])
+            config["mock_kv_cache"] = kv
+            if kv["hit_rate"] is not None:
+                console.print(f"mock KV prefix cache: {kv['hit_rate']:.1%} of prompt tokens were cached "
+                              f"(all stages, all mocks)", highlight=False)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: tearing down[/]")
         return 130

@@ -125,7 +125,7 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
 
     async def user(uid: int) -> None:
         number = 0
-        conv = Conversation(spec, uid, number) if spec.turns > 1 else None
+        conv = Conversation(spec, uid, number) if spec.conversational else None
         while True:
             now = time.perf_counter()
             if not may_start(now):

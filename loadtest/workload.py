@@ -47,6 +47,12 @@ class WorkloadSpec:
     system_prompt: str = "You are a helpful assistant."
     session_header: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    prefixes: Any = None  # loadtest.prefix.Prefixes: shared system prompts across users
+
+    @property
+    def conversational(self) -> bool:
+        """Bodies differ per request (a growing chat, or a shared prefix picked per chat)."""
+        return self.turns > 1 or self.prefixes is not None
 
     @property
     def path(self) -> str:
@@ -87,10 +93,12 @@ class Conversation:
         opening = filler_text(spec.context_tokens, f"[{self.id}] ") if spec.context_tokens else \
             f"[{self.id}] {spec.user_text()}"
         self.messages: list[dict[str, Any]] = []
-        if spec.system_prompt:
-            self.messages.append({"role": "system", "content": spec.system_prompt})
+        system = spec.prefixes.pick() if spec.prefixes is not None else spec.system_prompt
+        if system:
+            self.messages.append({"role": "system", "content": system})
         self.messages.append({"role": "user", "content": opening})
-        self.prompt = opening  # for generate: the growing prompt
+        # for generate: the growing prompt (after the shared prefix, when there is one)
+        self.prompt = f"{system}\n\n{opening}" if spec.prefixes is not None else opening
 
     @property
     def finished(self) -> bool:

@@ -27,7 +27,7 @@ from .api.requests import GENERATION_ROUTES, parse
 from .config import ConfigError, RouterConfig, load_config
 from .domain import Endpoint
 from .events import Events, RequestRecord
-from .routing.policies import LeastBusy
+from .routing.policies import Policy, make_policy
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, SharedStore, StateStore
 from .upstream.discovery import Discovery
@@ -45,8 +45,9 @@ class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.endpoints = [Endpoint.from_config(e) for e in config.endpoints]
-        policy = LeastBusy()
+        policy = make_policy(config.routing, {e.name: e.kv_cache_tokens for e in config.endpoints})
         self.store: StateStore = make_store(config, self.endpoints, policy)
+        share_index(policy, self.store)
         self.scheduler = Scheduler(self.endpoints, self.store, policy, config.queue_timeout,
                                    config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
         self.session_header = config.session_header.lower().encode("latin-1")
@@ -73,7 +74,17 @@ class Router:
         await self.store.close()
 
 
-def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: LeastBusy) -> StateStore:
+def share_index(policy: Policy, store: StateStore) -> None:
+    """Every worker and instance learns what the others routed where, so they all route
+    from the same prefix index (it converges within one message, not by chance)."""
+    index = getattr(policy, "index", None)
+    if index is None:
+        return
+    index.publish = lambda endpoint, keys: store.publish("prefix", [endpoint, keys])
+    store.subscribe("prefix", lambda data: index.apply(data[0], data[1]))
+
+
+def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) -> StateStore:
     """`auto`: in-memory for one process (the fast path), shared when uvicorn runs workers."""
     mode = config.state
     if mode == "auto":

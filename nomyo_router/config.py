@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import yaml
 
 ENDPOINT_TYPES = ("ollama", "openai")
+ROUTING_POLICIES = ("cache_aware", "least_busy", "sglang")  # routing/policies POLICIES
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -31,6 +32,8 @@ class EndpointConfig:
     max_concurrent: int = 2
     api_key: str | None = None
     models: tuple[str, ...] | None = None  # None: discovered
+    kv_cache_tokens: int = 131072  # its KV cache size, bounding the router's prefix index
+    kv_events: str | None = None  # vLLM KV-event publisher (zmq tcp://host:port): precise mode
 
     def __repr__(self) -> str:  # never print credentials
         return f"EndpointConfig(name={self.name!r}, url={self.url!r}, type={self.type!r})"
@@ -59,6 +62,7 @@ class RouterConfig:
     affinity_ttl: float = 600.0
     affinity_max_pins: int = 100_000
     affinity_wait_ms: float = 2000.0
+    routing: str = "cache_aware"  # cache_aware | least_busy | sglang
 
 
 # key -> (python type(s), check, what is expected)
@@ -89,8 +93,10 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "affinity_ttl": _POSITIVE_NUM,
     "affinity_max_pins": _POSITIVE_INT,
     "affinity_wait_ms": _NON_NEG_NUM,
+    "routing": (str, lambda v: v in ROUTING_POLICIES, f"one of {', '.join(ROUTING_POLICIES)}"),
 }
-_ENDPOINT_KEYS = {"url", "name", "type", "max_concurrent", "api_key", "models"}
+_ENDPOINT_KEYS = {"url", "name", "type", "max_concurrent", "api_key", "models", "kv_cache_tokens",
+                  "kv_events"}
 _TOP_KEYS = set(_SCALARS) | {"endpoints", "api_keys"}
 
 
@@ -167,8 +173,13 @@ def _endpoint(i: int, raw: Any, default_slots: int, api_keys: dict[str, str]) ->
         if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
             raise ConfigError(f"{key}.models: expected a non-empty list of model names, got {models!r}")
         models = tuple(models)
+    kv_tokens = _check(f"{key}.kv_cache_tokens", raw.get("kv_cache_tokens", 131072), _NON_NEG_INT)
+    kv_events = raw.get("kv_events")
+    if kv_events is not None and not (isinstance(kv_events, str) and kv_events.startswith(("tcp://", "ipc://"))):
+        raise ConfigError(f"{key}.kv_events: expected vLLM's KV-event publisher address such as "
+                          f"tcp://127.0.0.1:5557, got {kv_events!r}")
     return EndpointConfig(url=url, name=name.strip(), type=typ, max_concurrent=slots,
-                          api_key=api_key, models=models)
+                          api_key=api_key, models=models, kv_cache_tokens=kv_tokens, kv_events=kv_events)
 
 
 def parse_config(data: Any, source: str = "config") -> RouterConfig:

@@ -38,6 +38,8 @@ class RequestRecord:
     retries: int = 0  # attempts after the first
     resumed: int = 0  # mid-stream continuations on another endpoint
     error: str | None = None  # a short code when the request failed (e.g. "queue_full")
+    upstream_first_s: float | None = None  # the backend's time to its first stream chunk
+    prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
 
 
 RequestHook = Callable[[RequestRecord], None]

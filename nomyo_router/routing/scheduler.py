@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterable, Sequence
 
 from ..domain import Endpoint
@@ -10,9 +11,10 @@ from .policies import Policy, RouteContext
 
 
 class Scheduler:
-    """Picks a slot: the policy among free endpoints, the queue when all are full, and
-    conversation affinity on top (follow the pin while it has room; after
-    `affinity_wait` seconds of waiting for it, spill to the least busy and re-pin)."""
+    """Picks a slot: conversation affinity first (follow the pin while it has room; after
+    `affinity_wait` seconds of waiting for it, spill and re-pin), then the policy's own
+    pick when it has one (it may wait for a busy endpoint whose cache is worth it), then
+    the policy among free endpoints, and the FIFO queue when all are full."""
 
     def __init__(self, endpoints: Sequence[Endpoint], store: StateStore, policy: Policy,
                  queue_timeout: float, affinity_wait: float | None = None) -> None:
@@ -23,6 +25,10 @@ class Scheduler:
         self.affinity_wait = affinity_wait  # None: affinity off
         self._by_name = {e.name: e for e in self.endpoints}
         self._by_model: dict[str, list[Endpoint]] = {}
+        self._pick = getattr(policy, "pick", None)
+        self._routed = getattr(policy, "routed", None)
+        self._observe = getattr(policy, "observe", None)
+        self._waiting: Counter[str] = Counter()  # requests waiting for one endpoint (picked)
         self.reindex()
 
     def reindex(self) -> None:
@@ -36,6 +42,14 @@ class Scheduler:
     def knows(self, model: str) -> bool:
         return model in self._by_model
 
+    def load(self, ep: Endpoint) -> int:
+        """Requests holding a slot on `ep` or waiting for it in particular."""
+        return self.store.in_flight(ep) + self._waiting[ep.name]
+
+    def observe(self, ctx: RouteContext, ep: Endpoint, first_s: float | None, held_s: float) -> None:
+        if self._observe is not None:
+            self._observe(ctx, ep, first_s, held_s)
+
     async def acquire(self, ctx: RouteContext, exclude: Iterable[str] = ()) -> Lease:
         """A slot for `ctx.model`, skipping endpoints in `exclude` (already tried)."""
         candidates = self._by_model.get(ctx.model, [])
@@ -44,34 +58,62 @@ class Scheduler:
             candidates = [e for e in candidates if e.name not in skip]
         if not candidates:
             raise NoEndpoint(ctx.model)
-        store, policy = self.store, self.policy
-
-        def choose(free: Sequence[Endpoint]) -> Endpoint:
-            return policy.choose(ctx, free, store.in_flight)
-
+        store = self.store
         keys = ctx.keys
         if keys is None or self.affinity_wait is None:
-            return await store.acquire(ctx.model, candidates, choose, self.queue_timeout)
+            lease = await self._place(ctx, candidates, None, None)
+        else:
+            lease = None
+            order = None
+            outcome = "repin" if exclude else "miss"
+            pin = None if exclude or not keys.lookup else await store.find_pin(keys.lookup)
+            if pin is not None:
+                pinned = self._by_name.get(pin[1])
+                if pinned is not None and pinned in candidates and store.is_healthy(pinned):
+                    try:
+                        wait = self.affinity_wait if keys.certain else 0.0
+                        lease = await store.acquire(ctx.model, [pinned], self._chooser(ctx), wait,
+                                                    order, keys.register)
+                        outcome = "hit"
+                        if self._routed is not None:
+                            self._routed(ctx, lease.endpoint)
+                    except QueueTimeout as e:
+                        outcome, order = "spill", e.order  # keep its place in the queue
+                    except (QueueFull, NoEndpoint):
+                        outcome = "spill"
+                else:
+                    outcome = "repin"  # its endpoint is gone, sick, or no longer serves the model
+                    await store.drop_pin(pin[0])
+            if lease is None:
+                lease = await self._place(ctx, candidates, order, keys.register)
+            lease.affinity = outcome
+        return lease
+
+    def _chooser(self, ctx: RouteContext):
+        policy, in_flight = self.policy, self.store.in_flight
+        return lambda free: policy.choose(ctx, free, in_flight)
+
+    async def _place(self, ctx: RouteContext, candidates: list[Endpoint], order: int | None,
+                     pin: str | None) -> Lease:
+        store, choose = self.store, self._chooser(ctx)
         lease = None
-        order = None
-        outcome = "repin" if exclude else "miss"
-        pin = None if exclude or not keys.lookup else await store.find_pin(keys.lookup)
-        if pin is not None:
-            pinned = self._by_name.get(pin[1])
-            if pinned is not None and pinned in candidates and store.is_healthy(pinned):
+        if self._pick is not None and len(candidates) > 1:
+            healthy = [e for e in candidates if store.is_healthy(e)]
+            picked = self._pick(ctx, healthy, self.load) if healthy else None
+            if picked is not None:
+                target, wait = picked
+                self._waiting[target.name] += 1
                 try:
-                    wait = self.affinity_wait if keys.certain else 0.0
-                    lease = await store.acquire(ctx.model, [pinned], choose, wait, order, keys.register)
-                    outcome = "hit"
+                    lease = await store.acquire(ctx.model, [target], choose,
+                                                min(wait, self.queue_timeout), order, pin)
                 except QueueTimeout as e:
-                    outcome, order = "spill", e.order  # keep its place in the queue
+                    order = e.order  # waited for it in vain: keep the place for the common queue
                 except (QueueFull, NoEndpoint):
-                    outcome = "spill"
-            else:
-                outcome = "repin"  # its endpoint is gone, sick, or no longer serves the model
-                await store.drop_pin(pin[0])
+                    pass
+                finally:
+                    self._waiting[target.name] -= 1
         if lease is None:
-            lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order,
-                                        keys.register)
-        lease.affinity = outcome
+            lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order, pin)
+        if self._routed is not None:
+            self._routed(ctx, lease.endpoint)
         return lease

@@ -97,6 +97,15 @@ class StateStore(ABC):
     @abstractmethod
     async def drop_pin(self, key: str) -> None: ...
 
+    def publish(self, topic: str, data: Any) -> None:
+        """Tell every other process sharing this state (best effort, no reply): how the
+        routing layer keeps per-process indexes converged. One process: nothing to do."""
+        return None
+
+    def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:
+        """Call `callback(data)` for what other processes `publish` on `topic`."""
+        return None
+
     async def start(self) -> None:
         """Connect or elect, for stores that share state; called once before serving."""
         return None

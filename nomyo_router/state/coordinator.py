@@ -16,10 +16,10 @@ lock, a survivor takes over, and every worker reconnects and re-declares the slo
 still holds before the new host grants new ones (a short grace period).
 
 Wire format: one JSON object per line. Worker -> host:
-  {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
+  {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin"}  -> {"id", "ep", "queued_s", "load"} | {"id", "err", "order"}
   {"op": "cancel", "id"}            {"op": "release", "ep"}        {"op": "reclaim", "ep", "n"}
   {"op": "health", "ep", "ok"}      {"op": "find_pin", "id", "keys"} -> {"id", "pin"}
-  {"op": "usage", "ep", "model"}
+  {"op": "usage", "ep", "model"}     {"op": "pub", "topic", "data"} -> relayed to the others as {"pub", "data"}
   {"op": "set_pin", "key", "ep"}    {"op": "drop_pin", "key"}      {"op": "snapshot", "id"} -> {"id", "snap"}
 """
 
@@ -50,6 +50,7 @@ class Coordinator:
         self.policy = policy
         self._server: asyncio.AbstractServer | None = None
         self._ready = asyncio.Event()
+        self._writers: set[asyncio.StreamWriter] = set()  # for relaying `pub` messages
 
     def choose_for(self, model: str) -> Choose:
         ctx = RouteContext(model=model, api="", kind="")
@@ -93,7 +94,9 @@ class Coordinator:
             else:
                 held[lease.endpoint.name] += 1
                 granted[rid] = lease.endpoint.name
-                send({"id": rid, "ep": lease.endpoint.name, "queued_s": lease.queued_s})
+                in_flight = self.store.in_flight
+                send({"id": rid, "ep": lease.endpoint.name, "queued_s": lease.queued_s,
+                      "load": {e.name: in_flight(e) for e in cands}})
             finally:
                 pending.pop(rid, None)
 
@@ -102,10 +105,17 @@ class Coordinator:
                 held[name] -= 1
                 self.store.release(self.endpoints[name])
 
+        self._writers.add(writer)
         try:
             while line := await reader.readline():
                 msg = json.loads(line)
                 op = msg["op"]
+                if op == "pub":  # relay to every other worker as is
+                    out = json.dumps({"pub": msg["topic"], "data": msg["data"]}).encode() + b"\n"
+                    for w in self._writers:
+                        if w is not writer and not w.is_closing():
+                            w.write(out)
+                    continue
                 if op == "acquire":
                     pending[msg["id"]] = asyncio.create_task(acquire(msg))
                 elif op == "release":
@@ -141,6 +151,7 @@ class Coordinator:
         except (ConnectionError, ValueError, KeyError) as e:
             log.warning("worker connection ended: %s", e)
         finally:
+            self._writers.discard(writer)
             for task in list(pending.values()):
                 task.cancel()
             for name, n in held.items():

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import random
 import time
 import uuid
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -64,6 +65,7 @@ class RedisStore(StateStore):
         self._tasks: set[asyncio.Task] = set()
         self._usage: Counter[tuple[str, str]] = Counter()  # not yet flushed to Redis
         self._loops: list[asyncio.Task] = []
+        self._subs: dict[str, Callable[[Any], None]] = {}
 
     # ---- life cycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -200,13 +202,17 @@ class RedisStore(StateStore):
     async def _wake_loop(self) -> None:
         """Pub/sub: wake local waiters when a slot is handed to them."""
         channel = f"{self.prefix}:wake:{self.owner}"
+        shared = f"{self.prefix}:pub"
         while True:
             pubsub = self._redis.pubsub()
             try:
-                await pubsub.subscribe(channel)
+                await pubsub.subscribe(channel, shared)
                 await self._recheck_waiters()
                 async for msg in pubsub.listen():
                     if msg.get("type") != "message":
+                        continue
+                    if _s(msg["channel"]) == shared:
+                        self._published(msg["data"])
                         continue
                     lid, _, ep = _s(msg["data"]).partition(" ")
                     fut = self._waiters.get(lid)
@@ -227,6 +233,29 @@ class RedisStore(StateStore):
             ep = await self._redis.get(f"{self.prefix}:granted:{lid}")
             if ep is not None and not fut.done():
                 fut.set_result(_s(ep))
+
+    def publish(self, topic: str, data: Any) -> None:
+        if not self.degraded and topic in self._subs:
+            payload = json.dumps([self.owner, topic, data])
+            self._background(self._publish(payload))
+
+    async def _publish(self, payload: str) -> None:
+        try:
+            await self._redis.publish(f"{self.prefix}:pub", payload)
+        except (RedisError, OSError) as e:
+            self._degrade(e)
+
+    def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:
+        self._subs[topic] = callback
+
+    def _published(self, raw: Any) -> None:
+        try:
+            owner, topic, data = json.loads(raw)
+        except (ValueError, TypeError):
+            return
+        cb = self._subs.get(topic)
+        if owner != self.owner and cb is not None:
+            cb(data)
 
     def record(self, endpoint: str, model: str) -> None:
         self._usage[(endpoint, model)] += 1  # flushed with the next sweep, in one pipeline

@@ -9,7 +9,7 @@ import json
 import logging
 import os
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..domain import Endpoint
 from ..routing.policies import Policy
@@ -42,6 +42,8 @@ class SharedStore(StateStore):
         self._held: Counter[str] = Counter()
         self._unhealthy: set[str] = set()
         self._closing = False
+        self._subs: dict[str, Callable[[Any], None]] = {}
+        self._global: dict[str, int] = {}  # in-flight over all workers, as the host last told
 
     @property
     def is_host(self) -> bool:
@@ -111,6 +113,12 @@ class SharedStore(StateStore):
                         await asyncio.sleep(1.0)
                 continue
             msg = json.loads(line)
+            topic = msg.get("pub")
+            if topic is not None:
+                cb = self._subs.get(topic)
+                if cb is not None:
+                    cb(msg["data"])
+                continue
             fut = self._replies.pop(msg["id"], None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
@@ -158,6 +166,7 @@ class SharedStore(StateStore):
             raise NoEndpoint(model)
         ep = self.endpoints[reply["ep"]]
         self._held[ep.name] += 1
+        self._global.update(reply.get("load") or ())
         lease = Lease(self, ep, reply.get("queued_s", 0.0))
         lease.token = rid
         return lease
@@ -165,13 +174,24 @@ class SharedStore(StateStore):
     def release(self, endpoint: Endpoint, token: int | None = None) -> None:
         if self._held[endpoint.name] > 0:
             self._held[endpoint.name] -= 1
+            n = self._global.get(endpoint.name, 0)
+            if n > 0:
+                self._global[endpoint.name] = n - 1
             self._send({"op": "release", "ep": endpoint.name, "id": token})
 
     def record(self, endpoint: str, model: str) -> None:
         self._send({"op": "usage", "ep": endpoint, "model": model})
 
     def in_flight(self, endpoint: Endpoint) -> int:
-        return self._held[endpoint.name]  # this worker's share; /health asks the host
+        # All workers' count as of our last grant from the host (minus our releases since),
+        # never below what this worker holds itself; /health asks the host.
+        return max(self._held[endpoint.name], self._global.get(endpoint.name, 0))
+
+    def publish(self, topic: str, data: Any) -> None:
+        self._send({"op": "pub", "topic": topic, "data": data})
+
+    def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:
+        self._subs[topic] = callback
 
     def queue_length(self) -> int:
         return len(self._acquiring)

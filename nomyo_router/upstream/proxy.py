@@ -21,7 +21,7 @@ from ..api.requests import GenRequest
 from ..config import RouterConfig
 from ..domain import Endpoint
 from ..events import Events, RequestRecord
-from ..routing import affinity
+from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
@@ -59,6 +59,7 @@ class Proxy:
         self._whole_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
                                                     sock_read=config.first_byte_timeout)
         self._worker = (b"x-router-worker", str(os.getpid()).encode())
+        self._wants_prompt = bool(getattr(scheduler.policy, "wants_prompt", False))
 
     async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
         if not self.scheduler.knows(req.key):
@@ -67,6 +68,8 @@ class Proxy:
         if self.config.conversation_affinity:
             keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id)
         ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys)
+        if self._wants_prompt:
+            ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
         tried: list[str] = []
         last: RetryableFailure | None = None
         for _ in range(self.config.max_attempts):
@@ -84,9 +87,13 @@ class Proxy:
             if tried:
                 rec.retries += 1
                 self.events.count("retry", lease.endpoint.name, req.key)
+            t_lease = time.perf_counter()
             try:
-                await self._attempt(req, lease, send, rec)
+                rec.upstream_first_s = None
+                await self._attempt(req, lease, send, rec, ctx)
                 self.store.record(lease.endpoint.name, req.key)
+                self.scheduler.observe(ctx, lease.endpoint, rec.upstream_first_s,
+                                       time.perf_counter() - t_lease)
                 return
             except RetryableFailure as f:
                 log.info("attempt on %s failed before any byte was sent (%s); retrying",
@@ -122,7 +129,8 @@ class Proxy:
             raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
         return req.path, raw, False
 
-    async def _attempt(self, req: GenRequest, lease: Lease, send: Send, rec: RequestRecord) -> None:
+    async def _attempt(self, req: GenRequest, lease: Lease, send: Send, rec: RequestRecord,
+                       ctx: RouteContext) -> None:
         ep = lease.endpoint
         path, body, translating = self._plan(req, ep)
         t_up = time.perf_counter()
@@ -136,6 +144,9 @@ class Proxy:
         ]
         if lease.affinity is not None:
             headers.append((b"x-router-affinity", lease.affinity.encode()))
+        if ctx.prompt is not None:  # tokens of the prompt believed cached there / prompt tokens
+            rec.prefix_tokens = ctx.cached_tokens or 0
+            headers.append((b"x-router-cache", b"%d/%d" % (rec.prefix_tokens, ctx.prompt.tokens)))
         try:
             # A whole answer is bounded by sock_read=first_byte_timeout (nothing arrives before it
             # is complete); a stream's first chunk by an explicit deadline, later chunks by idling.
@@ -144,6 +155,8 @@ class Proxy:
                     resp, data, first = await self._call(ep, path, body, self._stream_timeout, translating)
             else:
                 resp, data, first = await self._call(ep, path, body, self._whole_timeout, False)
+            if req.stream:
+                rec.upstream_first_s = time.perf_counter() - t_up
         except UNREACHABLE as e:
             self.store.set_healthy(ep, False)
             log.warning("endpoint %s unreachable (%s): out of rotation until a probe succeeds",

@@ -1,4 +1,14 @@
-"""The policy interface: pick one endpoint among those with a free slot. Synchronous, no I/O."""
+"""The policy interface: pick one endpoint among those with a free slot. Synchronous, no I/O.
+
+A policy may also implement, all optional:
+- `pick(ctx, candidates, load) -> (endpoint, wait_s) | None`: asked *before* the store, so
+  it can decide to wait up to `wait_s` for an endpoint that is full (its cache is worth
+  it) instead of taking any free slot. None: let the store pick among free slots.
+- `routed(ctx, endpoint)`: the request got a slot there (learn where prefixes live).
+- `observe(ctx, endpoint, first_s, held_s)`: the backend's time to first byte (streams,
+  else None) and how long the request held its slot.
+- `wants_prompt = True`: the proxy fills `ctx.prompt` (block keys of the rendered prompt).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +19,7 @@ from ...domain import Endpoint
 
 if TYPE_CHECKING:
     from ..affinity import Keys
+    from ..prefix_index import Prompt
 
 
 @dataclass
@@ -19,6 +30,8 @@ class RouteContext:
     api: str  # "ollama" | "openai"
     kind: str  # "chat" | "generate" | "embed" | ...
     keys: "Keys | None" = None  # conversation affinity keys, when affinity applies
+    prompt: "Prompt | None" = None  # block keys of the prompt, for prefix-aware policies
+    cached_tokens: int | None = None  # prefix the chosen endpoint is believed to hold
 
 
 class Policy(Protocol):

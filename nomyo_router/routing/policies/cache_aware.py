@@ -1,0 +1,167 @@
+"""Cache aware: send each request where its time to first token is expected to be lowest.
+
+For every candidate endpoint:
+
+    cost = expected queue wait + prefill rate x (prompt tokens - tokens it has cached)
+
+- the cached prefix comes from the `PrefixIndex` (what this endpoint recently served);
+- the wait is (load - slots + 1) / slots x the mean time a request holds a slot there,
+  where load counts requests holding a slot and those already waiting for that endpoint;
+- the prefill rate (seconds per uncached token) is fitted per endpoint from observed
+  backend times to first byte against the uncached tokens we estimated (a decayed least
+  squares line); until an endpoint has enough spread in its samples, the fit over all
+  endpoints, and before that a prior.
+
+No fixed thresholds: a hot prefix is served where it is cached until the wait there
+costs more than prefilling it elsewhere, so it replicates to more backends exactly when
+one is busy; a miss costs the same everywhere, so it goes to the least loaded endpoint
+(the same choice as `least_busy`). Costs within `TIE_S` are ties, broken by load and then
+at random, so noise in the fitted rates never herds requests onto one endpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable, Sequence
+
+from ...domain import Endpoint
+from ..prefix_index import BLOCK_TOKENS, PrefixIndex
+from .base import RouteContext
+
+PRIOR_S_PER_TOKEN = 1e-4  # 0.1 ms per token: a 7-8B model on one consumer GPU
+PRIOR_HOLD_S = 1.0
+TIE_S = 0.005
+DECAY = 0.995  # the fit forgets with a half-life of ~140 samples
+MIN_SAMPLES = 8
+MIN_SPREAD_TOKENS = 128.0  # a fit needs samples with and without cache hits
+
+
+class _Fit:
+    """Decayed least squares of y = a + b x."""
+
+    __slots__ = ("n", "sx", "sy", "sxx", "sxy")
+
+    def __init__(self) -> None:
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = DECAY
+        self.n = self.n * d + 1.0
+        self.sx = self.sx * d + x
+        self.sy = self.sy * d + y
+        self.sxx = self.sxx * d + x * x
+        self.sxy = self.sxy * d + x * y
+
+    def slope(self) -> float | None:
+        n = self.n
+        if n < MIN_SAMPLES:
+            return None
+        var = self.sxx / n - (self.sx / n) ** 2
+        if var < MIN_SPREAD_TOKENS ** 2:
+            return None
+        return max((self.sxy / n - self.sx * self.sy / (n * n)) / var, 0.0)
+
+
+class CacheAware:
+    name = "cache_aware"
+    wants_prompt = True
+
+    def __init__(self, index: PrefixIndex | None = None, rng: random.Random | None = None,
+                 prior_s_per_token: float = PRIOR_S_PER_TOKEN) -> None:
+        self.index = index or PrefixIndex()
+        self._random = (rng or random.Random()).random
+        self.prior = prior_s_per_token
+        self._fits: dict[str, _Fit] = {}
+        self._all = _Fit()
+        self._hold: dict[str, float] = {}
+
+    # ---- the learned model ---------------------------------------------------------
+    def rate(self, endpoint: str) -> float:
+        fit = self._fits.get(endpoint)
+        b = fit.slope() if fit is not None else None
+        if b is None:
+            b = self._all.slope()
+        return self.prior if b is None else b
+
+    def observe(self, ctx: RouteContext, endpoint: Endpoint, first_s: float | None,
+                held_s: float) -> None:
+        name = endpoint.name
+        h = self._hold.get(name)
+        self._hold[name] = held_s if h is None else 0.8 * h + 0.2 * held_s
+        if first_s is not None and ctx.prompt is not None:
+            uncached = float(ctx.prompt.tokens - (ctx.cached_tokens or 0))
+            fit = self._fits.get(name)
+            if fit is None:
+                fit = self._fits[name] = _Fit()
+            fit.add(uncached, first_s)
+            self._all.add(uncached, first_s)
+
+    # ---- decisions -------------------------------------------------------------------
+    def _matched(self, ctx: RouteContext, endpoints: Sequence[Endpoint]) -> dict[str, int]:
+        p = ctx.prompt
+        if p is None or not p.keys:
+            return {}
+        blocks = self.index.match(p.keys, [e.name for e in endpoints])
+        return {n: min(b * BLOCK_TOKENS, p.tokens) for n, b in blocks.items() if b}
+
+    def _occupancy(self, ep: Endpoint) -> float:
+        cap = self.index.capacity_blocks(ep.name)
+        return min(self.index.blocks(ep.name) / cap, 1.0) if cap else 1.0
+
+    def _prefill(self, ctx: RouteContext, ep: Endpoint, matched: dict[str, int]) -> float:
+        tokens = ctx.prompt.tokens if ctx.prompt is not None else 0
+        return self.rate(ep.name) * (tokens - matched.get(ep.name, 0))
+
+    def _wait(self, ep: Endpoint, load: int) -> float:
+        over = load - ep.slots + 1
+        return 0.0 if over <= 0 else over * self._hold.get(ep.name, PRIOR_HOLD_S) / ep.slots
+
+    def _rank(self, ctx: RouteContext, cands: Sequence[Endpoint], load: Callable[[Endpoint], int],
+              matched: dict[str, int]) -> list[tuple[tuple, Endpoint, float, float]]:
+        model, rand = ctx.model, self._random
+        out = []
+        for e in cands:
+            n = load(e)
+            prefill = self._prefill(ctx, e, matched)
+            cost = self._wait(e, n) + prefill
+            out.append(((model not in e.loaded, math.floor(cost / TIE_S), n / e.slots, self._occupancy(e),
+                         rand()), e, cost, prefill))
+        out.sort(key=lambda r: r[0])
+        return out
+
+    def pick(self, ctx: RouteContext, candidates: Sequence[Endpoint],
+             load: Callable[[Endpoint], int]) -> tuple[Endpoint, float] | None:
+        matched = self._matched(ctx, candidates)
+        if not matched:
+            return None  # nothing cached anywhere: the store's least-busy choice is ours
+        ranked = self._rank(ctx, candidates, load, matched)
+        _, best, cost, prefill = ranked[0]
+        if load(best) < best.slots:
+            ctx.cached_tokens = matched.get(best.name, 0)
+            return best, 0.0
+        others = ranked[1:]
+        if not others:
+            return None
+        saving = min(r[3] for r in others) - prefill
+        if saving <= TIE_S:
+            return None  # waiting for it buys nothing: first free slot anywhere
+        ctx.cached_tokens = matched.get(best.name, 0)
+        # Worth waiting while the wait plus our prefill beats the best alternative.
+        return best, max(min(r[2] for r in others) - prefill, 0.0)
+
+    def choose(self, ctx: RouteContext, free: Sequence[Endpoint],
+               in_flight: Callable[[Endpoint], int]) -> Endpoint:
+        matched = self._matched(ctx, free)
+        if not matched:
+            # A miss everywhere: the least busy, and among those the emptiest cache (it
+            # evicts the least, and new prefixes spread over the endpoints).
+            model, rand, occ = ctx.model, self._random, self._occupancy
+            return min(free, key=lambda e: (model not in e.loaded, in_flight(e) / e.slots, occ(e), rand()))
+        return self._rank(ctx, free, in_flight, matched)[0][1]
+
+    def routed(self, ctx: RouteContext, endpoint: Endpoint) -> None:
+        p = ctx.prompt
+        if p is not None and p.keys:
+            ctx.cached_tokens = self._matched(ctx, [endpoint]).get(endpoint.name, 0)
+            self.index.insert(endpoint.name, p.keys)

@@ -1,0 +1,197 @@
+"""Cache-aware routing: the prefix index, the cost-based policy, the SGLang reference, the
+shared index across processes, and the whole path through the router to mocks."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import aiohttp
+import pytest
+
+from mock import run_mock
+from nomyo_router.config import ConfigError, parse_config
+from nomyo_router.domain import Endpoint
+from nomyo_router.routing.policies import CacheAware, RouteContext, SGLangCacheAware, make_policy
+from nomyo_router.routing.prefix_index import BLOCK_CHARS, BLOCK_TOKENS, PrefixIndex, prompt_keys, request_prompt
+from nomyo_router.state import MemoryStore, SharedStore
+from test.conftest import FAST
+from test.helpers import endpoints, run_router
+
+SYSTEM = "You are the support assistant of a large shop. " * 200  # ~9.6k characters
+
+
+def eps(n: int, slots: int = 2) -> list[Endpoint]:
+    out = []
+    for i in range(n):
+        e = Endpoint(name=f"e{i}", url=f"http://127.0.0.1:{1000 + i}", slots=slots)
+        e.set_models(["llama3"])
+        e.loaded = frozenset(["llama3:latest"])
+        out.append(e)
+    return out
+
+
+def chat_ctx(system: str, question: str) -> RouteContext:
+    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+    return RouteContext(model="llama3:latest", api="ollama", kind="chat",
+                        prompt=request_prompt("chat", "llama3:latest", body))
+
+
+def test_keys_name_whole_prefixes():
+    a = prompt_keys("m", "x" * (3 * BLOCK_CHARS) + "tail a")
+    b = prompt_keys("m", "x" * (3 * BLOCK_CHARS) + "tail b")
+    c = prompt_keys("m", "y" + "x" * (3 * BLOCK_CHARS))
+    assert a.keys[:3] == b.keys[:3] and a.keys[3] != b.keys[3]  # own tails differ
+    assert not set(a.keys) & set(c.keys)  # a different first block changes every key
+    assert prompt_keys("other", "x" * BLOCK_CHARS).keys != prompt_keys("m", "x" * BLOCK_CHARS).keys
+    assert a.tokens == (3 * BLOCK_CHARS + 6 + 3) // 4
+
+
+def test_index_matches_per_endpoint_and_forgets_in_lru_order():
+    idx = PrefixIndex({"a": 4 * BLOCK_TOKENS, "b": 100 * BLOCK_TOKENS})
+    p = prompt_keys("m", "p" * (3 * BLOCK_CHARS))
+    q = prompt_keys("m", "q" * (3 * BLOCK_CHARS))
+    idx.insert("a", p.keys)
+    idx.insert("b", p.keys[:2])
+    assert idx.match(p.keys, ["a", "b", "c"]) == {"a": 3, "b": 2, "c": 0}
+    idx.insert("a", q.keys)  # a holds 4 blocks: p's oldest two go
+    assert idx.blocks("a") == 4
+    assert idx.match(p.keys, ["a"]) == {"a": 0}
+    assert idx.match(q.keys, ["a", "b"]) == {"a": 3, "b": 0}
+    idx.clear("a")
+    assert idx.match(q.keys, ["a"]) == {"a": 0} and idx.match(p.keys, ["b"]) == {"b": 2}
+    idx.remove("b", p.keys[1:2])
+    assert idx.match(p.keys, ["b"]) == {"b": 1}
+
+
+def test_cost_policy_follows_the_cache_until_waiting_costs_more_than_prefill():
+    a, b, c = eps(3)
+    pol = CacheAware(PrefixIndex(), random.Random(1), prior_s_per_token=5e-4)  # 2.4k tokens: 1.2 s
+    first = chat_ctx(SYSTEM, "first question")
+    load = {"e0": 0, "e1": 0, "e2": 0}
+    assert pol.pick(first, [a, b, c], lambda e: load[e.name]) is None  # nothing cached: least busy
+    pol.routed(first, b)
+    ctx = chat_ctx(SYSTEM, "another user's question")
+    load = {"e0": 0, "e1": 1, "e2": 0}
+    target, wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
+    assert (target, wait) == (b, 0.0) and ctx.cached_tokens > 2000
+    # b is full and one request waits for it (~0.5 s each at the 1 s prior hold): still worth it
+    load["e1"] = 2
+    target, wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
+    assert target is b and 1.0 < wait < 1.25  # worth waiting while wait + its prefill < 1.2 s
+    load["e1"] = 6  # a long queue: prefilling elsewhere is faster, the prefix replicates
+    target, wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
+    assert target in (a, c) and wait == 0.0
+    # unique prompts: nothing to gain, the store's least-busy choice decides
+    assert pol.pick(chat_ctx("x" * 5000, "u"), [a, b, c], lambda e: load[e.name]) is None
+    assert pol.choose(RouteContext("llama3:latest", "ollama", "chat"), [a, c],
+                      lambda e: {"e0": 1, "e2": 0}[e.name]) is c
+
+
+def test_cost_policy_learns_the_prefill_rate_from_observed_first_bytes():
+    (a,) = eps(1)
+    pol = CacheAware(PrefixIndex(), prior_s_per_token=1e-3)
+    for i in range(40):
+        ctx = chat_ctx(str(i) * 4000, "q")
+        ctx.cached_tokens = 0 if i % 2 else ctx.prompt.tokens - 10
+        uncached = ctx.prompt.tokens - ctx.cached_tokens
+        pol.observe(ctx, a, 0.02 + 25e-6 * uncached, 0.2)
+    assert pol.rate("e0") == pytest.approx(25e-6, rel=0.05)
+    assert pol.rate("unseen") == pytest.approx(25e-6, rel=0.05)  # pooled over endpoints
+
+
+def test_sglang_reference_thresholds():
+    a, b = eps(2)
+    pol = SGLangCacheAware(cache_threshold=0.5, balance_abs_threshold=4, balance_rel_threshold=1.5)
+    ctx = chat_ctx(SYSTEM, "q1")
+    load = {"e0": 0, "e1": 0}
+    first, _ = pol.pick(ctx, [a, b], lambda e: load[e.name])
+    assert first is a  # a miss goes to the smallest tree (both empty: the first)
+    pol.routed(ctx, a)
+    ctx2 = chat_ctx(SYSTEM, "q2")
+    assert pol.pick(ctx2, [a, b], lambda e: load[e.name])[0] is a  # match rate > threshold
+    load = {"e0": 3, "e1": 0}
+    assert pol.pick(ctx2, [a, b], lambda e: load[e.name])[0] is a  # below abs threshold: still a
+    load = {"e0": 9, "e1": 2}
+    assert pol.pick(ctx2, [a, b], lambda e: load[e.name])[0] is b  # imbalanced: least loaded
+    other = chat_ctx("z" * 9000, "q")
+    assert pol.pick(other, [a, b], lambda e: {"e0": 0, "e1": 0}[e.name])[0] is b  # smaller tree
+
+
+def test_config_routing_and_endpoint_cache_keys():
+    cfg = parse_config({"endpoints": [{"url": "http://127.0.0.1:1", "kv_cache_tokens": 65536,
+                                       "kv_events": "tcp://127.0.0.1:5557"}]})
+    assert cfg.routing == "cache_aware" and cfg.endpoints[0].kv_cache_tokens == 65536
+    assert isinstance(make_policy(cfg.routing, {"x": 1}), CacheAware)
+    for bad, key in (({"routing": "fastest"}, "routing"),
+                     ({"endpoints": [{"url": "http://127.0.0.1:1", "kv_cache_tokens": -1}]}, "kv_cache_tokens"),
+                     ({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events": "5557"}]}, "kv_events")):
+        with pytest.raises(ConfigError, match=key):
+            parse_config({"endpoints": ["http://127.0.0.1:1"], **bad})
+
+
+async def test_shared_prefix_goes_where_it_is_cached_through_the_router():
+    async with run_mock(**FAST) as m0, run_mock(**FAST) as m1, run_mock(**FAST) as m2:
+        cfg = {"endpoints": endpoints(m0, m1, m2, slots=4)}
+        async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+            seen = []
+            for i in range(9):
+                body = {"model": "llama3", "stream": False, "messages": [
+                    {"role": "system", "content": SYSTEM}, {"role": "user", "content": f"user {i} asks"}]}
+                async with s.post(r.url + "/api/chat", json=body) as resp:
+                    assert resp.status == 200
+                    await resp.read()
+                    seen.append((resp.headers["X-Router-Endpoint"], resp.headers["X-Router-Cache"]))
+            home = seen[0][0]
+            assert all(ep == home for ep, _ in seen)
+            assert seen[0][1].startswith("0/")
+            cached, total = map(int, seen[1][1].split("/"))
+            assert cached >= total - BLOCK_TOKENS and total > 2000
+            mocks = {"m0": m0, "m1": m1, "m2": m2}
+            assert mocks[home].stats()["kv_cache"]["hits"] == 8  # the backend really had it
+
+
+async def test_workers_share_the_index_through_the_shared_store(tmp_path):
+    """Two processes' worth of stores on one coordinator: an insert in one is applied in the other."""
+    endpoints_ = eps(2)
+    base = str(tmp_path / "state")
+    pol_a, pol_b = CacheAware(PrefixIndex()), CacheAware(PrefixIndex())
+    a = SharedStore(base, endpoints_, 100, 600, 1000, pol_a)
+    b = SharedStore(base, endpoints_, 100, 600, 1000, pol_b)
+    from nomyo_router.app import share_index
+    share_index(pol_a, a)
+    share_index(pol_b, b)
+    await a.start()
+    await b.start()
+    try:
+        ctx = chat_ctx(SYSTEM, "hello")
+        pol_a.routed(ctx, endpoints_[1])
+        for _ in range(100):
+            if pol_b.index.match(ctx.prompt.keys, ["e0", "e1"])["e1"]:
+                break
+            await asyncio.sleep(0.01)
+        assert pol_b.index.match(ctx.prompt.keys, ["e0", "e1"]) == {"e0": 0, "e1": len(ctx.prompt.keys)}
+        # the host tells each grant's load over all workers
+        lease = await a.acquire("llama3:latest", endpoints_, lambda free: free[0], 1.0)
+        lease2 = await b.acquire("llama3:latest", endpoints_[:1], lambda free: free[0], 1.0)
+        assert b.in_flight(endpoints_[0]) == (2 if lease.endpoint is endpoints_[0] else 1)
+        lease.release()
+        lease2.release()
+    finally:
+        await b.close()
+        await a.close()
+
+
+def test_memory_store_publish_is_a_no_op():
+    MemoryStore(10).publish("prefix", ["e0", [1, 2]])  # one process: nobody to tell
+
+
+def test_loadtest_prefix_groups_share_system_prompts_and_skew():
+    from loadtest.prefix import Prefixes
+    from loadtest.workload import Conversation, WorkloadSpec
+    spec = WorkloadSpec(prefixes=Prefixes(4, 500, skew=2.0, seed=1))
+    assert spec.conversational
+    systems = [Conversation(spec, 0, i).messages[0]["content"] for i in range(200)]
+    assert len(set(systems)) == 4 and len(systems[0]) == 2000
+    assert systems.count(spec.prefixes.texts[0]) > 100  # weight 1 of 1 + 1/4 + 1/9 + 1/16
+    assert len({Conversation(spec, 0, i).messages[1]["content"] for i in range(5)}) == 5  # own question
