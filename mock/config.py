@@ -32,6 +32,7 @@ class MockConfig:
     first_byte_delay_ms: float = 0.0
     seed: int = 0
     openai_busy_status: int = 503
+    kv_events: str = ""  # bind a vLLM-style KV-event ZMQ publisher here (tcp://127.0.0.1:PORT)
 
     def validate(self) -> None:
         for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate"):
@@ -50,6 +51,8 @@ class MockConfig:
             raise ValueError("kv_block_tokens and embed_dim must be >= 1")
         if self.jitter_dist not in JITTER_DISTS:
             raise ValueError(f"jitter_dist must be one of {JITTER_DISTS}")
+        if self.kv_events and not self.kv_events.startswith(("tcp://", "ipc://")):
+            raise ValueError("kv_events must be a ZMQ address such as tcp://127.0.0.1:5557")
         if self.openai_busy_status not in (429, 503):
             raise ValueError("openai_busy_status must be 429 or 503")
         if not self.models or not all(isinstance(m, str) and m for m in self.models):

@@ -18,6 +18,7 @@ class PrefixCache:
         self.capacity_blocks = capacity_tokens // block_tokens
         self.block_tokens = block_tokens
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        self.events = None  # a kv_events.KVEventPublisher: tell what is stored, evicted, cleared
 
     def _keys(self, text: str) -> list[int]:
         step = self.block_tokens * CHARS_PER_TOKEN
@@ -41,11 +42,22 @@ class PrefixCache:
     def insert(self, text: str) -> None:
         if self.capacity_blocks <= 0:
             return
-        for key in self._keys(text):
+        keys = self._keys(text)
+        new: list[int] = []
+        parent: int | None = None
+        for i, key in enumerate(keys):
+            if not new and key not in self._blocks:
+                parent = keys[i - 1] if i else None  # the chain this run of new blocks extends
+            if key not in self._blocks:
+                new.append(key)
             self._blocks[key] = None
             self._blocks.move_to_end(key)
+        evicted = []
         while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
+            evicted.append(self._blocks.popitem(last=False)[0])
+        if self.events is not None:
+            self.events.stored(new, parent, len(new) * self.block_tokens)
+            self.events.removed(evicted)
 
     @property
     def cached_tokens(self) -> int:
@@ -53,3 +65,5 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._blocks.clear()
+        if self.events is not None:
+            self.events.cleared()

@@ -36,6 +36,8 @@ class RunningMock:
 
     async def close(self) -> None:
         await self._server.close()
+        if self.backend.kv_events is not None:
+            self.backend.kv_events.close()
 
 
 async def start_mock(config: MockConfig | None = None, host: str = "127.0.0.1",

@@ -57,6 +57,10 @@ class MockBackend:
         self.config = config
         self.slots = Slots(config.parallel, config.max_queue)
         self.kv = PrefixCache(config.kv_cache_tokens, config.kv_block_tokens)
+        self.kv_events = None
+        if config.kv_events:
+            from .kv_events import KVEventPublisher
+            self.kv_events = self.kv.events = KVEventPublisher(config.kv_events, config.kv_block_tokens)
         self.rng = random.Random(config.seed)
         self.rid_prefix = uuid.uuid4().hex[:12]
         self.rid_counter = itertools.count()
@@ -102,7 +106,9 @@ class MockBackend:
             self.rng = random.Random(new.seed)
         if (new.kv_cache_tokens, new.kv_block_tokens) != (self.config.kv_cache_tokens,
                                                           self.config.kv_block_tokens):
+            self.kv.clear()  # subscribers hear AllBlocksCleared
             self.kv = PrefixCache(new.kv_cache_tokens, new.kv_block_tokens)
+            self.kv.events = self.kv_events
         self.slots.parallel, self.slots.max_queue = new.parallel, new.max_queue
         self.config = new
         self.slots.wake()

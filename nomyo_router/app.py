@@ -27,6 +27,7 @@ from .api.requests import GENERATION_ROUTES, parse
 from .config import ConfigError, RouterConfig, load_config
 from .domain import Endpoint
 from .events import Events, RequestRecord
+from .routing import kv_events
 from .routing.policies import Policy, make_policy
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, SharedStore, StateStore
@@ -55,6 +56,8 @@ class Router:
         self.session: aiohttp.ClientSession | None = None
         self.discovery: Discovery | None = None
         self.proxy: Proxy | None = None
+        self.kv_tasks: list[asyncio.Task] = []  # precise mode: KV-event subscribers
+        self.kv_states: dict[str, kv_events.KVEventState] = {}
 
     async def start(self) -> None:
         await self.store.start()
@@ -62,11 +65,14 @@ class Router:
         self.proxy = Proxy(self.scheduler, self.session, self.store, self.config, self.events)
         self.discovery = Discovery(self.endpoints, self.session, self.store, self.scheduler, self.config)
         await self.discovery.start()
+        self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
         for ep in self.endpoints:
             log.info("endpoint %s (%s): %d slots, healthy=%s, models=%s", ep.name, ep.type,
                      ep.slots, self.store.is_healthy(ep), sorted(ep.models.values()))
 
     async def close(self) -> None:
+        for task in self.kv_tasks:
+            task.cancel()
         if self.discovery:
             await self.discovery.stop()
         if self.session:

@@ -195,3 +195,64 @@ def test_loadtest_prefix_groups_share_system_prompts_and_skew():
     assert len(set(systems)) == 4 and len(systems[0]) == 2000
     assert systems.count(spec.prefixes.texts[0]) > 100  # weight 1 of 1 + 1/4 + 1/9 + 1/16
     assert len({Conversation(spec, 0, i).messages[1]["content"] for i in range(5)}) == 5  # own question
+
+
+async def test_precise_mode_follows_the_backends_kv_events():
+    """The mock publishes vLLM-format KV events over ZMQ; the router's index for that
+    endpoint shrinks to what the backend still holds when it evicts, and empties on a clear."""
+    from mock import free_port
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    async with run_mock(**FAST, kv_cache_tokens=4096, kv_events=addr) as m:
+        eps_ = endpoints(m, slots=4, kv_cache_tokens=1_000_000, kv_events=addr)
+        async with run_router({"endpoints": eps_}) as r, aiohttp.ClientSession() as s:
+            state = r.router.kv_states["m0"]
+            index = r.router.scheduler.policy.index
+
+            async def ask(text):
+                body = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": text}]}
+                async with s.post(r.url + "/api/chat", json=body) as resp:
+                    assert resp.status == 200
+                    await resp.read()
+
+            await ask("warm " * 2000)  # ZMQ subscriptions join asynchronously: wait for the first batch
+            for _ in range(200):
+                if state.batches:
+                    break
+                await asyncio.sleep(0.02)
+                await ask(f"warm {_} " * 2000)
+            assert state.batches and state.block_size == 64
+            for i in range(6):  # 6 x ~2.5k tokens of unique prompts into a 4k-token cache
+                await ask(f"document {i} " * 800)
+            await asyncio.sleep(0.2)
+            assert 0 < state.backend_tokens <= 4096
+            assert index.blocks("m0") * BLOCK_TOKENS <= state.backend_tokens + BLOCK_TOKENS
+            async with s.post(m.url + "/mock/reset") as resp:
+                assert resp.status == 200
+            for _ in range(100):
+                if not index.blocks("m0"):
+                    break
+                await asyncio.sleep(0.02)
+            assert index.blocks("m0") == 0 and state.backend_tokens == 0
+
+
+async def test_instances_share_the_index_through_redis(redis_url):
+    """A shared prefix routed by instance 1 is found by instance 2 (Redis pub/sub)."""
+    async with run_mock(**FAST) as a, run_mock(**FAST) as b, run_mock(**FAST) as c:
+        cfg = {"endpoints": endpoints(a, b, c, slots=4), "state": redis_url}
+        async with run_router(cfg) as r1, run_router(cfg) as r2, aiohttp.ClientSession() as s:
+            async def ask(r, i):
+                body = {"model": "llama3", "stream": False, "messages": [
+                    {"role": "system", "content": SYSTEM}, {"role": "user", "content": f"q{i}"}]}
+                async with s.post(r.url + "/api/chat", json=body) as resp:
+                    assert resp.status == 200
+                    await resp.read()
+                    return resp.headers["X-Router-Endpoint"], resp.headers["X-Router-Cache"]
+            home, _ = await ask(r1, 0)
+            index2 = r2.router.scheduler.policy.index
+            for _ in range(100):
+                if index2.blocks(home):
+                    break
+                await asyncio.sleep(0.02)
+            seen = [await ask(r2, i) for i in range(1, 6)]
+            assert all(ep == home for ep, _ in seen)
+            assert all(not cache.startswith("0/") for _, cache in seen)
