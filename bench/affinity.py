@@ -5,7 +5,8 @@
 Two mocks with the simulated KV prefix cache (prefill 25 ms per 1k uncached tokens, a
 10x faster "GPU" than Olla's measurement so the run takes minutes, not hours); each
 conversation opens with `context` tokens of history and grows each turn. Compared:
-affinity off (least busy alone), affinity on without a header, and with X-Session-ID.
+affinity off (least busy alone), the cache-aware prefix index alone (no pins), affinity on
+(cache_aware, the default) without a header, and with X-Session-ID.
 Reports turn>=2 TTFT p50 per context, the hit rate over turns >= 2, and the load split.
 """
 
@@ -21,7 +22,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODES = {
-    "off": ["--router-set", "conversation_affinity=false"],
+    "off": ["--router-set", "conversation_affinity=false", "--router-set", "routing=least_busy"],
+    "index": ["--router-set", "conversation_affinity=false"],  # cache_aware's prefix index alone
     "on": [],
     "header": ["--session-header", "X-Session-ID"],
 }

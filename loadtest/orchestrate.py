@@ -49,7 +49,9 @@ class Fleet:
 
     def router_config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {
-            "endpoints": [{"url": m.url, "name": f"mock{i}", "max_concurrent": self.router_max_conc}
+            # the router's prefix index is told each mock's real KV cache size
+            "endpoints": [{"url": m.url, "name": f"mock{i}", "max_concurrent": self.router_max_conc,
+                           "kv_cache_tokens": self.mock_config.kv_cache_tokens}
                           for i, m in enumerate(self.mocks)],
             "max_queue": 100_000,
             "health_interval": 1,
