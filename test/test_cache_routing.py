@@ -256,3 +256,15 @@ async def test_instances_share_the_index_through_redis(redis_url):
             seen = [await ask(r2, i) for i in range(1, 6)]
             assert all(ep == home for ep, _ in seen)
             assert all(not cache.startswith("0/") for _, cache in seen)
+
+
+def test_whole_answers_teach_the_rate_when_no_stream_is_seen():
+    (a,) = eps(1)
+    pol = CacheAware(PrefixIndex(), prior_s_per_token=1e-3)
+    rng = random.Random(2)
+    for i in range(200):
+        ctx = chat_ctx(str(i) * 4000, "q")
+        ctx.cached_tokens = 0 if i % 2 else ctx.prompt.tokens - 10
+        uncached = ctx.prompt.tokens - ctx.cached_tokens
+        pol.observe(ctx, a, None, 0.3 + rng.uniform(0, 0.05) + 25e-6 * uncached)  # + decode noise
+    assert pol.rate("e0") == pytest.approx(25e-6, rel=0.25)

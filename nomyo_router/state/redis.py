@@ -66,6 +66,7 @@ class RedisStore(StateStore):
         self._usage: Counter[tuple[str, str]] = Counter()  # not yet flushed to Redis
         self._loops: list[asyncio.Task] = []
         self._subs: dict[str, Callable[[Any], None]] = {}
+        self._global: dict[str, int] = {}  # in flight over all instances, as of our last grant
 
     # ---- life cycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -131,7 +132,11 @@ class RedisStore(StateStore):
                 return await self.local.acquire(model, candidates, choose, timeout)
             kind = _s(res[0])
             if kind == "ok":
-                return self._lease(_s(res[1]), lid, 0.0)
+                name = _s(res[1])
+                for i in range(2, len(res) - 1, 2):  # every instance's in-flight, as of this grant
+                    self._global[_s(res[i])] = int(res[i + 1])
+                self._global[name] = self._global.get(name, 0) + 1
+                return self._lease(name, lid, 0.0)
             if kind == "none":
                 raise NoEndpoint(model)
             if kind == "full":
@@ -166,6 +171,9 @@ class RedisStore(StateStore):
             self.local.release(endpoint)
             return
         self._active.pop(token, None)
+        n = self._global.get(endpoint.name, 0)
+        if n > 0:
+            self._global[endpoint.name] = n - 1
         self._background(self._release(endpoint.name, token))
 
     async def _release(self, name: str, lid: str) -> None:
@@ -275,7 +283,8 @@ class RedisStore(StateStore):
 
     # ---- views, health, pins ----------------------------------------------------------
     def in_flight(self, endpoint: Endpoint) -> int:
-        return sum(1 for n in self._active.values() if n == endpoint.name) + self.local.in_flight(endpoint)
+        own = sum(1 for n in self._active.values() if n == endpoint.name) + self.local.in_flight(endpoint)
+        return own if self.degraded else max(own, self._global.get(endpoint.name, 0))
 
     def queue_length(self) -> int:
         return sum(1 for f in self._waiters.values() if not f.done())

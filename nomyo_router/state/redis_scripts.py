@@ -59,6 +59,7 @@ local ttl, id, max_queue, owner, order, waiter_ttl =
   tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
 local best, best_key = nil, nil
 local healthy = 0
+local loads = {}  -- in flight per candidate, returned with a grant (the routing policy's view)
 local cands = ','
 for i = 8, #ARGV, 2 do
   local ep, loaded = ARGV[i], ARGV[i + 1]
@@ -67,6 +68,8 @@ for i = 8, #ARGV, 2 do
     healthy = healthy + 1
     dispatch(ep, ttl)  -- a slot freed by an expired lease goes to an older waiter first
     local n, cap = live(ep), slots(ep)
+    loads[#loads + 1] = ep
+    loads[#loads + 1] = n
     if n < cap then
       local key = (loaded == '1' and 0 or 1) * 1000000 + math.floor(n * 1000 / cap)
       if best_key == nil or key < best_key then best, best_key = ep, key end
@@ -75,7 +78,7 @@ for i = 8, #ARGV, 2 do
 end
 if best then
   redis.call('ZADD', P .. ':lease:' .. best, now + ttl, id)
-  return {'ok', best}
+  return {'ok', best, unpack(loads)}
 end
 if healthy == 0 then return {'none'} end
 if redis.call('ZCARD', P .. ':queue') >= max_queue then return {'full'} end

@@ -72,30 +72,42 @@ class CacheAware:
         self.index = index or PrefixIndex()
         self._random = (rng or random.Random()).random
         self.prior = prior_s_per_token
-        self._fits: dict[str, _Fit] = {}
+        self._fits: dict[str, _Fit] = {}  # stream first bytes against uncached tokens
         self._all = _Fit()
+        self._fits_whole: dict[str, _Fit] = {}  # whole answers (no stream) against uncached tokens
+        self._all_whole = _Fit()
         self._hold: dict[str, float] = {}
+        self._placed: dict[str, float] = {}  # recent new prompts placed per endpoint (decayed)
 
     # ---- the learned model ---------------------------------------------------------
     def rate(self, endpoint: str) -> float:
-        fit = self._fits.get(endpoint)
-        b = fit.slope() if fit is not None else None
-        if b is None:
-            b = self._all.slope()
-        return self.prior if b is None else b
+        """Seconds per uncached prompt token at `endpoint`: its own fit, else the fit over all
+        endpoints; from stream first bytes, else (no streams seen) from whole answers, whose
+        slope is the same prefill cost with the decode time as extra noise; else the prior."""
+        for fits, pooled in ((self._fits, self._all), (self._fits_whole, self._all_whole)):
+            fit = fits.get(endpoint)
+            b = fit.slope() if fit is not None else None
+            if b is None:
+                b = pooled.slope()
+            if b is not None:
+                return b
+        return self.prior
 
     def observe(self, ctx: RouteContext, endpoint: Endpoint, first_s: float | None,
                 held_s: float) -> None:
         name = endpoint.name
         h = self._hold.get(name)
         self._hold[name] = held_s if h is None else 0.8 * h + 0.2 * held_s
-        if first_s is not None and ctx.prompt is not None:
-            uncached = float(ctx.prompt.tokens - (ctx.cached_tokens or 0))
-            fit = self._fits.get(name)
-            if fit is None:
-                fit = self._fits[name] = _Fit()
-            fit.add(uncached, first_s)
-            self._all.add(uncached, first_s)
+        if ctx.prompt is None:
+            return
+        uncached = float(ctx.prompt.tokens - (ctx.cached_tokens or 0))
+        fits, pooled, y = ((self._fits, self._all, first_s) if first_s is not None
+                           else (self._fits_whole, self._all_whole, held_s))
+        fit = fits.get(name)
+        if fit is None:
+            fit = fits[name] = _Fit()
+        fit.add(uncached, y)
+        pooled.add(uncached, y)
 
     # ---- decisions -------------------------------------------------------------------
     def _matched(self, ctx: RouteContext, endpoints: Sequence[Endpoint]) -> dict[str, int]:
@@ -156,8 +168,14 @@ class CacheAware:
         if not matched:
             # A miss everywhere: the least busy, and among those the emptiest cache (it
             # evicts the least, and new prefixes spread over the endpoints).
-            model, rand, occ = ctx.model, self._random, self._occupancy
-            return min(free, key=lambda e: (model not in e.loaded, in_flight(e) / e.slots, occ(e), rand()))
+            model, rand, placed = ctx.model, self._random, self._placed
+            if ctx.prompt is None or not ctx.prompt.keys:
+                return min(free, key=lambda e: (model not in e.loaded, in_flight(e) / e.slots, rand()))
+            ep = min(free, key=lambda e: (model not in e.loaded, placed.get(e.name, 0.0), in_flight(e) / e.slots, rand()))
+            for name in placed:
+                placed[name] *= 0.9
+            placed[ep.name] = placed.get(ep.name, 0.0) + 1.0
+            return ep
         return self._rank(ctx, free, in_flight, matched)[0][1]
 
     def routed(self, ctx: RouteContext, endpoint: Endpoint) -> None:
