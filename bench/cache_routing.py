@@ -50,6 +50,7 @@ POLICIES = {  # name -> router config
     "affinity": {"routing": "least_busy", "conversation_affinity": True},
     "sglang": {"routing": "sglang", "conversation_affinity": False},
     "cache_aware": {"routing": "cache_aware", "conversation_affinity": True},
+    "index_only": {"routing": "cache_aware", "conversation_affinity": False},  # no pins
 }
 WORDS = "the router keeps every shared prefix where it is already cached and spreads the rest ".split()
 
@@ -194,7 +195,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=480, help="measured requests per run")
     p.add_argument("--warmup", type=int, default=64)
     p.add_argument("--workloads", default="shared,docs,hot,unique")
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default="least_busy,affinity,sglang,cache_aware",
+                   help=f"of {', '.join(POLICIES)}")
     p.add_argument("--workers", default="1", help="router workers, e.g. 1,4")
     p.add_argument("--router-kv-tokens", type=int, default=KV_TOKENS,
                    help="kv_cache_tokens the router is told per endpoint")
