@@ -82,8 +82,9 @@ def prompt_keys(model: str, text: str) -> Prompt:
 
 
 def request_prompt(kind: str, model: str, body: dict[str, Any]) -> Prompt | None:
+    """None for prompts shorter than one block: nothing worth routing for, and no work."""
     text = render(kind, body)
-    return None if text is None else prompt_keys(model, text)
+    return None if text is None or len(text) < BLOCK_CHARS else prompt_keys(model, text)
 
 
 class PrefixIndex:

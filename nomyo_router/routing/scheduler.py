@@ -75,7 +75,7 @@ class Scheduler:
                         lease = await store.acquire(ctx.model, [pinned], self._chooser(ctx), wait,
                                                     order, keys.register)
                         outcome = "hit"
-                        if self._routed is not None:
+                        if self._routed is not None and ctx.prompt is not None:
                             self._routed(ctx, lease.endpoint)
                     except QueueTimeout as e:
                         outcome, order = "spill", e.order  # keep its place in the queue
@@ -114,6 +114,6 @@ class Scheduler:
                     self._waiting[target.name] -= 1
         if lease is None:
             lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order, pin)
-        if self._routed is not None:
+        if self._routed is not None and ctx.prompt is not None:
             self._routed(ctx, lease.endpoint)
         return lease
