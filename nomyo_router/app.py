@@ -32,6 +32,8 @@ from .routing.policies import Policy, make_policy
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, SharedStore, StateStore
 from .upstream.discovery import Discovery
+from .upstream.health import Health
+from .upstream.looplag import LoopLag
 from .upstream.proxy import Proxy
 from .upstream.session import create_session
 
@@ -53,6 +55,8 @@ class Router:
                                    config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
+        self.loop_lag = LoopLag()
+        self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
         self.session: aiohttp.ClientSession | None = None
         self.discovery: Discovery | None = None
         self.proxy: Proxy | None = None
@@ -62,8 +66,10 @@ class Router:
     async def start(self) -> None:
         await self.store.start()
         self.session = create_session(self.config)
-        self.proxy = Proxy(self.scheduler, self.session, self.store, self.config, self.events)
-        self.discovery = Discovery(self.endpoints, self.session, self.store, self.scheduler, self.config)
+        self.loop_lag.start()
+        self.proxy = Proxy(self.scheduler, self.session, self.store, self.config, self.events, self.health)
+        self.discovery = Discovery(self.endpoints, self.session, self.store, self.scheduler, self.config,
+                                   self.health)
         await self.discovery.start()
         self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
         for ep in self.endpoints:
@@ -75,6 +81,7 @@ class Router:
             task.cancel()
         if self.discovery:
             await self.discovery.stop()
+        await self.loop_lag.stop()
         if self.session:
             await self.session.close()
         await self.store.close()
@@ -215,7 +222,7 @@ class RouterApp:
 
     async def health(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()
-        status, body = await listing.health(router.endpoints, router.store)
+        status, body = await listing.health(router.endpoints, router.store, router.health)
         await send_response(send, status, body)
 
     async def root(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:

@@ -63,6 +63,14 @@ class RouterConfig:
     affinity_max_pins: int = 100_000
     affinity_wait_ms: float = 2000.0
     routing: str = "cache_aware"  # cache_aware | least_busy | sglang
+    eject_after: int = 3  # consecutive backend failures that eject an endpoint
+    eject_backoff: float = 1.0  # first ejection's length; doubles while it keeps failing
+    eject_backoff_max: float = 30.0
+    probe_interval_down: float = 0.25  # probe period for ejected or unreachable endpoints
+    retry_budget: float = 0.2  # retries / requests over a 10 s window (at least 10 retries)
+    first_byte_floor: float = 10.0  # the learned first-byte deadline is never shorter
+    first_byte_factor: float = 4.0  # deadline = factor x what the endpoint has shown
+    overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
 
 
 # key -> (python type(s), check, what is expected)
@@ -93,6 +101,14 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "affinity_ttl": _POSITIVE_NUM,
     "affinity_max_pins": _POSITIVE_INT,
     "affinity_wait_ms": _NON_NEG_NUM,
+    "eject_after": _POSITIVE_INT,
+    "eject_backoff": _POSITIVE_NUM,
+    "eject_backoff_max": _POSITIVE_NUM,
+    "probe_interval_down": _POSITIVE_NUM,
+    "retry_budget": ((int, float), lambda v: 0 <= v <= 1, "a share of requests between 0 and 1"),
+    "first_byte_floor": _POSITIVE_NUM,
+    "first_byte_factor": ((int, float), lambda v: v >= 1, "a number >= 1"),
+    "overload_lag_ms": _NON_NEG_NUM,
     "routing": (str, lambda v: v in ROUTING_POLICIES, f"one of {', '.join(ROUTING_POLICIES)}"),
 }
 _ENDPOINT_KEYS = {"url", "name", "type", "max_concurrent", "api_key", "models", "kv_cache_tokens",

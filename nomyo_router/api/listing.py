@@ -69,16 +69,21 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-async def health(endpoints: Sequence[Endpoint], store: StateStore) -> tuple[int, bytes]:
+async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any = None) -> tuple[int, bytes]:
+    """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag)."""
     snap = await store.snapshot()
     in_flight = snap.get("in_flight", {})
+    states = verdicts.snapshot() if verdicts is not None else {}
     rows = [{"name": ep.name, "type": ep.type, "healthy": store.is_healthy(ep) and ep.type is not None,
-             "in_flight": in_flight.get(ep.name, 0), "slots": ep.slots, "models": sorted(ep.models.values())}
+             "in_flight": in_flight.get(ep.name, 0), "slots": ep.slots, "models": sorted(ep.models.values()),
+             **({"health": states[ep.name]} if ep.name in states else {})}
             for ep in endpoints]
     ok = any(r["healthy"] for r in rows)
     body = {"status": "ok" if ok else "unavailable", "state": snap.get("mode"),
             "queue_length": snap.get("queue_length", 0), "pins": snap.get("pins"),
             "usage": snap.get("usage", {}), "endpoints": rows}
+    if verdicts is not None:
+        body["loop_lag_ms"] = round(verdicts.lag.recent_max() * 1000, 1)
     if "degraded" in snap:
         body["degraded"], body["degraded_events"] = snap["degraded"], snap["degraded_events"]
     return (200 if ok else 503), json.dumps(body).encode()

@@ -42,6 +42,10 @@ class Scheduler:
     def knows(self, model: str) -> bool:
         return model in self._by_model
 
+    def serving(self, model: str) -> int:
+        """How many endpoints serve `model` (healthy or not)."""
+        return len(self._by_model.get(model, ()))
+
     def load(self, ep: Endpoint) -> int:
         """Requests holding a slot on `ep` or waiting for it in particular."""
         return self.store.in_flight(ep) + self._waiting[ep.name]

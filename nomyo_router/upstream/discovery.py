@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Sequence
 
 import aiohttp
@@ -16,25 +17,29 @@ from ..config import RouterConfig
 from ..domain import Endpoint, model_key
 from ..routing.scheduler import Scheduler
 from ..state import StateStore
+from .health import Health
 
 log = logging.getLogger("nomyo_router.discovery")
 
 
 class Discovery:
     def __init__(self, endpoints: Sequence[Endpoint], session: aiohttp.ClientSession,
-                 store: StateStore, scheduler: Scheduler, config: RouterConfig) -> None:
+                 store: StateStore, scheduler: Scheduler, config: RouterConfig, health: Health) -> None:
         self.endpoints = list(endpoints)
+        self.health = health
         self.session = session
         self.store = store
         self.scheduler = scheduler
         self.config = config
         self._tasks: list[asyncio.Task] = []
+        self._probing: set[Endpoint] = set()
         self._timeout = aiohttp.ClientTimeout(total=config.health_timeout)
 
     async def start(self) -> None:
         """One round before serving, so the first requests find their models; then loops."""
         await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
         self._tasks = [asyncio.create_task(self._every(self.config.health_interval, self._probe_all)),
+                       asyncio.create_task(self._every(self.config.probe_interval_down, self._probe_down)),
                        asyncio.create_task(self._every(self.config.model_refresh_interval, self._refresh_all))]
 
     async def stop(self) -> None:
@@ -53,6 +58,14 @@ class Discovery:
     async def _probe_all(self) -> None:
         await asyncio.gather(*(self._probe(ep) for ep in self.endpoints))
 
+    async def _probe_down(self) -> None:
+        """Ejected and unreachable endpoints are probed often, so one that comes back is in
+        traffic again within a fraction of a second; ejections whose backoff is over end."""
+        self.health.tick()
+        down = [ep for ep in self.endpoints if self.health.is_down(ep)]
+        if down:
+            await asyncio.gather(*(self._probe(ep) for ep in down))
+
     async def _refresh_all(self) -> None:
         await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
 
@@ -63,22 +76,24 @@ class Discovery:
             return await r.json(content_type=None)
 
     async def _probe(self, ep: Endpoint) -> None:
-        was = self.store.is_healthy(ep)
+        if ep in self._probing:
+            return  # the slow and the fast loop never probe one endpoint twice at once
+        self._probing.add(ep)
+        started = time.monotonic()
         try:
             if ep.type is None:
                 await self._detect(ep)
             else:
                 await self._get(ep, "/api/version" if ep.type == "ollama" else "/v1/models")
         except Exception as e:
-            if was:
-                log.warning("endpoint %s failed its health probe: %s", ep.name, _describe(e))
-            self.store.set_healthy(ep, False)
+            self.health.probe(ep, False, _describe(e), timed_out=isinstance(e, TimeoutError),
+                              started=started)
             return
-        if not was:
-            log.warning("endpoint %s is healthy again", ep.name)
-            if not ep.models:
-                await self._refresh(ep)
-        self.store.set_healthy(ep, True)
+        finally:
+            self._probing.discard(ep)
+        if not ep.models:
+            await self._refresh(ep)
+        self.health.probe(ep, True)
 
     async def _detect(self, ep: Endpoint) -> None:
         try:
@@ -114,11 +129,11 @@ class Discovery:
         except Exception as e:
             log.warning("endpoint %s: model refresh failed (%s); keeping %d known models",
                         ep.name, _describe(e), len(ep.models))
-            self.store.set_healthy(ep, False)
+            self.health.probe(ep, False, _describe(e), timed_out=isinstance(e, TimeoutError))
             return
         finally:
             self.scheduler.reindex()
-        self.store.set_healthy(ep, True)
+        self.health.probe(ep, True)
 
 
 def _describe(e: BaseException) -> str:

@@ -26,29 +26,36 @@ from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
 from . import translate
+from .deadline import Deadlines
+from .health import Health
+from .retry import RETRY_STATUSES, RetryBudget, is_error_chunk
 
 log = logging.getLogger("nomyo_router.proxy")
 
-RETRY_STATUSES = frozenset((429, 502, 503))
 _FORWARDED = (("Content-Type", b"content-type"), ("Content-Encoding", b"content-encoding"))
-# Errors meaning the backend is unreachable: it leaves rotation until a probe succeeds.
-UNREACHABLE = (aiohttp.ClientConnectorError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)
+# Errors meaning the backend could not be reached at all: it leaves rotation until a probe succeeds.
+UNREACHABLE = (aiohttp.ClientConnectorError,)
 
 
 class RetryableFailure(Exception):
     """The attempt failed before any byte went to the client."""
 
     def __init__(self, reason: str, status: int | None = None, body: bytes = b"",
-                 content_type: bytes = b"application/json") -> None:
+                 content_type: bytes = b"application/json", unreachable: bool = False) -> None:
         super().__init__(reason)
         self.reason, self.status, self.body, self.content_type = reason, status, body, content_type
+        self.unreachable = unreachable
 
 
 class Proxy:
     def __init__(self, scheduler: Scheduler, session: aiohttp.ClientSession, store: StateStore,
-                 config: RouterConfig, events: Events) -> None:
+                 config: RouterConfig, events: Events, health: Health) -> None:
         self.scheduler = scheduler
         self.events = events
+        self.health = health
+        self.budget = RetryBudget(config.retry_budget)
+        self.deadlines = Deadlines(config.first_byte_floor, config.first_byte_factor,
+                                   config.first_byte_timeout)
         self.session = session
         self.store = store
         self.config = config
@@ -62,8 +69,13 @@ class Proxy:
         self._wants_prompt = bool(getattr(scheduler.policy, "wants_prompt", False))
 
     async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
+        if self.health.overloaded():
+            self.events.count("overloaded", "", req.key)
+            raise ApiError(503, "the router is overloaded, please try again", code="router_overloaded",
+                           retry_after=self.config.retry_after)
         if not self.scheduler.knows(req.key):
             raise _unknown_model(req)
+        self.budget.request()
         keys = None
         if self.config.conversation_affinity:
             keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id)
@@ -72,7 +84,8 @@ class Proxy:
             ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
         tried: list[str] = []
         last: RetryableFailure | None = None
-        for _ in range(self.config.max_attempts):
+        attempts = min(self.config.max_attempts, self.scheduler.serving(req.key))
+        for attempt in range(attempts):
             try:
                 lease = await self.scheduler.acquire(ctx, tried)
             except NoEndpoint:
@@ -85,12 +98,20 @@ class Proxy:
                                     f"({self.config.queue_timeout:g}s)", code="queue_timeout",
                                retry_after=self.config.retry_after) from None
             if tried:
+                if not self.budget.allow():
+                    lease.release()
+                    log.warning("retry budget spent: not retrying %s (%s)", req.key, last and last.reason)
+                    break
                 rec.retries += 1
                 self.events.count("retry", lease.endpoint.name, req.key)
             t_lease = time.perf_counter()
             try:
                 rec.upstream_first_s = None
-                await self._attempt(req, lease, send, rec, ctx)
+                await self._attempt(req, lease, send, rec, ctx, attempt == attempts - 1)
+                if rec.error == "stream_cut":
+                    self.health.failure(lease.endpoint, "stream cut by the backend")
+                else:
+                    self.health.success(lease.endpoint)
                 self.store.record(lease.endpoint.name, req.key)
                 self.scheduler.observe(ctx, lease.endpoint, rec.upstream_first_s,
                                        time.perf_counter() - t_lease)
@@ -98,6 +119,7 @@ class Proxy:
             except RetryableFailure as f:
                 log.info("attempt on %s failed before any byte was sent (%s); retrying",
                          lease.endpoint.name, f.reason)
+                self.health.failure(lease.endpoint, f.reason, f.unreachable)
                 tried.append(lease.endpoint.name)
                 last = f
             finally:
@@ -130,7 +152,7 @@ class Proxy:
         return req.path, raw, False
 
     async def _attempt(self, req: GenRequest, lease: Lease, send: Send, rec: RequestRecord,
-                       ctx: RouteContext) -> None:
+                       ctx: RouteContext, last: bool) -> None:
         ep = lease.endpoint
         path, body, translating = self._plan(req, ep)
         t_up = time.perf_counter()
@@ -147,23 +169,26 @@ class Proxy:
         if ctx.prompt is not None:  # tokens of the prompt believed cached there / prompt tokens
             rec.prefix_tokens = ctx.cached_tokens or 0
             headers.append((b"x-router-cache", b"%d/%d" % (rec.prefix_tokens, ctx.prompt.tokens)))
+        # A whole answer and a stream's first chunk are bounded by the learned deadline (a hung
+        # backend is left in seconds); later chunks of a stream by stream_idle_timeout.
+        deadline = self.deadlines.deadline(ep.name, req.key, req.stream, len(body), last)
         try:
-            # A whole answer is bounded by sock_read=first_byte_timeout (nothing arrives before it
-            # is complete); a stream's first chunk by an explicit deadline, later chunks by idling.
-            if req.stream:
-                async with asyncio.timeout(self.config.first_byte_timeout):
+            async with asyncio.timeout(deadline):
+                if req.stream:
                     resp, data, first = await self._call(ep, path, body, self._stream_timeout, translating)
-            else:
-                resp, data, first = await self._call(ep, path, body, self._whole_timeout, False)
-            if req.stream:
-                rec.upstream_first_s = time.perf_counter() - t_up
+                else:
+                    resp, data, first = await self._call(ep, path, body, self._whole_timeout, False)
         except UNREACHABLE as e:
-            self.store.set_healthy(ep, False)
-            log.warning("endpoint %s unreachable (%s): out of rotation until a probe succeeds",
-                        ep.name, type(e).__name__)
-            raise RetryableFailure(type(e).__name__) from None
+            raise RetryableFailure(f"unreachable ({type(e).__name__})", unreachable=True) from None
+        except TimeoutError:
+            raise RetryableFailure(f"no first byte within {deadline:.1f}s (hung?)") from None
         except aiohttp.ClientError as e:  # disconnected or cut before we sent a byte
             raise RetryableFailure(f"{type(e).__name__}: {e}") from None
+        took = time.perf_counter() - t_up
+        if req.stream:
+            rec.upstream_first_s = took
+        if resp.status == 200:
+            self.deadlines.observe(ep.name, req.key, req.stream, len(body), took)
 
         if not translating:
             for name, key in _FORWARDED:
@@ -181,9 +206,11 @@ class Proxy:
         finished = False
         try:
             if translating:
-                await self._relay_translated(req, resp, first, headers, send)
+                cut = await self._relay_translated(req, resp, first, headers, send)
             else:
-                await self._relay(resp, first, headers, send)
+                cut = await self._relay(resp, first, headers, send)
+            if cut:
+                rec.error = "stream_cut"
             finished = True
         finally:
             if finished:
@@ -201,24 +228,32 @@ class Proxy:
                                        resp.headers.get("Content-Type", "application/json").encode())
             if timeout is self._whole_timeout or resp.status != 200:
                 return resp, await resp.read(), b""
-            return resp, b"", await _first_chunk(resp, line)
+            first = await _first_chunk(resp, line)
+            if is_error_chunk(first):  # an error before any content: nothing sent yet, retry
+                error = first.strip().removeprefix(b"data:").strip()
+                raise RetryableFailure("error chunk before content", 502, error)
+            return resp, b"", first
         except BaseException:
             resp.close()
             raise
 
     async def _relay(self, resp: aiohttp.ClientResponse, first: bytes, headers: Headers,
-                     send: Send) -> None:
+                     send: Send) -> bool:
+        """Relay a stream; True when the backend cut it."""
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
+        cut = False
         try:
             async for chunk in resp.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            cut = True
             await send({"type": "http.response.body", "body": _stream_error(resp, e), "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+        return cut
 
     async def _relay_translated(self, req: GenRequest, resp: aiohttp.ClientResponse, first: bytes,
-                                headers: Headers, send: Send) -> None:
+                                headers: Headers, send: Send) -> bool:
         conv = translate.SseToNdjson(req.kind, req.model, req.t0)
         headers.append((b"content-type", b"application/x-ndjson"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -237,11 +272,13 @@ class Proxy:
                     break
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             await send({"type": "http.response.body", "body": _ndjson_error(e), "more_body": True})
-        else:
-            tail = conv.final()
-            if tail:
-                await send({"type": "http.response.body", "body": tail, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return True
+        tail = conv.final()
+        if tail:
+            await send({"type": "http.response.body", "body": tail, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+        return False
 
     async def _send_translated(self, req: GenRequest, status: int, data: bytes, headers: Headers,
                                send: Send) -> None:
