@@ -22,6 +22,7 @@ from . import formats
 from .capacity import QueueFull, Slots
 from .config import MockConfig
 from .kvcache import PrefixCache
+from .continuation import answer_offset
 from .text import chat_prompt, count_tokens, embedding, output_tokens
 
 OLLAMA_BUSY = "server busy, please try again.  maximum pending requests exceeded"
@@ -42,13 +43,14 @@ class Generation:
     """What one generation request asks for, parsed from either API's body."""
 
     __slots__ = ("api", "kind", "model", "stream", "max_tokens", "prompt_text",
-                 "include_usage", "inputs")
+                 "include_usage", "inputs", "offset")
 
     def __init__(self, api: str, kind: str, model: str, stream: bool, max_tokens: int | None,
                  prompt_text: str, include_usage: bool = False, inputs: list[str] | None = None):
         self.api, self.kind, self.model, self.stream = api, kind, model, stream
         self.max_tokens, self.prompt_text = max_tokens, prompt_text
         self.include_usage, self.inputs = include_usage, inputs or []
+        self.offset = 0  # answer tokens already given (continuing a trailing assistant message)
 
 
 class MockBackend:
@@ -310,9 +312,10 @@ class MockBackend:
             return _json(formats.embedding_body(gen, [embedding(t, c.embed_dim) for t in gen.inputs],
                                                 prompt_tokens))
 
-        limit = c.tokens if gen.max_tokens is None or gen.max_tokens < 0 else min(c.tokens, gen.max_tokens)
-        tokens = output_tokens(limit)
-        done_reason = "length" if gen.max_tokens is not None and 0 <= gen.max_tokens < c.tokens else "stop"
+        rest = c.tokens - gen.offset
+        limit = rest if gen.max_tokens is None or gen.max_tokens < 0 else min(rest, gen.max_tokens)
+        tokens = output_tokens(gen.offset + limit)[gen.offset:]
+        done_reason = "length" if gen.max_tokens is not None and 0 <= gen.max_tokens < rest else "stop"
         timing = formats.Timing(prompt_tokens, len(tokens), ttft_s, tok_s)
         if gen.kind == "chat":
             self.kv.insert(gen.prompt_text + f"<assistant>{''.join(tokens)}\n")
@@ -420,4 +423,7 @@ def _parse_generation(api: str, kind: str, body: dict) -> Generation:
         prompt_text = prompt
     stream_options = body.get("stream_options") or {}
     include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
-    return Generation(api, kind, model, stream, max_tokens, prompt_text, include_usage)
+    gen = Generation(api, kind, model, stream, max_tokens, prompt_text, include_usage)
+    if kind == "chat":
+        gen.offset = answer_offset(body.get("messages") or [])
+    return gen

@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     uvicorn.run("nomyo_router.app:app", host=args.host, port=args.port, workers=args.workers,
                 loop="uvloop", http="httptools", lifespan="on", access_log=config.access_log,
                 log_level=args.log_level, timeout_keep_alive=75, backlog=2048,
-                proxy_headers=False, server_header=False, date_header=False)
+                proxy_headers=False, server_header=False, date_header=False,
+                timeout_graceful_shutdown=config.shutdown_grace)
     return 0
 
 

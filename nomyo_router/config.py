@@ -70,6 +70,8 @@ class RouterConfig:
     retry_budget: float = 0.2  # retries / requests over a 10 s window (at least 10 retries)
     first_byte_floor: float = 10.0  # the learned first-byte deadline is never shorter
     first_byte_factor: float = 4.0  # deadline = factor x what the endpoint has shown
+    resume_streams: bool = True  # continue a stream cut mid-way on another endpoint
+    shutdown_grace: float = 30.0  # SIGTERM: seconds in-flight streams may take to finish
     overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
 
 
@@ -109,6 +111,8 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "first_byte_floor": _POSITIVE_NUM,
     "first_byte_factor": ((int, float), lambda v: v >= 1, "a number >= 1"),
     "overload_lag_ms": _NON_NEG_NUM,
+    "resume_streams": _BOOL,
+    "shutdown_grace": _NON_NEG_NUM,
     "routing": (str, lambda v: v in ROUTING_POLICIES, f"one of {', '.join(ROUTING_POLICIES)}"),
 }
 _ENDPOINT_KEYS = {"url", "name", "type", "max_concurrent", "api_key", "models", "kv_cache_tokens",

@@ -182,3 +182,38 @@ def test_error_chunks_are_recognised_in_both_stream_formats():
     assert is_error_chunk(b'{"error":"boom"}\n')
     assert is_error_chunk(b'data: {"error": {"message": "boom"}}\n\n')
     assert not is_error_chunk(b'{"model":"llama3","message":{"content":"error"}}\n')
+
+
+async def _stream_text(s: aiohttp.ClientSession, url: str, api: str, body: dict) -> tuple[str, list[dict]]:
+    path = "/api/chat" if api == "ollama" else "/v1/chat/completions"
+    async with s.post(url + path, json=body) as r:
+        assert r.status == 200
+        raw = await r.read()
+    if api == "ollama":
+        recs = [json.loads(x) for x in raw.splitlines() if x.strip()]
+        return "".join(x.get("message", {}).get("content", "") for x in recs), recs
+    recs = [json.loads(x[5:]) for x in raw.split(b"\n\n") if x.startswith(b"data: {")]
+    assert raw.rstrip().endswith(b"data: [DONE]") and raw.count(b"[DONE]") == 1
+    return "".join((c["choices"][0]["delta"].get("content") or "") for c in recs if c.get("choices")), recs
+
+
+async def test_a_stream_cut_mid_way_is_resumed_elsewhere_with_identical_text():
+    async with run_mock(ttft_ms=0, tok_ms=0, tokens=40) as good, \
+            run_mock(ttft_ms=0, tok_ms=0, tokens=40, drop_rate=1.0) as dropping:
+        cfg = {"endpoints": endpoints(dropping, good, slots=4), "routing": "least_busy", "eject_after": 1000}
+        async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+            direct_ollama, _ = await _stream_text(s, good.url, "ollama", STREAM)
+            body_oa = {"model": "llama3", "stream": True, "stream_options": {"include_usage": True},
+                       "messages": [{"role": "user", "content": "hi"}]}
+            direct_openai, _ = await _stream_text(s, good.url, "openai", body_oa)
+            resumed = 0
+            for _ in range(6):
+                text, recs = await _stream_text(s, r.url, "ollama", STREAM)
+                assert text == direct_ollama and not any("error" in x for x in recs)
+                assert sum(1 for x in recs if x.get("done")) == 1 and recs[-1]["eval_count"] == 40
+                text, recs = await _stream_text(s, r.url, "openai", body_oa)
+                assert text == direct_openai and not any("error" in x for x in recs)
+                roles = [c for c in recs if c.get("choices") and "role" in c["choices"][0]["delta"]]
+                assert len(roles) == 1 and recs[-1]["usage"]["completion_tokens"] == 40
+            resumed = dropping.stats()["errors_injected"]["drop"]
+            assert resumed >= 2  # the dropping backend was really used and cut streams

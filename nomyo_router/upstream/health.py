@@ -4,7 +4,8 @@ States per endpoint (per process; the verdict is pushed into the state store, so
 worker and instance routes by it):
 
     healthy --(eject_after consecutive backend failures | unreachable)--> ejected
-    ejected --(backoff over)--> trial     (half-open: traffic flows again, one result decides)
+    ejected --(backoff over)--> trial     (half-open: the next request is the one trial; no
+                                           other request is sent there until it ends)
     trial   --(a success)--> healthy      (backoff reset)
     trial   --(a failure)--> ejected      (backoff doubled, up to eject_backoff_max)
     ejected (unreachable) --(a probe answers)--> healthy
@@ -46,6 +47,7 @@ class _State:
     unreachable: bool = False  # ejected for a connection error: a probe may end it
     last_ok: float = 0.0  # monotonic time of the last successful request or probe
     ejections: int = 0
+    trial_at: float = 0.0  # monotonic time the trial request went out
 
 
 class Health:
@@ -60,6 +62,7 @@ class Health:
         self.backoff_max = config.eject_backoff_max
         self.lag_limit = config.health_timeout / 4  # a probe timing out under this much lag is void
         self.traffic_window = 3 * max(config.health_interval, config.health_timeout)
+        self.trial_timeout = config.first_byte_floor
         self.overload_lag = config.overload_lag_ms / 1000 if config.overload_lag_ms else None
         self._states: dict[str, _State] = {}
 
@@ -70,6 +73,14 @@ class Health:
         return st
 
     # ---- from requests ----------------------------------------------------------------
+    def sending(self, ep: Endpoint) -> None:
+        """A request is about to go to `ep`: if it is the trial, nothing else follows it there
+        until its result is known."""
+        st = self._states.get(ep.name)
+        if st is not None and st.state == "trial" and self.store.is_healthy(ep):
+            st.trial_at = time.monotonic()
+            self.store.set_healthy(ep, False)
+
     def success(self, ep: Endpoint) -> None:
         st = self._states.get(ep.name)
         if st is None:
@@ -128,8 +139,13 @@ class Health:
         now = time.monotonic()
         for ep in self.endpoints:
             st = self._states.get(ep.name)
-            if st is not None and st.state == "ejected" and not st.unreachable and now >= st.until:
+            if st is None:
+                continue
+            if st.state == "ejected" and not st.unreachable and now >= st.until:
                 self._set(ep, st, "trial", "backoff over; next requests decide")
+            elif st.state == "trial" and st.trial_at and now - st.trial_at > self.trial_timeout:
+                st.trial_at = 0.0  # the trial's client left without a verdict: allow another
+                self.store.set_healthy(ep, True)
 
     # ---- decisions --------------------------------------------------------------------
     def _eject(self, ep: Endpoint, st: _State, reason: str, unreachable: bool) -> None:

@@ -28,6 +28,7 @@ from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
 from . import translate
 from .deadline import Deadlines
 from .health import Health
+from .resume import Resumer, resumable
 from .retry import RETRY_STATUSES, RetryBudget, is_error_chunk
 
 log = logging.getLogger("nomyo_router.proxy")
@@ -56,6 +57,8 @@ class Proxy:
         self.budget = RetryBudget(config.retry_budget)
         self.deadlines = Deadlines(config.first_byte_floor, config.first_byte_factor,
                                    config.first_byte_timeout)
+        self.resumer = Resumer(scheduler, health, events, self._start_continuation, config.max_attempts) \
+            if config.resume_streams else None
         self.session = session
         self.store = store
         self.config = config
@@ -108,10 +111,8 @@ class Proxy:
             try:
                 rec.upstream_first_s = None
                 await self._attempt(req, lease, send, rec, ctx, attempt == attempts - 1)
-                if rec.error == "stream_cut":
-                    self.health.failure(lease.endpoint, "stream cut by the backend")
-                else:
-                    self.health.success(lease.endpoint)
+                if rec.error is None and not rec.resumed:
+                    self.health.success(lease.endpoint)  # (cut streams were reported as they broke)
                 self.store.record(lease.endpoint.name, req.key)
                 self.scheduler.observe(ctx, lease.endpoint, rec.upstream_first_s,
                                        time.perf_counter() - t_lease)
@@ -172,6 +173,7 @@ class Proxy:
         # A whole answer and a stream's first chunk are bounded by the learned deadline (a hung
         # backend is left in seconds); later chunks of a stream by stream_idle_timeout.
         deadline = self.deadlines.deadline(ep.name, req.key, req.stream, len(body), last)
+        self.health.sending(ep)
         try:
             async with asyncio.timeout(deadline):
                 if req.stream:
@@ -203,6 +205,17 @@ class Proxy:
             else:
                 await _send_whole(send, resp.status, data, None, headers)
             return
+        if self.resumer is not None and not translating and resumable(req.api, req.kind, req.body):
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            try:
+                cut = await self.resumer.relay(req, ctx, rec, ep, resp, first, send)
+            finally:
+                resp.close()  # no-op when released; the client left: closing stops the backend
+            if cut:
+                rec.error = "stream_cut"
+                await send({"type": "http.response.body", "body": _stream_error(resp, None), "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
         finished = False
         try:
             if translating:
@@ -211,12 +224,22 @@ class Proxy:
                 cut = await self._relay(resp, first, headers, send)
             if cut:
                 rec.error = "stream_cut"
+                self.health.failure(ep, "stream cut by the backend")
             finished = True
         finally:
             if finished:
                 resp.release()  # back to the keep-alive pool
             else:
                 resp.close()  # the client left: closing the connection stops the backend
+
+    async def _start_continuation(self, ep: Endpoint, path: str, body: bytes) -> tuple[aiohttp.ClientResponse, bytes]:
+        deadline = self.deadlines.deadline(ep.name, "", True, len(body), False)
+        async with asyncio.timeout(deadline):
+            resp, _, first = await self._call(ep, path, body, self._stream_timeout, False)
+        if resp.status != 200:
+            resp.close()
+            raise RetryableFailure(f"HTTP {resp.status}")
+        return resp, first
 
     async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: aiohttp.ClientTimeout,
                     line: bool) -> tuple[aiohttp.ClientResponse, bytes, bytes]:
@@ -312,14 +335,16 @@ async def _send_whole(send: Send, status: int, body: bytes, content_type: bytes 
     await send({"type": "http.response.body", "body": body})
 
 
-def _ndjson_error(e: BaseException) -> bytes:
-    return json.dumps({"error": f"backend stream failed: {type(e).__name__}"}).encode() + b"\n"
+def _ndjson_error(e: BaseException | None) -> bytes:
+    why = type(e).__name__ if e is not None else "cut, and no other endpoint could continue it"
+    return json.dumps({"error": f"backend stream failed: {why}"}).encode() + b"\n"
 
 
-def _stream_error(resp: aiohttp.ClientResponse, e: BaseException) -> bytes:
+def _stream_error(resp: aiohttp.ClientResponse, e: BaseException | None) -> bytes:
     """A last chunk telling the client the stream broke, in the stream's own format."""
     if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-        msg = {"error": {"message": f"backend stream failed: {type(e).__name__}",
+        why = type(e).__name__ if e is not None else "cut, and no other endpoint could continue it"
+        msg = {"error": {"message": f"backend stream failed: {why}",
                          "type": "server_error", "param": None, "code": "upstream_error"}}
         return b"data: " + json.dumps(msg).encode() + b"\n\n"
     return _ndjson_error(e)

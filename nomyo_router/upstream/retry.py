@@ -5,9 +5,10 @@ instead, see `resume`). Every backend-side failure is retried: 429, 500, 502, 50
 connection refused or reset, a timeout or hang, and an error chunk that arrives before any
 content. A 4xx other than 429 is the client's own doing and is passed through.
 
-A budget keeps retries from multiplying load in a general outage: over a sliding window,
-retries may be at most `retry_budget` of the requests (plus a small floor so a quiet router
-can still retry), like Envoy's and Finagle's retry budgets.
+A budget keeps retries from multiplying load in a general outage: over a sliding 10 s
+window, retries may be at most `retry_budget` of the requests, plus a floor of 50 (so a quiet
+router, and the burst of requests in flight on a backend when it starts failing, can still
+retry), like Envoy's and Finagle's retry budgets.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def is_error_chunk(chunk: bytes) -> bool:
 
 
 class RetryBudget:
-    def __init__(self, ratio: float, window: float = 10.0, floor: int = 10) -> None:
+    def __init__(self, ratio: float, window: float = 10.0, floor: int = 50) -> None:
         self.ratio = ratio
         self.window = window
         self.floor = floor

@@ -1,0 +1,248 @@
+"""Mid-stream resumption: a stream the backend cut after content went out is continued on
+another endpoint, and the client sees one uninterrupted stream.
+
+While a pass-through stream is relayed, whole records only are sent on (an NDJSON line, an
+SSE event), and the bytes sent are kept as they are (parsed only if the stream breaks: the
+hot path pays an `rfind` and a `bytearray` append per chunk). On a break, the text so far
+is recovered from those bytes and the request is sent again with it as a trailing partial
+assistant message, which chat templates continue (Ollama's do; for OpenAI-type servers the
+router also sends vLLM's `continue_final_message: true, add_generation_prompt: false`,
+which llama.cpp's server understands as assistant prefill). The token limit is reduced by
+what was produced. The continuation is relayed with its seam mended: no second role chunk,
+one final `done` / `[DONE]`, completion counts summed.
+
+What is resumed: chat on both APIs (pass-through); `/api/generate` only with `raw: true`
+(then the partial answer is appended to the prompt) and `/v1/completions` (prompt plus
+partial answer). Everything else ends with an error chunk in its own format, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from ..state import NoEndpoint, QueueFull, QueueTimeout
+
+
+def resumable(api: str, kind: str, body: dict[str, Any]) -> bool:
+    if kind == "chat":
+        return isinstance(body.get("messages"), list)
+    if kind == "generate":
+        return isinstance(body.get("prompt"), str) and (api == "openai" or body.get("raw") is True)
+    return False
+
+
+def record_end(sse: bool) -> bytes:
+    return b"\n\n" if sse else b"\n"
+
+
+def _records(raw: bytes, sse: bool) -> list[dict[str, Any]]:
+    out = []
+    for line in raw.split(b"\n"):
+        line = line.strip()
+        if sse:
+            if not line.startswith(b"data:"):
+                continue
+            line = line[5:].strip()
+            if line == b"[DONE]":
+                continue
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def _piece(api: str, kind: str, obj: dict[str, Any]) -> str:
+    if api == "ollama":
+        if kind == "chat":
+            msg = obj.get("message")
+            return msg.get("content") or "" if isinstance(msg, dict) else ""
+        return obj.get("response") or ""
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    if kind == "chat":
+        delta = choices[0].get("delta")
+        return delta.get("content") or "" if isinstance(delta, dict) else ""
+    return choices[0].get("text") or ""
+
+
+def produced(api: str, kind: str, sent: bytes) -> tuple[str, int]:
+    """(text so far, content chunks ≈ tokens) recovered from the bytes the client received."""
+    parts = [p for p in (_piece(api, kind, o) for o in _records(sent, api == "openai")) if p]
+    return "".join(parts), len(parts)
+
+
+def continuation(api: str, kind: str, body: dict[str, Any], text: str, tokens: int) -> bytes:
+    """The request that continues `body`'s answer after `text` (`tokens` already produced)."""
+    out = dict(body)
+    if kind == "chat":
+        out["messages"] = [*body["messages"], {"role": "assistant", "content": text}]
+        if api == "openai":
+            out["continue_final_message"] = True
+            out["add_generation_prompt"] = False
+    else:
+        out["prompt"] = body["prompt"] + text
+    if api == "ollama":
+        options = dict(body.get("options") or {})
+        limit = options.get("num_predict")
+        if isinstance(limit, int) and limit >= 0:
+            options["num_predict"] = max(limit - tokens, 1)
+            out["options"] = options
+    else:
+        for key in ("max_tokens", "max_completion_tokens"):
+            limit = body.get(key)
+            if isinstance(limit, int) and limit >= 0:
+                out[key] = max(limit - tokens, 1)
+    return json.dumps(out).encode()
+
+
+class Seam:
+    """Rewrites a continuation's records so they read as the rest of the first stream."""
+
+    def __init__(self, api: str, tokens: int) -> None:
+        self.sse = api == "openai"
+        self.tokens = tokens  # already produced: added to the final counts
+
+    def record(self, rec: bytes) -> bytes:
+        """One whole record (an NDJSON line or an SSE event) → what to send (maybe nothing)."""
+        if self.sse:
+            data = rec.strip()
+            if not data.startswith(b"data:"):
+                return rec
+            payload = data[5:].strip()
+            if payload == b"[DONE]":
+                return rec
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                return rec
+            choices = obj.get("choices") or []
+            if choices and isinstance(choices[0], dict):
+                delta = choices[0].get("delta")
+                if isinstance(delta, dict) and "role" in delta and not delta.get("content") \
+                        and not delta.get("tool_calls") and choices[0].get("finish_reason") is None:
+                    return b""  # the continuation's own opening: the client had one already
+            usage = obj.get("usage")
+            if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                usage["completion_tokens"] += self.tokens
+                if isinstance(usage.get("total_tokens"), int):
+                    usage["total_tokens"] += self.tokens
+                return b"data: " + json.dumps(obj).encode() + b"\n\n"
+            return rec
+        if b'"done":true' not in rec and b'"done": true' not in rec:
+            return rec
+        try:
+            obj = json.loads(rec)
+        except ValueError:
+            return rec
+        if isinstance(obj.get("eval_count"), int):
+            obj["eval_count"] += self.tokens
+        return json.dumps(obj).encode() + b"\n"
+
+
+class Resumer:
+    """Relays a resumable stream and continues it elsewhere when the backend cuts it.
+
+    `call(ep, path, body)` sends one stream request and returns (response, first chunk),
+    raising on anything but a good start (the proxy's own `_call`, with its deadline)."""
+
+    def __init__(self, scheduler: Any, health: Any, events: Any, call: Any, max_attempts: int) -> None:
+        self.scheduler = scheduler
+        self.health = health
+        self.events = events
+        self.call = call
+        self.max_attempts = max_attempts
+
+    async def relay(self, req: Any, ctx: Any, rec: Any, ep: Any, resp: Any, first: bytes,
+                    send: Any) -> bool:
+        """Relay `resp` (already started) to the client; True when it ended broken."""
+        sep = record_end(req.api == "openai")
+        sent = bytearray()
+        seam: Seam | None = None
+        tried = [ep.name]
+        leases = []
+        try:
+            while True:
+                if not await _pump(resp, first, sep, seam, sent, send):
+                    resp.release()
+                    if seam is not None:
+                        self.health.success(ep)
+                    return False
+                resp.close()
+                self.health.failure(ep, "stream cut by the backend")
+                text, tokens = produced(req.api, req.kind, bytes(sent))
+                nxt = await self._next(req, ctx, tried, text, tokens)
+                if nxt is None:
+                    return True
+                lease, resp, first = nxt
+                leases.append(lease)
+                ep = lease.endpoint
+                seam = Seam(req.api, tokens)
+                rec.resumed += 1
+                rec.endpoint = ep.name
+                self.events.count("resumed", ep.name, req.key)
+        except BaseException:
+            resp.close()  # the client left: closing the connection stops the backend
+            raise
+        finally:
+            for lease in leases:
+                lease.release()
+
+    async def _next(self, req: Any, ctx: Any, tried: list[str], text: str, tokens: int) -> Any:
+        for _ in range(self.max_attempts):
+            try:
+                lease = await self.scheduler.acquire(ctx, tried)
+            except (NoEndpoint, QueueFull, QueueTimeout):
+                return None
+            ep = lease.endpoint
+            tried.append(ep.name)
+            if ep.type == "openai" and req.api == "ollama":
+                lease.release()  # a translated stream is not resumed on another API
+                continue
+            body = dict(req.body)
+            if ep.type == "openai":
+                body["model"] = ep.models[req.key]
+            try:
+                resp, first = await self.call(ep, req.path, continuation(req.api, req.kind, body, text, tokens))
+            except Exception as e:  # any failure to start: try the next endpoint
+                lease.release()
+                self.health.failure(ep, f"resumption failed to start: {type(e).__name__}")
+                continue
+            return lease, resp, first
+        return None
+
+
+async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: bytearray,
+                send: Any) -> bool:
+    """Send whole records of `resp` on (keeping what was sent); True when it broke."""
+    pending = b""
+    chunk = first
+    try:
+        while chunk:
+            data = pending + chunk if pending else chunk
+            end = data.rfind(sep)
+            if end < 0:
+                pending = data
+            else:
+                end += len(sep)
+                out, pending = data[:end], data[end:]
+                if seam is not None:
+                    out = b"".join(seam.record(r + sep) for r in out[:-len(sep)].split(sep))
+                if out:
+                    sent += out
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            chunk = await resp.content.readany()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return True
+    if pending:  # a last record without its terminator
+        await send({"type": "http.response.body", "body": pending, "more_body": True})
+    return False
