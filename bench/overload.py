@@ -1,0 +1,100 @@
+"""Issue 16: a saturated router must never declare a healthy backend dead.
+
+    python bench/overload.py [--streams 2000] [--seconds 60]
+
+One router worker pinned to core 0, one healthy mock (50 ms to first token, 100 tokens at
+40 ms: 25 tok/s) and the load tester's closed loop pinned to core 1: `--streams`
+concurrent streams for `--seconds`. Printed: requests, errors by kind, how many 503s said
+"no healthy endpoint" (must be 0) and how many were an explicit `router_overloaded`, the
+endpoint's ejections as /health reports them, the router's CPU share and RSS idle and at
+peak, and bytes per open stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import yaml
+from common import free_port, rss_mb
+
+from mock import MockConfig, MockProcess
+from mock.runner import wait_http
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--streams", type=int, default=2000, help="concurrent streams (default 2000)")
+    p.add_argument("--seconds", type=float, default=60.0, help="stage length (default 60)")
+    args = p.parse_args()
+    cfg = MockConfig(ttft_ms=50.0, tok_ms=40.0, tokens=100, parallel=100_000, max_queue=100_000)
+    os.sched_setaffinity(0, {1})  # this process (the load generator) and the mock: core 1
+    with MockProcess(cfg) as m:
+        fd, path = tempfile.mkstemp(suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump({"endpoints": [{"url": m.url, "name": "m", "max_concurrent": 100_000}],
+                            "max_queue": 100_000, "routing": "least_busy"}, f)
+        port = free_port()
+        router = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "nomyo_router", "--config", path,
+                                   "--port", str(port), "--log-level", "warning"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(url + "/health", 30, router)
+            time.sleep(1)
+            idle = rss_mb(router.pid)
+            cpu0 = _cpu(router.pid)
+            from loadtest.engine import Stage, run_stage
+            from loadtest.metrics import summarize
+            from loadtest.workload import WorkloadSpec
+            peak = [idle]
+
+            async def sample() -> None:
+                while True:
+                    await asyncio.sleep(1)
+                    peak[0] = max(peak[0], rss_mb(router.pid))
+
+            async def run() -> list:
+                sampler = asyncio.create_task(sample())
+                try:
+                    stage = Stage("closed", args.streams, duration=args.seconds, warmup=0.0)
+                    return await run_stage(url, WorkloadSpec(stream=True, max_tokens=100), stage, 120)
+                finally:
+                    sampler.cancel()
+            t0 = time.monotonic()
+            results = asyncio.run(run())
+            wall = time.monotonic() - t0
+            cpu = (_cpu(router.pid) - cpu0) / wall
+            summary = summarize(results)
+            with urllib.request.urlopen(url + "/health") as r:
+                health = json.load(r)
+        finally:
+            router.terminate()
+            _, err = router.communicate(timeout=20)
+            os.unlink(path)
+    false_dead = err.count("no healthy endpoint") + err.count(": ejected")
+    print(json.dumps({
+        "streams": args.streams, "seconds": args.seconds, "requests": summary["requests"],
+        "completed": summary["completed"], "errors": summary["errors"],
+        "ejections_in_health": health["endpoints"][0].get("health", {}).get("ejections"),
+        "ejections_or_no_healthy_in_log": false_dead,
+        "router_cpu_share": round(cpu, 2), "rss_idle_mb": round(idle, 1), "rss_peak_mb": round(peak[0], 1),
+        "bytes_per_stream": round((peak[0] - idle) * 1024 * 1024 / args.streams),
+        "request_throughput": summary["request_throughput"]}, indent=1))
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+if __name__ == "__main__":
+    main()
