@@ -14,6 +14,9 @@ failure). Scenarios:
     hang    b accepts requests and never answers
     cancel  50 clients leave mid-stream, 20 rounds (in-flight and queue must return to 0,
             no endpoint ejected)
+    redis   `state: redis://`, 40 requests queued for a 1-slot backend (250 ms each); Redis is
+            killed and restarted 0.2 s later; the latest finish is compared with a run
+            without the outage
 
 Printed per scenario: requests, client-visible failures (before the first byte /
 mid-stream), worst latency, detection time (until b left rotation) and time back in
@@ -168,16 +171,57 @@ async def cancel_storm(url: str) -> dict:
             "queue_after": queue, "ejections": sum(e.get("health", {}).get("ejections", 0) for e in h.values())}
 
 
+def redis_restart() -> dict:
+    import shutil
+    import subprocess
+
+    from common import free_port
+    slow = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=2, first_byte_delay_ms=250, parallel=64)
+    port = free_port()
+    cmd = [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+           "--save", "", "--appendonly", "no"]
+    out = {"scenario": "redis"}
+    with MockProcess(slow) as m:
+        for outage in (False, True):
+            redis = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+            time.sleep(0.3)
+            eps = [{"url": m.url, "name": "a", "max_concurrent": 1}]
+            with router_process(eps, state=f"redis://127.0.0.1:{port}/0", queue_timeout=120) as (url, _):
+                async def go() -> list[tuple[int, float]]:
+                    async with aiohttp.ClientSession() as s:
+                        async def one() -> tuple[int, float]:
+                            t0 = time.monotonic()
+                            async with s.post(url + "/api/chat", json={**CHAT, "stream": False}) as r:
+                                await r.read()
+                                return r.status, time.monotonic() - t0
+                        load = [asyncio.create_task(one()) for _ in range(41)]
+                        await asyncio.sleep(0.4)
+                        nonlocal redis
+                        if outage:
+                            redis.kill()
+                            redis.wait()
+                            await asyncio.sleep(0.2)
+                            redis = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+                        return await asyncio.gather(*load)
+                res = asyncio.run(go())
+            redis.kill()
+            redis.wait()
+            key = "with_outage" if outage else "without_outage"
+            out[key + "_failed"] = sum(st != 200 for st, _ in res)
+            out[key + "_latest_s"] = round(max(t for _, t in res), 2)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=10000, help="requests per scenario (default 10000)")
     p.add_argument("--concurrency", type=int, default=32, help="closed-loop clients (default 32)")
-    p.add_argument("--scenarios", default="kill,500,503,drop,hang,cancel", help="comma-separated (default: all)")
+    p.add_argument("--scenarios", default="kill,500,503,drop,hang,cancel,redis", help="comma-separated (default: all)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     results = []
     for sc in args.scenarios.split(","):
-        res = run(sc, args.requests, args.concurrency)
+        res = redis_restart() if sc == "redis" else run(sc, args.requests, args.concurrency)
         print(json.dumps(res), flush=True)
         results.append(res)
     if args.json:

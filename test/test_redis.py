@@ -110,3 +110,24 @@ async def test_redis_restart_mid_load_loses_nothing_and_sharing_resumes():
     assert degraded == "redis" and store.degraded_events >= 1
     assert store.degraded is False  # sharing resumed
     assert h1["state"] == "redis"
+
+
+async def test_waiters_queued_in_redis_are_served_locally_when_redis_vanishes():
+    with RedisServer() as redis:
+        async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=2, first_byte_delay_ms=250, parallel=64) as m:
+            cfg = {"endpoints": endpoints(m, slots=1), "state": redis.url, "queue_timeout": 60}
+            async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+                async def one() -> tuple[int, float]:
+                    t0 = time.monotonic()
+                    async with s.post(r.url + "/api/chat", json=CHAT) as resp:
+                        await resp.read()
+                        return resp.status, time.monotonic() - t0
+                load = [asyncio.create_task(one()) for _ in range(12)]
+                await asyncio.sleep(0.4)  # one in flight, the rest queued in Redis
+                redis.stop()
+                await asyncio.sleep(0.2)
+                redis.start()
+                results = await asyncio.gather(*load)
+    assert [st for st, _ in results] == [200] * 12
+    # 12 x 0.25 s of service; nobody waits for queue_timeout (60 s) in a queue that is gone
+    assert max(t for _, t in results) < 12 * 0.25 + 5

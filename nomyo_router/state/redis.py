@@ -41,6 +41,10 @@ log = logging.getLogger("nomyo_router.redis")
 RETRY_S = 1.0
 
 
+
+class _RedisLost(Exception):
+    """Set on waiters' futures when Redis becomes unreachable: wait locally instead."""
+
 class RedisStore(StateStore):
     def __init__(self, url: str, endpoints: Sequence[Endpoint], config: RouterConfig, policy: Policy) -> None:
         self.url = url
@@ -93,6 +97,10 @@ class RedisStore(StateStore):
             self.degraded_events += 1
             log.error("REDIS UNREACHABLE (%s: %s): serving with per-process limits until it is back",
                       type(error).__name__, error)
+        # Nobody is stranded in a queue that is gone: waiters move to the local queue now.
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(_RedisLost())
 
     async def _run(self, name: str, *args: Any) -> Any:
         return await self._scripts[name](args=[self.prefix, self.lease_ms, *args])
@@ -145,6 +153,13 @@ class RedisStore(StateStore):
             try:
                 async with asyncio.timeout(timeout):
                     ep = await fut
+            except _RedisLost:
+                # Redis vanished while we waited: wait on in the local queue for what is left of
+                # the timeout (the shared entry expires with the old server).
+                waited = time.monotonic() - t0
+                lease = await self.local.acquire(model, candidates, choose, max(timeout - waited, 0.001))
+                lease.queued_s += waited
+                return lease
             except BaseException as exc:
                 self._background(self._cancel(lid))  # gives the slot back if it came too late
                 if isinstance(exc, TimeoutError):
