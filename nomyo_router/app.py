@@ -20,12 +20,12 @@ from typing import Awaitable, Callable
 
 import aiohttp
 
-from .api import listing
+from .api import access, listing
 from .api.asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, send_response
 from .api.errors import ApiError, error_body, render
 from .api.requests import GENERATION_ROUTES, parse
 from .config import ConfigError, RouterConfig, load_config
-from .domain import Endpoint
+from .domain import Endpoint, model_key
 from .events import Events, RequestRecord
 from .routing import kv_events
 from .routing.policies import Policy, make_policy
@@ -55,6 +55,11 @@ class Router:
                                    config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
+        entries = [("default", config.router_api_key, None)] if config.router_api_key else []
+        entries += [(name, key, frozenset(model_key(m) for m in models) if models else None)
+                    for name, key, models in config.client_keys]
+        self.keys = access.Keys(entries) if entries else None
+        self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
         self.session: aiohttp.ClientSession | None = None
@@ -143,6 +148,9 @@ class RouterApp:
             await self.http(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self.lifespan(receive, send)
+        elif scope["type"] == "websocket":  # no WebSocket routes: refused before accepting (HTTP 403)
+            await receive()
+            await send({"type": "websocket.close", "code": 1008})
 
     # ---- lifespan -----------------------------------------------------------
     async def lifespan(self, receive: Receive, send: Send) -> None:
@@ -172,9 +180,14 @@ class RouterApp:
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         path: str = scope["path"]
-        api = "openai" if path.startswith("/v1/") else "ollama"
+        api = ("anthropic" if path.startswith("/v1/messages") else "openai") if path.startswith("/v1/") else "ollama"
         handler = ROUTES.get((scope["method"], path))
         try:
+            if self.router is not None:
+                send, preflight = self._admit(scope, send)
+                if preflight is not None:
+                    await send_response(send, 204, b"", headers=access.preflight_headers(preflight))
+                    return
             if handler is None:
                 if any(p == path for _, p in ROUTES):
                     raise ApiError(405, f"method {scope['method']} not allowed on {path}")
@@ -189,10 +202,35 @@ class RouterApp:
         except ClientGone:
             return
 
+    def _admit(self, scope: Scope, send: Send) -> tuple[Send, bytes | None]:
+        """Origin and client key, before any route runs. Returns the `send` to use (with CORS
+        headers for an allowed browser origin), and the origin when this is a CORS preflight."""
+        router = self.router
+        assert router is not None
+        origin, key = access.inspect(scope["headers"])
+        if origin is not None:
+            if not router.origins.allowed(origin.decode("latin-1")):
+                raise ApiError(403, f"origin {origin.decode('latin-1')!r} is not allowed; add it to allowed_origins")
+            if scope["method"] == "OPTIONS":
+                return send, origin
+            send = _with_headers(send, access.cors_headers(origin))
+        if router.keys is not None and scope["path"] not in access.OPEN_PATHS:
+            client = router.keys.check(key)
+            if client is None:
+                raise ApiError(401, "a valid API key is required (Authorization: Bearer KEY or x-api-key)"
+                               if key is None else "invalid API key")
+            scope["nomyo.client"] = client
+        return send, None
+
     async def generate(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()
         raw = await read_body(scope, receive, router.config.max_body_bytes)
         req = parse(scope["path"], raw, t0)
+        client = scope.get("nomyo.client")
+        if client is not None:
+            if not client.may_use(req.key):
+                raise ApiError(403, f"this API key may not use model '{req.model}'")
+            req.client = client.name
         sid = header(scope, router.session_header)
         if sid:
             req.session_id = sid.decode("latin-1")
@@ -222,7 +260,8 @@ class RouterApp:
 
     async def health(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()
-        status, body = await listing.health(router.endpoints, router.store, router.health)
+        authed = router.keys is None or router.keys.check(access.inspect(scope["headers"])[1]) is not None
+        status, body = await listing.health(router.endpoints, router.store, router.health, usage=authed)
         await send_response(send, status, body)
 
     async def root(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
@@ -232,6 +271,14 @@ class RouterApp:
         if self.router is None:
             raise ApiError(503, "router is starting")
         return self.router
+
+
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    async def wrapped(msg: dict) -> None:
+        if msg["type"] == "http.response.start":
+            msg = {**msg, "headers": [*msg.get("headers", []), *extra]}
+        await send(msg)
+    return wrapped
 
 
 async def _cancel_on_disconnect(work: Awaitable[None], receive: Receive) -> None:

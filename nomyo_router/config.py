@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -70,6 +70,9 @@ class RouterConfig:
     retry_budget: float = 0.2  # retries / requests over a 10 s window (at least 10 retries)
     first_byte_floor: float = 10.0  # the learned first-byte deadline is never shorter
     first_byte_factor: float = 4.0  # deadline = factor x what the endpoint has shown
+    router_api_key: str | None = field(default=None, repr=False)  # one client key (NOMYO's name)
+    client_keys: tuple[tuple[str, str, tuple[str, ...] | None], ...] = field(default=(), repr=False)  # (name, key, models)
+    allowed_origins: tuple[str, ...] = ()  # browser origins beyond localhost/app schemes
     resume_streams: bool = True  # continue a stream cut mid-way on another endpoint
     shutdown_grace: float = 30.0  # SIGTERM: seconds in-flight streams may take to finish
     overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
@@ -117,7 +120,7 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
 }
 _ENDPOINT_KEYS = {"url", "name", "type", "max_concurrent", "api_key", "models", "kv_cache_tokens",
                   "kv_events"}
-_TOP_KEYS = set(_SCALARS) | {"endpoints", "api_keys"}
+_TOP_KEYS = set(_SCALARS) | {"endpoints", "api_keys", "router_api_key", "client_keys", "allowed_origins"}
 
 
 def expand_env(value: str, where: str) -> str:
@@ -173,6 +176,9 @@ def _endpoint(i: int, raw: Any, default_slots: int, api_keys: dict[str, str]) ->
     if "url" not in raw:
         raise ConfigError(f"{key}: 'url' is required")
     url = _check_url(f"{key}.url", raw["url"])
+    if urlsplit(url).username is not None and raw.get("api_key"):
+        raise ConfigError(f"{key}: the url carries credentials (user:pass@) and api_key is set too; "
+                          f"keep one: remove the credentials from the url or drop api_key")
     # `/v1` is where OpenAI routes live; keep the base URL without it.
     if url.endswith("/v1"):
         url = url[:-3]
@@ -225,7 +231,55 @@ def parse_config(data: Any, source: str = "config") -> RouterConfig:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"endpoints: names must be unique; give each a 'name' ({dupes} repeat)")
+    values.update(_access(data))
     return RouterConfig(endpoints=endpoints, **values)
+
+
+def _key(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: expected a non-empty key (or sha256:<64 hex digits>), got {value!r}")
+    value = expand_env(value.strip(), where)
+    if value.startswith("sha256:"):
+        digest = value[7:]
+        if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+            raise ConfigError(f"{where}: a hashed key is sha256: followed by 64 hex digits")
+    elif len(value) < 8:
+        raise ConfigError(f"{where}: a key of {len(value)} characters is too easy to guess; use at least 8 (16 or more recommended)")
+    return value
+
+
+def _access(data: dict[str, Any]) -> dict[str, Any]:
+    """router_api_key, client_keys and allowed_origins, validated."""
+    out: dict[str, Any] = {}
+    if data.get("router_api_key") is not None:
+        out["router_api_key"] = _key("router_api_key", data["router_api_key"])
+    raw = data.get("client_keys")
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise ConfigError("client_keys: expected a list of {name, key, models?} mappings")
+        keys = []
+        for i, entry in enumerate(raw):
+            where = f"client_keys[{i}]"
+            if not isinstance(entry, dict) or set(entry) - {"name", "key", "models"}:
+                raise ConfigError(f"{where}: expected a mapping with 'name', 'key' and optional 'models'")
+            name = entry.get("name")
+            if not isinstance(name, str) or not name.strip():
+                raise ConfigError(f"{where}.name: expected a non-empty string, got {name!r}")
+            models = entry.get("models")
+            if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)):
+                raise ConfigError(f"{where}.models: expected a list of model names, got {models!r}")
+            keys.append((name.strip(), _key(f"{where}.key", entry.get("key")), tuple(models) if models else None))
+        names = [k[0] for k in keys]
+        if len(set(names)) != len(names):
+            raise ConfigError("client_keys: names must be unique (they name the client in usage and logs)")
+        out["client_keys"] = tuple(keys)
+    origins = data.get("allowed_origins")
+    if origins is not None:
+        if not isinstance(origins, list) or not all(isinstance(o, str) and o for o in origins):
+            raise ConfigError("allowed_origins: expected a list of origins such as https://chat.example.com "
+                              "(wildcards allowed: https://*.example.com)")
+        out["allowed_origins"] = tuple(origins)
+    return out
 
 
 def load_config(path: str) -> RouterConfig:

@@ -46,6 +46,14 @@ def test_mapping_form():
     ({"endpoints": ["http://x"], "queue_timeout": "soon"}, "queue_timeout"),
     ({"endpoints": ["http://x"], "max_concurrent_connections": True}, "max_concurrent_connections"),
     ({"endpoints": ["http://x"], "maxqueue": 3}, "unknown key(s) ['maxqueue']"),
+    ({"endpoints": [{"url": "http://u:p@x", "api_key": "k"}]}, "credentials (user:pass@) and api_key"),
+    ({"endpoints": ["http://x"], "router_api_key": "short"}, "router_api_key"),
+    ({"endpoints": ["http://x"], "client_keys": [{"name": "a", "key": "sha256:12"}]}, "client_keys[0].key"),
+    ({"endpoints": ["http://x"], "client_keys": [{"name": "a", "key": "k" * 16}, {"name": "a", "key": "j" * 16}]},
+     "client_keys: names must be unique"),
+    ({"endpoints": ["http://x"], "allowed_origins": "https://x"}, "allowed_origins"),
+    ({"endpoints": ["http://x"], "retry_budget": 2}, "retry_budget"),
+    ({"endpoints": ["http://x"], "eject_after": 0}, "eject_after"),
 ])
 def test_bad_config_names_the_key(data, fragment):
     with pytest.raises(ConfigError) as e:

@@ -11,6 +11,7 @@ import aiohttp
 from ..domain import Endpoint, model_key
 from ..state import StateStore
 from .errors import ApiError
+from .requests import load_json
 
 DEFAULT_OLLAMA_VERSION = "0.12.6"
 
@@ -69,7 +70,8 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any = None) -> tuple[int, bytes]:
+async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any = None,
+                 usage: bool = True) -> tuple[int, bytes]:
     """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag)."""
     snap = await store.snapshot()
     in_flight = snap.get("in_flight", {})
@@ -81,7 +83,9 @@ async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any
     ok = any(r["healthy"] for r in rows)
     body = {"status": "ok" if ok else "unavailable", "state": snap.get("mode"),
             "queue_length": snap.get("queue_length", 0), "pins": snap.get("pins"),
-            "usage": snap.get("usage", {}), "endpoints": rows}
+            "endpoints": rows}
+    if usage:  # with client keys configured, only for an authenticated caller
+        body["usage"] = snap.get("usage", {})
     if verdicts is not None:
         body["loop_lag_ms"] = round(verdicts.lag.recent_max() * 1000, 1)
     if "degraded" in snap:
@@ -92,10 +96,7 @@ async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any
 async def show(raw: bytes, endpoints: Sequence[Endpoint], store: StateStore,
                session: aiohttp.ClientSession) -> tuple[int, bytes]:
     """/api/show from an Ollama endpoint that has the model (no slot: it is metadata)."""
-    try:
-        body = json.loads(raw) if raw else None
-    except ValueError:
-        raise ApiError(400, "invalid JSON body") from None
+    body = load_json(raw)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model") or body.get("name")

@@ -42,12 +42,51 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def parse(path: str, raw: bytes, t0: float) -> GenRequest:
-    api, kind = GENERATION_ROUTES[path]
+MAX_DEPTH = 64  # JSON nesting; real requests stay under 10
+
+
+def load_json(raw: bytes) -> Any:
+    """Parse a request body, refusing what could crash code further on: nesting deeper than
+    MAX_DEPTH and strings with lone surrogates (which cannot be encoded again)."""
     try:
         body = json.loads(raw) if raw else None
+    except RecursionError:
+        raise _bad(f"the JSON body is nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as e:
         raise _bad(f"invalid JSON body: {e}") from None
+    # Cheap screens first (C-speed byte counts); the walks run only when they trip.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(body) > MAX_DEPTH:
+        raise _bad(f"the JSON body is nested deeper than {MAX_DEPTH} levels")
+    if (b"\\ud" in raw or b"\\uD" in raw) and not _encodable(body):
+        raise _bad("the JSON body contains an invalid Unicode escape (a lone surrogate)")
+    return body
+
+
+def _depth(obj: Any) -> int:
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        item, d = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, d)
+            if d > MAX_DEPTH:
+                return d
+            stack.extend((x, d + 1) for x in item if isinstance(x, (dict, list)))
+    return deepest
+
+
+def _encodable(obj: Any) -> bool:
+    try:
+        json.dumps(obj, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def parse(path: str, raw: bytes, t0: float) -> GenRequest:
+    api, kind = GENERATION_ROUTES[path]
+    body = load_json(raw)
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
     model = body.get("model")
@@ -98,6 +137,19 @@ def _check_messages(api: str, body: dict[str, Any]) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise _bad(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
+        content = m.get("content")
+        if api == "ollama":
+            if content is not None and not isinstance(content, str):
+                raise _bad(f"messages[{i}].content must be a string", f"messages[{i}].content")
+            images = m.get("images")
+            if images is not None and not (isinstance(images, list) and all(isinstance(x, str) for x in images)):
+                raise _bad(f"messages[{i}].images must be a list of base64 strings", f"messages[{i}].images")
+        elif content is not None and not isinstance(content, (str, list)):
+            raise _bad(f"messages[{i}].content must be a string or a list of content parts",
+                       f"messages[{i}].content")
+        tool_calls = m.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise _bad(f"messages[{i}].tool_calls must be a list", f"messages[{i}].tool_calls")
 
 
 def _check_embed_input(api: str, kind: str, body: dict[str, Any]) -> None:

@@ -1,0 +1,101 @@
+"""Who may use the router: client keys and browser origins, checked once per request.
+
+Keys: `router_api_key` (one key, NOMYO's name) and/or `client_keys` (named keys, optionally
+limited to some models). Sent as `Authorization: Bearer KEY` (openai and ollama clients,
+Open WebUI) or `x-api-key: KEY` (Anthropic clients). Keys are held as sha256 digests
+(they may be written as `sha256:<hex>` in the file) and looked up by digest with a
+constant-time comparison, so neither the file nor timing reveals them.
+
+Origins: like Ollama's `OLLAMA_ORIGINS`, a request that carries an `Origin` header (i.e.
+comes from a browser page) is accepted only from localhost origins, app://, file://,
+tauri://, vscode-webview://, or an `allowed_origins` pattern; a page on any other site
+cannot drive a router on localhost. CORS preflights are answered for allowed origins.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Sequence
+from urllib.parse import urlsplit
+
+from .asgi import Headers
+
+LOCAL_HOSTS = frozenset(("localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]"))
+APP_SCHEMES = ("app://", "file://", "tauri://", "vscode-webview://")
+OPEN_PATHS = frozenset(("/health", "/"))  # load balancers' checks need no key
+CORS_HEADERS = b"authorization, content-type, x-api-key, x-session-id, x-request-id, anthropic-version"
+CORS_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
+
+
+@dataclass(frozen=True)
+class Client:
+    name: str
+    models: frozenset[str] | None  # model keys (name:tag) it may use; None: all
+
+    def may_use(self, model_key: str) -> bool:
+        return self.models is None or model_key in self.models
+
+
+def digest_of(key: str) -> bytes:
+    """The stored form of a key from the config: `sha256:<hex>` as given, else hashed."""
+    if key.startswith("sha256:"):
+        return bytes.fromhex(key[7:])
+    return hashlib.sha256(key.encode()).digest()
+
+
+class Keys:
+    def __init__(self, entries: Sequence[tuple[str, str, frozenset[str] | None]]) -> None:
+        self._by_digest = {digest_of(key): (digest_of(key), Client(name, models)) for name, key, models in entries}
+
+    def check(self, presented: bytes | None) -> Client | None:
+        if not presented:
+            return None
+        d = hashlib.sha256(presented).digest()
+        hit = self._by_digest.get(d)
+        if hit is None or not hmac.compare_digest(hit[0], d):
+            return None
+        return hit[1]
+
+
+def inspect(headers: Headers) -> tuple[bytes | None, bytes | None]:
+    """(Origin, presented key) from the request headers, in one pass."""
+    origin = key = None
+    for name, value in headers:
+        if name == b"origin":
+            origin = value
+        elif name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer":
+                key = token.strip()
+        elif name == b"x-api-key" and key is None:
+            key = value.strip()
+    return origin, key
+
+
+class Origins:
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.patterns = tuple(patterns)
+
+    def allowed(self, origin: str) -> bool:
+        if origin.startswith(APP_SCHEMES):
+            return True
+        try:
+            parts = urlsplit(origin)
+            host = parts.hostname
+        except ValueError:
+            return False
+        if parts.scheme in ("http", "https") and host in LOCAL_HOSTS:
+            return True
+        return any(fnmatch.fnmatchcase(origin, p) for p in self.patterns)
+
+
+def cors_headers(origin: bytes) -> Headers:
+    return [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+
+
+def preflight_headers(origin: bytes) -> Headers:
+    return [*cors_headers(origin), (b"access-control-allow-methods", CORS_METHODS),
+            (b"access-control-allow-headers", CORS_HEADERS), (b"access-control-max-age", b"600")]
