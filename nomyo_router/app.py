@@ -8,13 +8,11 @@ state store, scheduler, discovery) is built in the lifespan and held by `Router`
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import multiprocessing
 import os
 import sys
-import tempfile
 import time
 from typing import Awaitable, Callable
 
@@ -30,7 +28,7 @@ from .events import Events, RequestRecord
 from .routing import kv_events
 from .routing.policies import Policy, make_policy
 from .routing.scheduler import Scheduler
-from .state import MemoryStore, SharedStore, StateStore
+from .state import MemoryStore, SharedStore, StateStore, private
 from .upstream.discovery import Discovery
 from .upstream.health import Health
 from .upstream.looplag import LoopLag
@@ -117,13 +115,8 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
 
 
 def shared_state_path() -> str:
-    """Where the workers of one master meet: NOMYO_ROUTER_STATE_PATH, else keyed by the
-    master's pid (all workers of one uvicorn master share it) and the config path."""
-    explicit = os.environ.get("NOMYO_ROUTER_STATE_PATH")
-    if explicit:
-        return explicit
-    tag = hashlib.blake2b(os.environ.get(CONFIG_ENV, "config.yaml").encode(), digest_size=4).hexdigest()
-    return os.path.join(tempfile.gettempdir(), f"nomyo-router-{os.getppid()}-{tag}")
+    """Where the workers of one master meet (see `state/private.py`): private to this user."""
+    return private.shared_state_path(os.getppid(), os.environ.get(CONFIG_ENV, "config.yaml"))
 
 
 _request_ids = itertools.count(1)

@@ -15,6 +15,7 @@ import uvicorn
 
 from .app import CONFIG_ENV
 from .config import ConfigError, load_config
+from .state import private
 
 DEFAULT_PORT = 12434
 
@@ -39,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers > 1 and config.state == "memory":
         print("nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
               "worker; use 'auto' (the default) or 'shared'", file=sys.stderr)
+    if args.workers > 1 and config.state in ("auto", "shared") and "NOMYO_ROUTER_STATE_PATH" not in os.environ:
+        try:  # fail here, once, rather than in every worker
+            private.ensure_private_dir(private.state_dir())
+        except private.UnsafeStatePath as e:
+            print(f"nomyo-router: unsafe shared-state directory: {e}", file=sys.stderr)
+            return 2
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run("nomyo_router.app:app", host=args.host, port=args.port, workers=args.workers,

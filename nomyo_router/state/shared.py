@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from ..domain import Endpoint
 from ..routing.policies import Policy
+from . import private
 from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
 from .coordinator import Coordinator
 from .memory import MemoryStore
@@ -55,7 +56,9 @@ class SharedStore(StateStore):
 
     async def _elect(self) -> None:
         if self._lock_fd is None:
-            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            private.check_file(self.lock_path)
+            private.check_file(self.sock_path)
+            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -68,6 +71,7 @@ class SharedStore(StateStore):
         store = MemoryStore(*self._store_args)
         self._coordinator = Coordinator(store, list(self.endpoints.values()), self._policy)
         await self._coordinator.start(self.sock_path, takeover)
+        os.chmod(self.sock_path, 0o600)  # (the directory is 0700 already; this is the second lock)
         log.warning("worker %d hosts the shared state at %s", os.getpid(), self.sock_path)
 
     async def _connect(self) -> None:
