@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run("nomyo_router.app:app", host=args.host, port=args.port, workers=args.workers,
-                loop="uvloop", http="httptools", lifespan="on", access_log=config.access_log,
+                loop="uvloop", http="nomyo_router.protocol:GuardedHttpToolsProtocol", lifespan="on",
+                limit_concurrency=config.max_connections or None, access_log=config.access_log,
                 log_level=args.log_level, timeout_keep_alive=75, backlog=2048,
                 proxy_headers=False, server_header=False, date_header=False,
                 timeout_graceful_shutdown=config.shutdown_grace)

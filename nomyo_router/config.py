@@ -73,6 +73,10 @@ class RouterConfig:
     router_api_key: str | None = field(default=None, repr=False)  # one client key (NOMYO's name)
     client_keys: tuple[tuple[str, str, tuple[str, ...] | None], ...] = field(default=(), repr=False)  # (name, key, models)
     allowed_origins: tuple[str, ...] = ()  # browser origins beyond localhost/app schemes
+    max_connections: int = 0  # concurrent connections before uvicorn answers 503; 0: no limit
+    max_header_bytes: int = 64 * 1024  # a larger request head: 431, connection closed
+    header_timeout: float = 10.0  # seconds to send a request head
+    body_idle_timeout: float = 30.0  # seconds a request body may idle between two pieces
     resume_streams: bool = True  # continue a stream cut mid-way on another endpoint
     shutdown_grace: float = 30.0  # SIGTERM: seconds in-flight streams may take to finish
     overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
@@ -115,6 +119,10 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "first_byte_factor": ((int, float), lambda v: v >= 1, "a number >= 1"),
     "overload_lag_ms": _NON_NEG_NUM,
     "resume_streams": _BOOL,
+    "max_connections": _NON_NEG_INT,
+    "max_header_bytes": ((int,), lambda v: v >= 1024, "an integer >= 1024 (bytes)"),
+    "header_timeout": _POSITIVE_NUM,
+    "body_idle_timeout": _POSITIVE_NUM,
     "shutdown_grace": _NON_NEG_NUM,
     "routing": (str, lambda v: v in ROUTING_POLICIES, f"one of {', '.join(ROUTING_POLICIES)}"),
 }

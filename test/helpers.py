@@ -30,7 +30,9 @@ async def run_router(config: RouterConfig | dict[str, Any]) -> AsyncIterator[Run
     app = RouterApp(config)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
-                                           log_level="warning", access_log=False, http="httptools"))
+                                           log_level="warning", access_log=False,
+                                           http="nomyo_router.protocol:GuardedHttpToolsProtocol",
+                                           limit_concurrency=config.max_connections or None))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # tests own signals
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -1,0 +1,76 @@
+"""Bounded resources per connection (issue 10): head size and time, body idleness, and a cap
+on connections. Raw sockets, since clients never misbehave this way on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from test.helpers import endpoints, run_router
+
+CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def _open(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def test_an_oversized_request_head_is_refused_and_closed(mock):
+    async with run_router({"endpoints": endpoints(mock)}) as r:
+        reader, writer = await _open(r.url)
+        writer.write(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            for _ in range(40):  # 40 x 4 KiB, never finished
+                writer.write(b"a" * 4096)
+                await writer.drain()
+            reply = await asyncio.wait_for(reader.read(), 5)  # read() returns at EOF: closed
+        except ConnectionResetError:
+            reply = b"HTTP/1.1 431 (the close reset the unsent rest)"
+        assert reply.startswith(b"HTTP/1.1 431")
+
+
+async def test_a_slow_request_head_is_timed_out(mock):
+    async with run_router({"endpoints": endpoints(mock), "header_timeout": 0.5}) as r:
+        reader, writer = await _open(r.url)
+        t0 = time.monotonic()
+        reply = asyncio.create_task(reader.read())  # returns when the router closes
+        try:
+            for ch in b"GET /api/tags HTTP/1.1\r\nHost: x":  # one byte every 0.1 s: 3 s in all
+                if reply.done():
+                    break
+                writer.write(bytes([ch]))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        data = await asyncio.wait_for(reply, 5)
+        assert data.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 1.5
+
+
+async def test_an_idle_body_is_cut_and_frees_nothing_it_did_not_take(mock):
+    async with run_router({"endpoints": endpoints(mock), "body_idle_timeout": 0.5}) as r:
+        reader, writer = await _open(r.url)
+        writer.write(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"model\":")
+        await writer.drain()
+        await asyncio.wait_for(reader.read(), 5)  # closed by the router
+        async with aiohttp.ClientSession() as s:  # and it still serves everyone else
+            async with s.post(r.url + "/api/chat", json=CHAT) as resp:
+                assert resp.status == 200
+            async with s.get(r.url + "/health") as h:
+                body = await h.json()
+        assert body["queue_length"] == 0 and all(e["in_flight"] == 0 for e in body["endpoints"])
+
+
+async def test_connections_beyond_max_connections_get_503(mock):
+    async with run_router({"endpoints": endpoints(mock), "max_connections": 4}) as r:
+        held = [await _open(r.url) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(r.url + "/api/tags") as resp:
+                assert resp.status == 503
+        for _, w in held:
+            w.close()
