@@ -23,13 +23,16 @@ ZERO = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=8, parallel=100_000, max_queue
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
 
 
-def wrk(url: str, body: str, conc: int, seconds: float = 4.0) -> dict[str, float]:
+def wrk(url: str, body: str, conc: int, seconds: float = 4.0,
+        headers: dict[str, str] | None = None) -> dict[str, float]:
     """req/s and p50/p99 (ms) of a wrk POST run."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: apt-get install wrk")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         body_lua = body.replace("\\", "\\\\").replace("'", "\\'")
         f.write(f"wrk.method='POST'\nwrk.body='{body_lua}'\nwrk.headers['Content-Type']='application/json'\n")
+        for name, value in (headers or {}).items():
+            f.write(f"wrk.headers['{name}']='{value}'\n")
         script = f.name
     try:
         out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script, url],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 import time
 
@@ -42,6 +43,14 @@ def floor_process(upstream: str):
         proc.wait(10)
 
 
+def _pin_listener(url: str, core: int) -> None:
+    """Pin the process listening on `url`'s port (the floor server) to `core`."""
+    port = int(url.rsplit(":", 1)[1])
+    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    for pid in {int(x) for x in re.findall(r"pid=(\d+)", out)}:
+        os.sched_setaffinity(pid, {core})
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=4.0)
@@ -49,10 +58,19 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--floor", action="store_true",
                    help="also measure bench/minimal_passthrough.py (uvicorn + aiohttp, nothing else)")
+    p.add_argument("--key", action="store_true", help="run the router with a client key configured (and send it)")
+    p.add_argument("--pin", action="store_true", help="router and floor on core 0; mock and wrk on core 1")
     args = p.parse_args()
     concs = [int(c) for c in args.conc.split(",")]
     rows = []
-    with mock_process() as m, router_process([{"url": m.url, "name": "mock", "max_concurrent": 4096}]) as (url, proc):
+    extra = {"router_api_key": "bench-key-0123456789"} if args.key else {}
+    auth = {"Authorization": "Bearer bench-key-0123456789"} if args.key else None
+    with mock_process() as m, router_process([{"url": m.url, "name": "mock", "max_concurrent": 4096}],
+                                             **extra) as (url, proc):
+        if args.pin:
+            os.sched_setaffinity(proc.pid, {0})
+            os.sched_setaffinity(m.proc.pid, {1})
+            os.sched_setaffinity(0, {1})  # this process, hence wrk
         time.sleep(0.5)
         idle = rss_mb(proc.pid)
         peak = [idle]
@@ -67,9 +85,11 @@ def main() -> None:
             body = json.dumps({**BODY, "stream": stream})
             for c in concs:
                 d = wrk(m.url + "/api/chat", body, c, args.seconds)
-                r = wrk(url + "/api/chat", body, c, args.seconds)
+                r = wrk(url + "/api/chat", body, c, args.seconds, auth)
                 if args.floor:
                     with floor_process(m.url) as furl:
+                        if args.pin:
+                            _pin_listener(furl, 0)
                         f = wrk(furl + "/api/chat", body, c, args.seconds)
                     print(f"{'':6} c={c:<3} floor (uvicorn+aiohttp only) {f['rps']:8.0f} req/s p50 {f['p50_ms']:7.3f} "
                           f"(+{f['p50_ms'] - d['p50_ms']:.3f} ms)", flush=True)

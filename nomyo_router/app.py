@@ -21,6 +21,7 @@ import aiohttp
 from .api import access, listing
 from .api.asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, send_response
 from .api.errors import ApiError, error_body, render
+from .api.fairness import ClientLimits
 from .api.requests import GENERATION_ROUTES, parse
 from .config import ConfigError, RouterConfig, load_config
 from .domain import Endpoint, model_key
@@ -55,7 +56,8 @@ class Router:
         self.events = Events()
         entries = [("default", config.router_api_key, None)] if config.router_api_key else []
         entries += [(name, key, frozenset(model_key(m) for m in models) if models else None)
-                    for name, key, models in config.client_keys]
+                    for name, key, models, _ in config.client_keys]
+        self.client_limits = ClientLimits({name: cap for name, _, _, cap in config.client_keys if cap})
         self.keys = access.Keys(entries) if entries else None
         self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
@@ -229,12 +231,20 @@ class RouterApp:
             req.session_id = sid.decode("latin-1")
         assert router.proxy is not None
         rec = RequestRecord(next_request_id(), req.api, req.path, req.model, req.stream, req.client)
+        limits = router.client_limits
+        held: list[str] = []  # the client whose permit this request holds, once it has one
         try:
+            if limits.capped(req.client):
+                await _cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive)
+                if not held:
+                    return  # the client left while waiting for its permit
             await _cancel_on_disconnect(router.proxy.handle(req, send, rec), receive)
         except ApiError as e:
             rec.status, rec.error = e.status, e.code or "error"
             raise
         finally:
+            if held:
+                limits.leave(held[0])
             rec.total_s = time.perf_counter() - t0
             router.events.request_done(rec)
 
@@ -264,6 +274,15 @@ class RouterApp:
         if self.router is None:
             raise ApiError(503, "router is starting")
         return self.router
+
+
+async def _enter(limits: ClientLimits, client: str, config: RouterConfig, held: list[str]) -> None:
+    try:
+        await limits.enter(client, config.queue_timeout)
+        held.append(client)
+    except TimeoutError:
+        raise ApiError(503, f"no slot became free within queue_timeout ({config.queue_timeout:g}s)",
+                       code="queue_timeout", retry_after=config.retry_after) from None
 
 
 def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:

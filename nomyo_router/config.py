@@ -71,7 +71,8 @@ class RouterConfig:
     first_byte_floor: float = 10.0  # the learned first-byte deadline is never shorter
     first_byte_factor: float = 4.0  # deadline = factor x what the endpoint has shown
     router_api_key: str | None = field(default=None, repr=False)  # one client key (NOMYO's name)
-    client_keys: tuple[tuple[str, str, tuple[str, ...] | None], ...] = field(default=(), repr=False)  # (name, key, models)
+    # (name, key, models or None, max_concurrent or None)
+    client_keys: tuple[tuple[str, str, tuple[str, ...] | None, int | None], ...] = field(default=(), repr=False)
     allowed_origins: tuple[str, ...] = ()  # browser origins beyond localhost/app schemes
     max_connections: int = 0  # concurrent connections before uvicorn answers 503; 0: no limit
     max_header_bytes: int = 64 * 1024  # a larger request head: 431, connection closed
@@ -268,15 +269,20 @@ def _access(data: dict[str, Any]) -> dict[str, Any]:
         keys = []
         for i, entry in enumerate(raw):
             where = f"client_keys[{i}]"
-            if not isinstance(entry, dict) or set(entry) - {"name", "key", "models"}:
-                raise ConfigError(f"{where}: expected a mapping with 'name', 'key' and optional 'models'")
+            if not isinstance(entry, dict) or set(entry) - {"name", "key", "models", "max_concurrent"}:
+                raise ConfigError(f"{where}: expected a mapping with 'name', 'key' and optional 'models', "
+                                  f"'max_concurrent'")
+            cap = entry.get("max_concurrent")
+            if cap is not None:
+                _check(f"{where}.max_concurrent", cap, _POSITIVE_INT)
             name = entry.get("name")
             if not isinstance(name, str) or not name.strip():
                 raise ConfigError(f"{where}.name: expected a non-empty string, got {name!r}")
             models = entry.get("models")
             if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)):
                 raise ConfigError(f"{where}.models: expected a list of model names, got {models!r}")
-            keys.append((name.strip(), _key(f"{where}.key", entry.get("key")), tuple(models) if models else None))
+            keys.append((name.strip(), _key(f"{where}.key", entry.get("key")), tuple(models) if models else None,
+                         cap))
         names = [k[0] for k in keys]
         if len(set(names)) != len(names):
             raise ConfigError("client_keys: names must be unique (they name the client in usage and logs)")

@@ -99,3 +99,29 @@ async def test_browser_origins_like_ollama(mock):
                 "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}) as resp:
             assert resp.status == 204
             assert "authorization" in resp.headers["Access-Control-Allow-Headers"]
+
+
+async def test_a_capped_key_cannot_starve_another_client():
+    import asyncio
+    import time
+
+    from mock import run_mock
+    async with run_mock(ttft_ms=200, tok_ms=0, tokens=2) as m:
+        cfg = {"endpoints": endpoints(m, slots=2),
+               "client_keys": [{"name": "flood", "key": "flood-key-0123456789", "max_concurrent": 1},
+                               {"name": "other", "key": "other-key-0123456789"}]}
+        async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+            async def ask(key: str) -> float:
+                async with s.post(r.url + "/api/chat", json=CHAT, headers={"x-api-key": key}) as resp:
+                    assert resp.status == 200
+                    await resp.read()
+                return time.monotonic()
+            t0 = time.monotonic()
+            flood = [asyncio.create_task(ask("flood-key-0123456789")) for _ in range(6)]
+            await asyncio.sleep(0.05)
+            other_done = await ask("other-key-0123456789") - t0
+            flood_done = sorted(await asyncio.gather(*flood))
+            assert other_done < 0.45  # one service time: not behind the 5 waiting flood requests
+            assert flood_done[-1] - t0 > 1.1  # the flood ran one at a time (6 x 200 ms)
+            async with s.get(r.url + "/health", headers={"x-api-key": "other-key-0123456789"}) as h:
+                assert all(e["in_flight"] == 0 for e in (await h.json())["endpoints"])

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
+import socket
 import threading
 from typing import Any, Iterator
 
@@ -75,7 +77,10 @@ def _call(host: str, port: int, method: str, path: str, data: bytes | None, ctyp
         conn.close()
 
 
-@settings(max_examples=350, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+EXAMPLES = int(os.environ.get("NOMYO_FUZZ_EXAMPLES", "0")) or None  # e.g. 10000 for a long run
+
+
+@settings(max_examples=EXAMPLES or 350, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(path=st.sampled_from(POST_ROUTES), data=raw_bodies,
        ctype=st.sampled_from(["application/json", "text/plain", "multipart/form-data", ""]))
@@ -85,13 +90,46 @@ def test_no_post_body_makes_the_router_fail(router, path: str, data: bytes, ctyp
     assert status < 500 or from_backend, (status, path, data[:120])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=EXAMPLES or 60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(method=st.sampled_from(["GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "POST"]),
        path=st.sampled_from(GET_ROUTES + POST_ROUTES) | st.text(alphabet="/abc%._~", max_size=12).map(lambda p: "/" + p))
 def test_no_method_or_path_makes_the_router_fail(router, method: str, path: str) -> None:
     host, port, _ = router
     status, _ = _call(host, port, method, path, None, "")
     assert status < 500, (status, method, path)
+
+
+header_lines = st.lists(st.sampled_from([
+    b"Content-Length: 5", b"Content-Length: 50", b"Content-Length: -1", b"Content-Length: 99999999999999999999",
+    b"Transfer-Encoding: chunked", b"Transfer-Encoding: gzip, chunked", b"Transfer-Encoding: identity",
+    b"Content-Length: 5\r\nContent-Length: 6", b"Connection: Upgrade", b"Upgrade: websocket", b"Upgrade: h2c",
+    b"Expect: 100-continue", b"Content-Type: application/json", b"Host: a\x00b", b"X-Session-ID: \xff\xfe",
+    b"Authorization: Bearer \x00", b"Origin: null", b"Origin: http://localhost:1"]), max_size=5)
+raw_requests = st.builds(
+    lambda method, path, headers, body: method + b" " + path + b" HTTP/1.1\r\nHost: x\r\n"
+    + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body,
+    st.sampled_from([b"POST", b"GET", b"PUT", b"BREW", b"", b"POST POST"]),
+    st.sampled_from([p.encode() for p in POST_ROUTES] + [b"/", b"*", b"/api/chat?x=%zz", b"//api//chat", b"/\x00"]),
+    header_lines, st.sampled_from([b"", b"hello", b"0\r\n\r\n", b"5\r\nhello\r\n0\r\n\r\n",
+                                   b'{"model":"llama3","messages":[]}', b"zz\r\n"]))
+
+
+@settings(max_examples=EXAMPLES or 150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=raw_requests)
+def test_malformed_http_never_gets_a_5xx_from_the_router(router, data: bytes) -> None:
+    host, port, _ = router
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)  # nothing more is coming: the router answers or closes
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+        except (ConnectionResetError, socket.timeout):
+            pass
+    status_line = reply.split(b"\r\n", 1)[0]
+    if status_line.startswith(b"HTTP/1.1 5"):
+        assert b"x-router-endpoint" in reply.lower(), (status_line, data[:200])
 
 
 def test_after_fuzzing_no_slot_or_queue_place_is_left(router) -> None:

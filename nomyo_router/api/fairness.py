@@ -1,0 +1,53 @@
+"""Per-client caps: one client key cannot take every slot while others wait.
+
+A client key with `max_concurrent: N` (in `client_keys`) has at most N requests holding or
+waiting for a slot at once in this process; its further requests wait here, outside the
+shared FIFO queue, so other clients' requests are never queued behind a flood from one key.
+Among waiting clients that frees a slot in turn (each key's own requests in order): in
+effect round-robin between keys instead of strict FIFO. Trade-off: the cap counts per
+process — under `--workers N` or several instances a key may hold up to N × its cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, deque
+
+
+class ClientLimits:
+    def __init__(self, caps: dict[str, int]) -> None:
+        self.caps = caps
+        self._active: Counter[str] = Counter()
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+
+    def capped(self, client: str | None) -> bool:
+        return client is not None and client in self.caps
+
+    async def enter(self, client: str, timeout: float) -> None:
+        """Wait for one of `client`'s permits (raises TimeoutError after `timeout`)."""
+        if self._active[client] < self.caps[client]:
+            self._active[client] += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._waiting.setdefault(client, deque())
+        queue.append(fut)
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.leave(client)  # handed a permit just as we gave up: pass it on
+            else:
+                fut.cancel()
+                if fut in queue:
+                    queue.remove(fut)
+            raise
+
+    def leave(self, client: str) -> None:
+        queue = self._waiting.get(client)
+        while queue:
+            fut = queue.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the permit passes straight to the next waiter
+                return
+        self._active[client] -= 1
