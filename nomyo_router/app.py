@@ -30,6 +30,8 @@ from .routing import kv_events
 from .routing.policies import Policy, make_policy
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, SharedStore, StateStore, private
+from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
+from .ops.metrics import Metrics, state_gauges
 from .upstream.discovery import Discovery
 from .upstream.health import Health
 from .upstream.looplag import LoopLag
@@ -61,6 +63,7 @@ class Router:
         self.keys = access.Keys(entries) if entries else None
         self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
+        self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag))
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
         self.session: aiohttp.ClientSession | None = None
         self.discovery: Discovery | None = None
@@ -267,6 +270,9 @@ class RouterApp:
         status, body = await listing.health(router.endpoints, router.store, router.health, usage=authed)
         await send_response(send, status, body)
 
+    async def metrics(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        await send_response(send, 200, self._router().metrics.render(), METRICS_TYPE)
+
     async def root(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         await send_response(send, 200, b"Ollama is running", b"text/plain; charset=utf-8")
 
@@ -331,6 +337,7 @@ ROUTES.update({
     ("GET", "/api/version"): RouterApp.listing,
     ("GET", "/v1/models"): RouterApp.listing,
     ("GET", "/health"): RouterApp.health,
+    ("GET", "/metrics"): RouterApp.metrics,
     ("GET", "/"): RouterApp.root,
     ("HEAD", "/"): RouterApp.root,
 })

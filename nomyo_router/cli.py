@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 
 import uvicorn
@@ -46,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         except private.UnsafeStatePath as e:
             print(f"nomyo-router: unsafe shared-state directory: {e}", file=sys.stderr)
             return 2
+    if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # every worker writes its metrics here, any worker's /metrics sums them (ops/metrics.py)
+        metrics_dir = os.path.join(private.ensure_private_dir(private.state_dir()), f"metrics-{os.getpid()}")
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        os.makedirs(metrics_dir, mode=0o700)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run("nomyo_router.app:app", host=args.host, port=args.port, workers=args.workers,

@@ -186,9 +186,11 @@ class Proxy:
             raise RetryableFailure(f"no first byte within {deadline:.1f}s (hung?)") from None
         except aiohttp.ClientError as e:  # disconnected or cut before we sent a byte
             raise RetryableFailure(f"{type(e).__name__}: {e}") from None
-        took = time.perf_counter() - t_up
+        now = time.perf_counter()
+        took = now - t_up
         if req.stream:
             rec.upstream_first_s = took
+        rec.ttft_s = now - req.t0  # the first byte goes out next (a whole answer: all of it)
         if resp.status == 200:
             self.deadlines.observe(ep.name, req.key, req.stream, len(body), took)
 

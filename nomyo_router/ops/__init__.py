@@ -1,0 +1,1 @@
+"""Operations: what the router tells its operators (metrics)."""

@@ -1,0 +1,168 @@
+"""Prometheus metrics, with the official `prometheus-client`.
+
+Counters and histograms are fed from the events hub (`events.py`): one `RequestRecord` per
+request, plus discrete happenings (retries, ejections, resumed streams, overload
+rejections). A request only adds to plain dicts (bucket found by bisection); the sums are
+handed to prometheus-client once per event-loop iteration (`call_soon`), so under load
+many requests share one locked update — and a scrape still sees every finished request.
+Gauges that describe state (in-flight, queue, health, loop lag) are read when scraped, by
+a collector, so they cost nothing per request.
+
+Workers: under `nomyo-router --workers N` the CLI points PROMETHEUS_MULTIPROC_DIR at a
+private directory before the workers start, so every worker writes its counters there
+(prometheus-client's multiprocess mode: memory-mapped files) and one scrape of any worker
+sums them all — exact, and monotonic across a worker's death (its files stay). With plain
+`uvicorn --workers N`, set PROMETHEUS_MULTIPROC_DIR yourself. With Redis, each instance
+exposes its own metrics (scrape them all; Prometheus sums).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from bisect import bisect_left
+from typing import Any, Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from ..events import Events, RequestRecord
+
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class Metrics:
+    def __init__(self, events: Events, state: Callable[[], Iterable[Any]]) -> None:
+        """`state()` yields GaugeMetricFamily objects describing the router now."""
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("nomyo_router_requests", "Requests by model, endpoint, API, route and status",
+                                ["model", "endpoint", "api", "route", "status"], registry=r)
+        self.latency = Histogram("nomyo_router_request_duration_seconds", "End-to-end latency",
+                                 ["model", "api"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("nomyo_router_time_to_first_byte_seconds",
+                              "Time to the first byte sent to the client (streams: first token)",
+                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("nomyo_router_queue_wait_seconds", "Time waiting for a slot", ["model"],
+                               buckets=LATENCY_BUCKETS, registry=r)
+        self.overhead = Histogram("nomyo_router_overhead_seconds", "Router time before the upstream call",
+                                  buckets=OVERHEAD_BUCKETS, registry=r)
+        self.tokens = Counter("nomyo_router_tokens", "Tokens the backends reported",
+                              ["model", "endpoint", "client", "kind"], registry=r)
+        self.affinity = Counter("nomyo_router_affinity", "Affinity outcomes", ["outcome"], registry=r)
+        self.happenings = Counter("nomyo_router_events", "Retries, ejections, resumed streams, overload rejections",
+                                  ["what", "endpoint"], registry=r)
+        self._children: dict[tuple, Any] = {}  # label tuple -> child: skips labels() on the hot path
+        self._counts: dict[tuple, float] = {}  # (metric, labels) -> increment not yet handed on
+        self._hists: dict[tuple, list[float]] = {}  # (metric, labels) -> [bucket counts..., sum]
+        self._scheduled = False
+        self._state = state
+        events.on_request_done(self.request_done)
+        events.on_count(self.count)
+        if multiprocess_dir() is None:
+            r.register(_StateCollector(state))
+
+    def _child(self, metric: Any, labels: tuple) -> Any:
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def _inc(self, metric: Any, labels: tuple, by: float = 1.0) -> None:
+        key = (metric, labels)
+        self._counts[key] = self._counts.get(key, 0.0) + by
+
+    def _observe(self, metric: Any, labels: tuple, value: float, buckets: tuple[float, ...]) -> None:
+        key = (metric, labels)
+        h = self._hists.get(key)
+        if h is None:
+            h = self._hists[key] = [0.0] * (len(buckets) + 2)
+        h[bisect_left(buckets, value)] += 1  # bucket i: value <= buckets[i]; the last-but-one: +Inf
+        h[-1] += value
+
+    def request_done(self, rec: RequestRecord) -> None:
+        model = rec.model
+        self._inc(self.requests, (model, rec.endpoint or "", rec.api, rec.route, str(rec.status)))
+        self._observe(self.latency, (model, rec.api), rec.total_s, LATENCY_BUCKETS)
+        if rec.ttft_s is not None:
+            self._observe(self.ttft, (model,), rec.ttft_s, LATENCY_BUCKETS)
+        if rec.endpoint is not None:
+            self._observe(self.queue, (model,), rec.queue_s, LATENCY_BUCKETS)
+            self._observe(self.overhead, (), rec.overhead_s, OVERHEAD_BUCKETS)
+        if rec.affinity is not None:
+            self._inc(self.affinity, (rec.affinity,))
+        if rec.prompt_tokens or rec.completion_tokens:
+            client, endpoint = rec.client or "", rec.endpoint or ""
+            if rec.prompt_tokens:
+                self._inc(self.tokens, (model, endpoint, client, "prompt"), rec.prompt_tokens)
+            if rec.completion_tokens:
+                self._inc(self.tokens, (model, endpoint, client, "completion"), rec.completion_tokens)
+        self._schedule()
+
+    def count(self, what: str, endpoint: str, model: str) -> None:
+        self._inc(self.happenings, (what, endpoint))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop (a script): hand on at once
+                self.flush()
+
+    def flush(self) -> None:
+        """Hand what requests added to prometheus-client (once per loop iteration)."""
+        self._scheduled = False
+        counts, self._counts = self._counts, {}
+        hists, self._hists = self._hists, {}
+        for (metric, labels), by in counts.items():
+            (self._child(metric, labels) if labels else metric).inc(by)
+        for (metric, labels), h in hists.items():
+            child = self._child(metric, labels) if labels else metric
+            cumulative = child._buckets  # prometheus-client keeps one value per bucket (non-cumulative)
+            for i, n in enumerate(h[:-1]):
+                if n:
+                    cumulative[i].inc(n)
+            child._sum.inc(h[-1])
+
+    def render(self) -> bytes:
+        self.flush()
+        mp = multiprocess_dir()
+        if mp is None:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=mp)
+        registry.register(_StateCollector(self._state))  # this worker's view of shared state
+        return generate_latest(registry)
+
+
+class _StateCollector:
+    def __init__(self, state: Callable[[], Iterable[Any]]) -> None:
+        self.state = state
+
+    def collect(self) -> Iterable[Any]:
+        return self.state()
+
+
+def state_gauges(endpoints: Sequence[Any], store: Any, lag: Any) -> list[GaugeMetricFamily]:
+    in_flight = GaugeMetricFamily("nomyo_router_in_flight", "Requests holding a slot", labels=["endpoint"])
+    slots = GaugeMetricFamily("nomyo_router_slots", "Slots per endpoint", labels=["endpoint"])
+    healthy = GaugeMetricFamily("nomyo_router_endpoint_healthy", "1 when the endpoint takes traffic",
+                                labels=["endpoint"])
+    for ep in endpoints:
+        in_flight.add_metric([ep.name], store.in_flight(ep))
+        slots.add_metric([ep.name], ep.slots)
+        healthy.add_metric([ep.name], 1 if store.is_healthy(ep) else 0)
+    queued = GaugeMetricFamily("nomyo_router_queued", "Requests waiting for a slot", value=store.queue_length())
+    loop_lag = GaugeMetricFamily("nomyo_router_loop_lag_seconds", "Event-loop lag of the scraped worker",
+                                 value=lag.recent_max())
+    return [in_flight, slots, healthy, queued, loop_lag]

@@ -1,0 +1,69 @@
+"""/metrics: Prometheus exposition from prometheus-client, exact across workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+
+import aiohttp
+
+from mock import MockConfig, MockProcess
+from test.helpers import endpoints, run_router
+from test.router_proc import router_workers
+
+CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_metrics_count_requests_and_describe_state(mock):
+    async with run_router({"endpoints": endpoints(mock)}) as r, aiohttp.ClientSession() as s:
+        for stream in (False, True, True):
+            async with s.post(r.url + "/api/chat", json={**CHAT, "stream": stream}) as resp:
+                await resp.read()
+        async with s.get(r.url + "/metrics") as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+            text = await resp.text()
+    assert value(text, "nomyo_router_requests_total", model="llama3", status="200") == 3
+    assert value(text, "nomyo_router_time_to_first_byte_seconds_count", model="llama3") == 3
+    assert value(text, "nomyo_router_slots", endpoint="m0") == 2
+    assert value(text, "nomyo_router_endpoint_healthy", endpoint="m0") == 1
+    assert "nomyo_router_loop_lag_seconds" in text and "nomyo_router_queued" in text
+
+
+async def test_one_scrape_counts_every_worker_and_survives_a_killed_worker():
+    with MockProcess(MockConfig(ttft_ms=0, tok_ms=0, tokens=4, parallel=64)) as m:
+        cfg = {"endpoints": [{"url": m.url, "name": "m", "max_concurrent": 16}]}
+        with router_workers(cfg, 2) as (url, _):
+            # a fresh connection per request, so both workers serve some
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                pids = set()
+
+                async def one(i: int) -> None:
+                    async with s.post(url + "/api/chat", json={**CHAT, "stream": i < 40}) as resp:
+                        await resp.read()
+                        assert resp.status == 200
+                        pids.add(resp.headers["X-Router-Worker"])
+                for batch in range(10):
+                    await asyncio.gather(*(one(batch * 10 + i) for i in range(10)))
+                async with s.get(url + "/metrics") as resp:
+                    text = await resp.text()
+                assert value(text, "nomyo_router_requests_total", model="llama3") == 100
+                assert value(text, "nomyo_router_time_to_first_byte_seconds_count", model="llama3") == 100
+                assert len(pids) == 2  # both workers served, one scrape saw them all
+                os.kill(int(sorted(pids)[0]), signal.SIGKILL)
+                await asyncio.sleep(1.0)
+                for _ in range(20):  # whichever worker answers: never below what was counted
+                    async with s.get(url + "/metrics") as resp:
+                        if resp.status == 200:
+                            assert value(await resp.text(), "nomyo_router_requests_total", model="llama3") >= 100
