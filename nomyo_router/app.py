@@ -79,6 +79,7 @@ class Router:
         self.discovery = Discovery(self.endpoints, self.session, self.store, self.scheduler, self.config,
                                    self.health)
         await self.discovery.start()
+        self.proxy.rediscover = self.discovery.refresh_now
         self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
         for ep in self.endpoints:
             log.info("endpoint %s (%s): %d slots, healthy=%s, models=%s", ep.name, ep.type,
@@ -180,6 +181,8 @@ class RouterApp:
         path: str = scope["path"]
         api = ("anthropic" if path.startswith("/v1/messages") else "openai") if path.startswith("/v1/") else "ollama"
         handler = ROUTES.get((scope["method"], path))
+        if handler is None and path.startswith("/v1/models/") and scope["method"] in ("GET", "HEAD"):
+            handler = RouterApp.model  # GET /v1/models/{id}
         try:
             if self.router is not None:
                 send, preflight = self._admit(scope, send)
@@ -270,6 +273,10 @@ class RouterApp:
         status, body = await listing.health(router.endpoints, router.store, router.health, usage=authed)
         await send_response(send, status, body)
 
+    async def model(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        status, body = listing.openai_model(self._router().endpoints, scope["path"][len("/v1/models/"):])
+        await send_response(send, status, body)
+
     async def metrics(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         await send_response(send, 200, self._router().metrics.render(), METRICS_TYPE)
 
@@ -335,6 +342,8 @@ ROUTES.update({
     ("GET", "/api/tags"): RouterApp.listing,
     ("GET", "/api/ps"): RouterApp.listing,
     ("GET", "/api/version"): RouterApp.listing,
+    ("HEAD", "/api/version"): RouterApp.listing,
+    ("HEAD", "/api/tags"): RouterApp.listing,
     ("GET", "/v1/models"): RouterApp.listing,
     ("GET", "/health"): RouterApp.health,
     ("GET", "/metrics"): RouterApp.metrics,

@@ -26,6 +26,7 @@ class Endpoint:
     models: dict[str, str] = field(default_factory=dict)  # model_key -> the backend's own name
     loaded: frozenset[str] = frozenset()  # model keys in memory now (/api/ps)
     tags: list[dict[str, Any]] = field(default_factory=list)  # raw /api/tags entries
+    openai_models: list[dict[str, Any]] = field(default_factory=list)  # raw /v1/models entries
     ps: list[dict[str, Any]] = field(default_factory=list)  # raw /api/ps entries
     version: str | None = None
     headers: dict[str, str] = field(default_factory=dict)

@@ -112,3 +112,34 @@ async def test_name_and_latest_match(clients):
             assert got.choices[0].message.content
             got2 = await clients.ollama(r.url).chat(model="llama3:latest", messages=MSGS, stream=False)
             assert got2.message.content == got.choices[0].message.content
+
+
+async def test_models_are_described_by_their_backends_and_retrievable(mock, clients):
+    async with run_router({"endpoints": endpoints(mock)}) as r:
+        oa = clients.openai(r.url)
+        listed = {m.id: m for m in (await oa.models.list()).data}
+        assert listed["llama3:latest"].owned_by == "library"
+        one = await oa.models.retrieve("llama3")
+        assert one.id == "llama3" and one.created == listed["llama3:latest"].created
+        with pytest.raises(openai.NotFoundError):
+            await oa.models.retrieve("nope")
+        async with aiohttp.ClientSession() as s:
+            for path in ("/api/version", "/api/tags", "/"):
+                async with s.head(r.url + path) as resp:
+                    assert resp.status == 200
+
+
+async def test_a_model_added_on_a_backend_is_served_at_once(mock):
+    async with run_router({"endpoints": endpoints(mock), "model_refresh_interval": 3600}) as r, aiohttp.ClientSession() as s:
+        mock.update(models=["llama3", "qwen2.5:7b", "fresh"])
+        body = {"model": "fresh", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+        async with s.post(r.url + "/api/chat", json=body) as resp:
+            assert resp.status == 200  # not a 404 for up to model_refresh_interval
+
+
+async def test_every_backend_down_is_503_not_404():
+    from mock import free_port
+    dead = {"url": f"http://127.0.0.1:{free_port()}", "name": "dead"}
+    async with run_router({"endpoints": [dead], "connect_timeout": 0.5}) as r, aiohttp.ClientSession() as s:
+        async with s.post(r.url + "/api/chat", json={"model": "llama3", "messages": []}) as resp:
+            assert resp.status == 503 and "no healthy endpoint" in (await resp.json())["error"]

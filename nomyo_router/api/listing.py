@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
+from datetime import datetime
 from typing import Any, Sequence
 
 import aiohttp
@@ -45,16 +45,58 @@ def ps(endpoints: Sequence[Endpoint]) -> bytes:
     return json.dumps({"models": _dedupe(entries)}).encode()
 
 
-def openai_models(endpoints: Sequence[Endpoint]) -> bytes:
+def _model_objects(endpoints: Sequence[Endpoint]) -> list[dict[str, Any]]:
+    """OpenAI model objects as the backends describe them: an OpenAI-type backend's own entry
+    (its `created`, `owned_by`), an Ollama model as Ollama's `/v1/models` shows it (created
+    from `modified_at`, owned by "library"); first endpoint wins for a name."""
     seen: set[str] = set()
     data = []
-    now = int(time.time())
     for ep in endpoints:
+        own = {model_key(str(m["id"])): m for m in ep.openai_models}
+        modified = {model_key(str(t.get("model") or t.get("name") or "")): t.get("modified_at") for t in ep.tags}
         for key, name in ep.models.items():
-            if key not in seen:
-                seen.add(key)
-                data.append({"id": name, "object": "model", "created": now, "owned_by": ep.name})
-    return json.dumps({"object": "list", "data": data}).encode()
+            if key in seen:
+                continue
+            seen.add(key)
+            entry = own.get(key)
+            if entry is None:
+                entry = {"id": name, "object": "model", "created": _epoch(modified.get(key)), "owned_by": "library"}
+            data.append(entry)
+    return data
+
+
+def _epoch(iso: Any) -> int:
+    if isinstance(iso, str):
+        try:
+            return int(datetime.fromisoformat(_trim_fraction(iso)).timestamp())
+        except ValueError:
+            pass
+    return 0
+
+
+def _trim_fraction(iso: str) -> str:
+    """Python 3.11 parses at most 6 fractional digits; Ollama sends 9."""
+    iso = iso.replace("Z", "+00:00")
+    head, dot, rest = iso.partition(".")
+    if not dot:
+        return iso
+    digits = "".join(c for c in rest if c.isdigit())
+    return f"{head}.{digits[:6]}{rest[len(digits):]}"
+
+
+def openai_models(endpoints: Sequence[Endpoint]) -> bytes:
+    return json.dumps({"object": "list", "data": _model_objects(endpoints)}).encode()
+
+
+def openai_model(endpoints: Sequence[Endpoint], model_id: str) -> tuple[int, bytes]:
+    """GET /v1/models/{id} (what the openai clients' models.retrieve calls)."""
+    key = model_key(model_id)
+    for entry in _model_objects(endpoints):
+        if model_key(str(entry["id"])) == key:
+            return 200, json.dumps({**entry, "id": model_id}).encode()  # the id as asked, like Ollama
+    return 404, json.dumps({"error": {"message": f"The model '{model_id}' does not exist",
+                                      "type": "invalid_request_error", "param": "model",
+                                      "code": "model_not_found"}}).encode()
 
 
 def version(endpoints: Sequence[Endpoint]) -> bytes:

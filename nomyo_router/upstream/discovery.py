@@ -33,6 +33,8 @@ class Discovery:
         self.config = config
         self._tasks: list[asyncio.Task] = []
         self._probing: set[Endpoint] = set()
+        self._round: asyncio.Future | None = None  # the on-demand re-discovery in progress or last done
+        self._round_at = 0.0
         self._timeout = aiohttp.ClientTimeout(total=config.health_timeout)
 
     async def start(self) -> None:
@@ -65,6 +67,14 @@ class Discovery:
         down = [ep for ep in self.endpoints if self.health.is_down(ep)]
         if down:
             await asyncio.gather(*(self._probe(ep) for ep in down))
+
+    async def refresh_now(self) -> None:
+        """Re-discover every endpoint's models now (a request named a model nobody serves):
+        concurrent callers share one round, and rounds are at least 1 s apart."""
+        if self._round is None or (self._round.done() and time.monotonic() - self._round_at >= 1.0):
+            self._round_at = time.monotonic()
+            self._round = asyncio.ensure_future(self._refresh_all())
+        await asyncio.shield(self._round)
 
     async def _refresh_all(self) -> None:
         await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
@@ -124,7 +134,8 @@ class Discovery:
             else:
                 if ep.static_models is None:
                     data = await self._get(ep, "/v1/models")
-                    ep.set_models([m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m])
+                    ep.openai_models = [m for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+                    ep.set_models([m["id"] for m in ep.openai_models])
                 ep.loaded = frozenset(ep.models)  # an OpenAI-style server keeps its models loaded
         except Exception as e:
             log.warning("endpoint %s: model refresh failed (%s); keeping %d known models",

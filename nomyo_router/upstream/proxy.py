@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+from typing import Awaitable, Callable
 
 import aiohttp
 
@@ -57,6 +58,7 @@ class Proxy:
         self.budget = RetryBudget(config.retry_budget)
         self.deadlines = Deadlines(config.first_byte_floor, config.first_byte_factor,
                                    config.first_byte_timeout)
+        self.rediscover: Callable[[], Awaitable[None]] = _nothing  # set to Discovery.refresh_now
         self.resumer = Resumer(scheduler, health, events, self._start_continuation, config.max_attempts) \
             if config.resume_streams else None
         self.session = session
@@ -77,7 +79,12 @@ class Proxy:
             raise ApiError(503, "the router is overloaded, please try again", code="router_overloaded",
                            retry_after=self.config.retry_after)
         if not self.scheduler.knows(req.key):
-            raise _unknown_model(req)
+            await self.rediscover()  # pulled or copied a moment ago? look once before 404
+            if not self.scheduler.knows(req.key):
+                if not any(self.store.is_healthy(ep) for ep in self.scheduler.endpoints):
+                    raise ApiError(503, "no healthy endpoint: every backend is down", code="no_healthy_endpoint",
+                                   retry_after=self.config.retry_after)
+                raise _unknown_model(req)
         self.budget.request()
         keys = None
         if self.config.conversation_affinity:
@@ -317,6 +324,10 @@ class Proxy:
         except (ValueError, KeyError, TypeError, IndexError) as e:
             raise ApiError(502, f"backend sent a response that could not be translated: {e}") from None
         await _send_whole(send, 200, json.dumps(out).encode(), b"application/json", headers)
+
+
+async def _nothing() -> None:
+    return None
 
 
 async def _first_chunk(resp: aiohttp.ClientResponse, line: bool) -> bytes:
