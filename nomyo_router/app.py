@@ -34,6 +34,7 @@ from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
 from .ops.metrics import Metrics, state_gauges
 from .upstream.discovery import Discovery
 from .upstream.health import Health
+from .upstream.unload import is_unload, unload
 from .upstream.looplag import LoopLag
 from .upstream.proxy import Proxy
 from .upstream.session import create_session
@@ -232,6 +233,12 @@ class RouterApp:
             if not client.may_use(req.key):
                 raise ApiError(403, f"this API key may not use model '{req.model}'")
             req.client = client.name
+        if is_unload(req.kind, req.api, req.body):  # `ollama stop`: every endpoint that has it loaded
+            assert router.session is not None and router.discovery is not None
+            await router.discovery.fresh_ps()
+            status, body = await unload(router.session, router.endpoints, req.path, req.key, raw)
+            await send_response(send, status, body)
+            return
         sid = header(scope, router.session_header)
         if sid:
             req.session_id = sid.decode("latin-1")
@@ -262,7 +269,10 @@ class RouterApp:
         await send_response(send, status, body)
 
     async def listing(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-        eps = self._router().endpoints
+        router = self._router()
+        eps = router.endpoints
+        if scope["path"] == "/api/ps" and router.discovery is not None:
+            await router.discovery.fresh_ps()  # what is loaded changes by the second
         body = {"/api/tags": listing.tags, "/api/ps": listing.ps, "/v1/models": listing.openai_models,
                 "/api/version": listing.version}[scope["path"]](eps)
         await send_response(send, 200, body)

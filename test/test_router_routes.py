@@ -143,3 +143,14 @@ async def test_every_backend_down_is_503_not_404():
     async with run_router({"endpoints": [dead], "connect_timeout": 0.5}) as r, aiohttp.ClientSession() as s:
         async with s.post(r.url + "/api/chat", json={"model": "llama3", "messages": []}) as resp:
             assert resp.status == 503 and "no healthy endpoint" in (await resp.json())["error"]
+
+
+async def test_unload_reaches_every_endpoint_that_has_the_model_loaded(mock, mock2):
+    async with run_router({"endpoints": endpoints(mock, mock2)}) as r, aiohttp.ClientSession() as s:
+        before = [m.stats()["requests"].get("/api/chat", 0) for m in (mock, mock2)]
+        async with s.post(r.url + "/api/chat", json={"model": "llama3", "messages": [], "keep_alive": 0}) as resp:
+            assert resp.status == 200
+        after = [m.stats()["requests"].get("/api/chat", 0) for m in (mock, mock2)]
+        assert [a - b for a, b in zip(after, before)] == [1, 1]  # both, not one
+        async with s.get(r.url + "/health") as h:
+            assert all(e["in_flight"] == 0 for e in (await h.json())["endpoints"])  # no slot taken

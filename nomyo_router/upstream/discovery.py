@@ -35,6 +35,8 @@ class Discovery:
         self._probing: set[Endpoint] = set()
         self._round: asyncio.Future | None = None  # the on-demand re-discovery in progress or last done
         self._round_at = 0.0
+        self._ps_round: asyncio.Future | None = None
+        self._ps_at = 0.0
         self._timeout = aiohttp.ClientTimeout(total=config.health_timeout)
 
     async def start(self) -> None:
@@ -75,6 +77,23 @@ class Discovery:
             self._round_at = time.monotonic()
             self._round = asyncio.ensure_future(self._refresh_all())
         await asyncio.shield(self._round)
+
+    async def fresh_ps(self, max_age: float = 1.0) -> None:
+        """Make every Ollama endpoint's /api/ps at most `max_age` s old (for GET /api/ps and
+        unloading); concurrent callers share one round."""
+        if self._ps_round is None or (self._ps_round.done() and time.monotonic() - self._ps_at > max_age):
+            self._ps_at = time.monotonic()
+            self._ps_round = asyncio.ensure_future(
+                asyncio.gather(*(self._ps(ep) for ep in self.endpoints if ep.type == "ollama")))
+        await asyncio.shield(self._ps_round)
+
+    async def _ps(self, ep: Endpoint) -> None:
+        try:
+            ps = await self._get(ep, "/api/ps")
+        except Exception:  # keep what we had; health is the probes' business
+            return
+        ep.ps = [m for m in ps.get("models", []) if isinstance(m, dict)]
+        ep.loaded = frozenset(model_key(m.get("model") or m.get("name", "")) for m in ep.ps)
 
     async def _refresh_all(self) -> None:
         await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
