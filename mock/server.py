@@ -81,6 +81,7 @@ class MockBackend:
             ("GET", "/api/ps"): self.ps,
             ("GET", "/api/version"): self.version,
             ("GET", "/v1/models"): self.models,
+            ("GET", "/health"): self.health,  # vLLM's liveness route (vllm-router waits on it)
             ("GET", "/mock/stats"): self.stats_route,
             ("POST", "/mock/config"): self.config_route,
             ("GET", "/mock/config"): self.config_route,
@@ -163,6 +164,9 @@ class MockBackend:
 
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": formats.OLLAMA_VERSION})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(200, b"", JSON)
 
     async def models(self, request: web.Request) -> web.Response:
         return _json({"object": "list", "data": [

@@ -23,7 +23,7 @@ from .api.asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, re
 from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
 from .api.requests import GENERATION_ROUTES, parse
-from .config import ConfigError, RouterConfig, load_config
+from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
 from .domain import Endpoint, model_key
 from .events import Events, RequestRecord
 from .routing import kv_events
@@ -41,7 +41,6 @@ from .upstream.session import create_session
 
 log = logging.getLogger("nomyo_router")
 
-CONFIG_ENV = "NOMYO_ROUTER_CONFIG"
 
 
 class Router:

@@ -12,11 +12,17 @@ import os
 import shutil
 import sys
 
-import uvicorn
+# Idle memory (issue 15): uvicorn imports watchfiles (and with it anyio and a Rust library)
+# only to offer --reload, which the router never uses; hiding it makes uvicorn fall back to
+# its stat reloader and saves ~2 MB in the master and in every worker (workers import this
+# module again as their __mp_main__).
+sys.modules.setdefault("watchfiles", None)  # type: ignore[arg-type]
 
-from .app import CONFIG_ENV
-from .config import ConfigError, load_config
-from .state import private
+import uvicorn  # noqa: E402
+
+# Not `.app`: the master only supervises, and importing the app (aiohttp, ...) cost it ~11 MB.
+from .config import CONFIG_ENV, ConfigError, load_config  # noqa: E402
+from .state import private  # noqa: E402
 
 DEFAULT_PORT = 12434
 
@@ -57,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run("nomyo_router.app:app", host=args.host, port=args.port, workers=args.workers,
                 loop="uvloop", http="nomyo_router.protocol:GuardedHttpToolsProtocol", lifespan="on",
+                ws="none",  # no WebSocket routes (the app refuses upgrades); saves ~2 MB per worker
                 limit_concurrency=config.max_connections or None, access_log=config.access_log,
                 log_level=args.log_level, timeout_keep_alive=75, backlog=2048,
                 proxy_headers=False, server_header=False, date_header=False,

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+CONFIG_ENV = "NOMYO_ROUTER_CONFIG"  # the config path, handed from `nomyo-router` to its workers
 ENDPOINT_TYPES = ("ollama", "openai")
 ROUTING_POLICIES = ("cache_aware", "least_busy", "sglang")  # routing/policies POLICIES
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

@@ -1,0 +1,355 @@
+"""nomyo-router beside its peers, in one pinned run on this machine.
+
+    python bench/peers.py [--seconds 4] [--reps 3] [--conc 1,8,32] [--only nomyo,floor,olla,vllm-router]
+
+Builds or installs the peers it can, into ~/.cache/nomyo-router/peers (reused next time):
+  * Olla (Go): `go install github.com/thushan/olla@latest`; when the module proxy does not
+    serve it, `--olla-src DIR` builds a checkout with `go build`, `--olla-bin PATH` takes a binary;
+  * vllm-router (Rust, from PyPI): `pip install vllm-router` into its own venv, round_robin policy;
+  * the floor: bench/minimal_passthrough.py (uvicorn + one aiohttp session, nothing else).
+A peer that cannot be had is skipped with the reason printed; the run goes on without it.
+
+Every router under test runs on core 0 (`taskset -c 0`); the zero-delay mock, wrk and this
+script run on core 1. All of them serve the same OpenAI route (/v1/chat/completions) from the
+same mock. Each (peer, scenario) is measured `--reps` times, peers interleaved within a
+repetition so drift hits them alike, and the median is printed:
+  * non-stream chat (8 tokens) at each `--conc`: req/s, p50, and the peer's CPU per request
+    (utime+stime of its process tree over the run / requests wrk completed);
+  * 200-token streams at `--stream-conc`: req/s and the peer's CPU per relayed chunk (CPU per
+    request / 200: one chunk per token);
+  * added p50 at c=1 over the direct mock, and idle RSS.
+It is a benchmark, not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import yaml
+
+from common import MockConfig, free_port, mock_process, rss_mb, _children, wait_http, wait_tcp, wrk
+
+CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "nomyo-router", "peers")
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL = "llama3"
+TOKENS = 200  # the mock's answer length; non-stream requests ask for 8 of them
+PATH = "/v1/chat/completions"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Peer:
+    name: str
+    url: str  # base URL; requests go to url + PATH (or `path`)
+    pid: int
+    path: str = PATH
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- getting the peers --------------------------------------------------------------------
+
+def olla_binary(args: argparse.Namespace) -> str | None:
+    if args.olla_bin:
+        return args.olla_bin
+    target = os.path.join(CACHE, "olla")
+    if os.path.exists(target):
+        return target
+    if shutil.which("go") is None:
+        log("olla: skipped (no `go` on PATH; install Go or pass --olla-bin)")
+        return None
+    os.makedirs(CACHE, exist_ok=True)
+    env = {**os.environ, "GOBIN": CACHE, "CGO_ENABLED": "0"}
+    if args.olla_src:
+        cmd, cwd = ["go", "build", "-o", target, "."], args.olla_src
+    else:
+        cmd, cwd = ["go", "install", "github.com/thushan/olla@latest"], None
+    log(f"olla: {' '.join(cmd)}" + (f" (in {cwd})" if cwd else ""))
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 or not os.path.exists(target):
+        log(f"olla: skipped (build failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}); "
+            "pass --olla-src DIR (a checkout) or --olla-bin PATH")
+        return None
+    return target
+
+
+def vllm_router_binary(args: argparse.Namespace) -> str | None:
+    env_dir = os.path.join(CACHE, "vllm-router-venv")
+    exe = os.path.join(env_dir, "bin", "vllm-router")
+    if not os.path.exists(exe):
+        log(f"vllm-router: pip install {args.vllm_router} into {env_dir}")
+        venv.create(env_dir, with_pip=True)
+        done = subprocess.run([os.path.join(env_dir, "bin", "pip"), "install", "-q", args.vllm_router],
+                              capture_output=True, text=True, timeout=900)
+        if done.returncode != 0 or not os.path.exists(exe):
+            log(f"vllm-router: skipped (pip failed: {done.stderr.strip().splitlines()[-1:]})")
+            return None
+    return exe
+
+
+# ---- running them (on core 0) -------------------------------------------------------------
+
+def _spawn(cmd: list[str], core: int | None, **kw) -> subprocess.Popen:
+    if core is not None:
+        cmd = ["taskset", "-c", str(core), *cmd]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, **kw)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import signal
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _served(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Wait until a chat request through `url` answers 200 (the peer found the mock's model)."""
+    import urllib.request
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}: "
+                               f"{proc.stderr.read().decode(errors='replace')[-2000:]}")
+        try:
+            req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not serve a chat request within {timeout:g}s")
+        time.sleep(0.2)
+
+
+@contextmanager
+def run_nomyo(mock: str, core: int | None, workers: int = 1) -> Iterator[Peer]:
+    fd, path = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump({"endpoints": [{"url": mock, "name": "mock", "max_concurrent": 4096}],
+                        "max_queue": 100_000}, f)
+    port = free_port()
+    proc = _spawn([sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
+                   "--workers", str(workers), "--log-level", "warning"], core)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", 30, proc)
+        _served(url + PATH, proc)
+        yield Peer("nomyo-router", url, proc.pid)
+    finally:
+        _stop(proc)
+        os.unlink(path)
+
+
+@contextmanager
+def run_floor(mock: str, core: int | None) -> Iterator[Peer]:
+    port = free_port()
+    proc = _spawn([sys.executable, "-m", "uvicorn", "minimal_passthrough:app", "--app-dir", HERE,
+                   "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+                   "--log-level", "warning", "--no-proxy-headers"], core, env={**os.environ, "UPSTREAM": mock})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_tcp(port)
+        _served(url + PATH, proc)
+        yield Peer("floor", url, proc.pid)
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def run_olla(binary: str, mock: str, core: int | None) -> Iterator[Peer]:
+    port = free_port()
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "request_logging": False,
+                   "rate_limits": {"global_requests_per_minute": 0, "per_ip_requests_per_minute": 0,
+                                   "health_requests_per_minute": 0}},
+        "proxy": {"engine": "olla", "profile": "auto", "load_balancer": "least-connections"},
+        "discovery": {"type": "static", "static": {"endpoints": [{
+            "url": mock, "name": "mock", "type": "openai-compatible", "priority": 100,
+            "model_url": "/v1/models", "health_check_url": "/v1/models",
+            # generous: with its core saturated by the run, a 1 s check times out and Olla
+            # declares the mock dead for a while (every request then fails fast, which is not
+            # the throughput this run is after)
+            "check_interval": "30s", "check_timeout": "10s"}]},
+            "model_discovery": {"enabled": True, "interval": "5m", "timeout": "10s"}},
+        "logging": {"level": "error", "format": "text", "output": "stdout"},
+        "dashboard": {"enabled": False},
+    }
+    work = tempfile.mkdtemp(prefix="olla-")
+    path = os.path.join(work, "config.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    proc = _spawn([binary, "--config", path], core, cwd=work)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_tcp(port, 30)
+        _served(url + "/olla/proxy" + PATH, proc)
+        yield Peer("olla", url, proc.pid, "/olla/proxy" + PATH)
+    finally:
+        _stop(proc)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextmanager
+def run_vllm_router(exe: str, mock: str, core: int | None) -> Iterator[Peer]:
+    port = free_port()
+    proc = _spawn([exe, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", mock,
+                   "--policy", "round_robin", "--health-check-endpoint", "/v1/models",
+                   "--log-level", "error", "--max-concurrent-requests", "4096"], core)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_tcp(port, 60)
+        _served(url + PATH, proc)
+        yield Peer("vllm-router", url, proc.pid)
+    finally:
+        _stop(proc)
+
+
+# ---- measuring ----------------------------------------------------------------------------
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of `pid` and its live descendants (threads are counted in their process)."""
+    total = 0
+    for p in [pid] + _children(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total / CLK_TCK
+
+
+def measure(peer: Peer | None, mock: str, body: str, conc: int, seconds: float) -> dict[str, float]:
+    url = (peer.url + peer.path) if peer else mock + PATH
+    c0 = cpu_seconds(peer.pid) if peer else 0.0
+    r = wrk(url, body, conc, seconds)
+    r["requests"] = r["rps"] * round(seconds)  # wrk runs whole seconds
+    r["cpu_s"] = cpu_seconds(peer.pid) - c0 if peer else float("nan")
+    r["cpu_us_per_req"] = r["cpu_s"] / r["requests"] * 1e6 if peer and r["requests"] else float("nan")
+    # only answered requests count: a peer failing fast would otherwise look fast
+    r["rps"] = max(0.0, r["requests"] - r["non2xx"]) / round(seconds)
+    return r
+
+
+def median(rows: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=4.0, help="length of one wrk run")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of each (peer, scenario); medians printed")
+    p.add_argument("--conc", default="1,8,32", help="non-stream concurrencies")
+    p.add_argument("--stream-conc", type=int, default=32, help="concurrency of the 200-token stream run (0: none)")
+    p.add_argument("--only", default="nomyo,floor,olla,vllm-router")
+    p.add_argument("--olla-bin", default=None)
+    p.add_argument("--olla-src", default=None, help="a checkout of github.com/thushan/olla to `go build`")
+    p.add_argument("--vllm-router", default="vllm-router==0.1.17", help="pip requirement")
+    p.add_argument("--no-pin", action="store_true", help="do not pin (peers and mock/wrk share all cores)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk not found: apt-get install wrk")
+    wanted = set(args.only.split(","))
+    pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset") is not None
+    core = 0 if pin else None
+    if pin:
+        os.sched_setaffinity(0, {1})  # this script, the mock (started below) and wrk: core 1
+    olla = olla_binary(args) if "olla" in wanted else None
+    vrouter = vllm_router_binary(args) if "vllm-router" in wanted else None
+
+    mock_cfg = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=TOKENS, parallel=100_000, max_queue=100_000)
+    whole = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8})
+    stream = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello there"}],
+                         "stream": True, "max_tokens": TOKENS})
+    scenarios = [(f"c={c}", whole, c) for c in (int(x) for x in args.conc.split(","))]
+    if args.stream_conc:
+        scenarios.append((f"stream c={args.stream_conc}", stream, args.stream_conc))
+
+    with ExitStack() as stack:
+        mock = stack.enter_context(mock_process(mock_cfg)).url
+        peers: list[Peer] = []
+        if "nomyo" in wanted:
+            peers.append(stack.enter_context(run_nomyo(mock, core)))
+        if "floor" in wanted:
+            peers.append(stack.enter_context(run_floor(mock, core)))
+        if olla:
+            peers.append(stack.enter_context(run_olla(olla, mock, core)))
+        if vrouter:
+            peers.append(stack.enter_context(run_vllm_router(vrouter, mock, core)))
+        time.sleep(1.0)
+        idle = {pe.name: rss_mb(pe.pid) for pe in peers}
+        results: dict[tuple[str, str], list[dict[str, float]]] = {}
+        order: list[Peer | None] = [None, *peers]
+        for rep in range(args.reps):
+            for label, body, conc in scenarios:
+                for peer in order:
+                    name = peer.name if peer else "direct"
+                    r = measure(peer, mock, body, conc, args.seconds)
+                    results.setdefault((name, label), []).append(r)
+                    log(f"rep {rep + 1}/{args.reps} {label:14} {name:13} {r['rps']:8.0f} req/s p50 "
+                        f"{r['p50_ms']:7.3f} ms cpu {r['cpu_us_per_req']:6.0f} us/req"
+                        + (f" non2xx {r['non2xx']}" if r["non2xx"] else ""))
+                order = order[1:] + order[:1]  # rotate who goes first
+
+    names = ["direct"] + [pe.name for pe in peers]
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for (name, label), rows in results.items():
+        table.setdefault(label, {})[name] = {k: median(rows, k) for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")}
+        table[label][name]["non2xx"] = sum(r["non2xx"] for r in rows)
+    print(f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs; " + ("peers pinned to core 0, mock+wrk to core 1"
+                                                                    if pin else "not pinned"))
+    print("| scenario | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for label, _, _ in scenarios:
+        cells = []
+        for n in names:
+            m = table[label][n]
+            if n == "direct":
+                cells.append(f"{m['rps']:,.0f} req/s")
+            elif label.startswith("stream"):
+                cells.append(f"{m['rps']:,.0f} req/s ({m['cpu_us_per_req'] / TOKENS:.1f} µs CPU/chunk)")
+            else:
+                cells.append(f"{m['rps']:,.0f} req/s ({m['cpu_us_per_req']:.0f} µs CPU/req)")
+            if m["non2xx"]:
+                cells[-1] += f" [{m['non2xx']:.0f} non-2xx]"
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    if "c=1" in table:
+        base = table["c=1"]["direct"]["p50_ms"]
+        print("| added p50 at c=1 | – | " + " | ".join(f"+{(table['c=1'][n]['p50_ms'] - base) * 1000:.0f} µs"
+                                                    for n in names[1:]) + " |")
+    print("| idle RSS | – | " + " | ".join(f"{idle[n]:.1f} MB" for n in names[1:]) + " |")
+    if "olla" in names and "nomyo-router" in names:
+        for label, _, _ in scenarios:
+            ratio = table[label]["nomyo-router"]["rps"] / table[label]["olla"]["rps"]
+            print(f"nomyo-router / olla at {label}: {ratio:.2f}x req/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"pinned": pin, "reps": args.reps, "seconds": args.seconds, "idle_rss_mb": idle,
+                       "table": table}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
