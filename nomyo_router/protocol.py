@@ -51,6 +51,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._timer: asyncio.TimerHandle | None = self.loop.call_later(self._head_timeout, self._expire, 408)
 
+    def _unsupported_upgrade_warning(self) -> None:
+        # `nomyo-router` serves with ws="none" (no WebSocket routes, ~2 MB less per worker): an
+        # upgrade request is then answered as plain HTTP (405/404 on our routes). uvicorn would
+        # log two warnings per such request, advising to install websockets; any client could
+        # fill the log with them.
+        pass
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
         super().connection_lost(exc)
