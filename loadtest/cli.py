@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--duration", type=float, default=10.0, help="seconds per stage")
     load.add_argument("--requests", type=int, default=None, help="requests per stage instead of --duration")
     load.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each stage")
-    load.add_argument("--timeout", type=float, default=120.0, help="per request")
+    load.add_argument("--timeout", type=float, default=120.0, help="per request (a request cut by it is an error of kind timeout)")
+    load.add_argument("--max-error-rate", type=float, default=0.01,
+                      help="exit 1 when a stage's error rate is above this (default 0.01 = 1%%)")
     load.add_argument("--seed", type=int, default=0)
     conv = p.add_argument_group("conversations")
     conv.add_argument("--turns", type=int, default=1, help="turns per conversation (closed loop)")
@@ -180,6 +182,14 @@ def run(args: argparse.Namespace) -> int:
     config: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("header",)}
     config["stages"] = [vars(s) for s in stages]
     fleet: Fleet | None = None
+    if args.mock_backend:
+        wanted = [("--router-port", args.router_port)]
+        wanted += [("--mock-port", args.mock_port + i) for i in range(args.mock_count)] if args.mock_port else []
+        for flag, port in wanted:
+            if port is not None and not _port_free(args.mock_host, port):
+                console.print(f"[red]loadtest:[/] {flag}: port {port} is already in use; something else "
+                              f"would be measured. Pick a free port or leave {flag} out.")
+                return 2
     install_sigterm_as_interrupt()
     try:
         if args.mock_backend:
@@ -222,7 +232,35 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         write_html(args.html, doc)
         console.print(f"wrote {args.html}")
+    problems = stage_problems(results + (direct or []), args.max_error_rate)
+    if problems:  # the reason is the last thing printed
+        console.print("[red]FAILED:[/] " + "; ".join(problems), highlight=False)
+        return 1
     return 0
+
+
+def stage_problems(stages: list[dict], max_error_rate: float) -> list[str]:
+    """Why a run must not pass: a stage with nothing completed, or too many errors."""
+    out = []
+    for m in stages:
+        where = f"{m.get('target', 'router')} stage at load {m['load']:g}"
+        if m["completed"] == 0:
+            why = ", ".join(f"{k} x{v}" for k, v in m["errors"].items()) or "no request was sent"
+            out.append(f"{where}: no request completed ({why})")
+        elif m["error_rate"] > max_error_rate:
+            errors = ", ".join(f"{k} x{v}" for k, v in m["errors"].items())
+            out.append(f"{where}: error rate {m['error_rate']:.1%} > {max_error_rate:.1%} ({errors})")
+    return out
+
+
+def _port_free(host: str, port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,12 @@ class StageRun:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     loop_lag: list[float] = field(default_factory=list)
+    # Duration-based stages: the requests served inside [window_start, window_end], each
+    # counted by the share of its time that fell inside the window (so a 8 s request that
+    # straddles the window's edge counts in part, and synchronised waves of long requests
+    # do not make the count jump); None for --requests stages.
+    completed_in_window: float | None = None
+    tokens_in_window: float = 0.0
 
 
 class LoopMonitor:
@@ -97,16 +103,34 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
     monitor = LoopMonitor()
     t0 = time.perf_counter()
     prog.t0 = t0
-    measure_from = t0 + stage.warmup
-    end = measure_from + stage.duration if stage.requests is None and stage.duration else float("inf")
+    timed = stage.requests is None and bool(stage.duration)
+    # Closed loop: the warm-up lasts at least until every virtual user has completed one
+    # request, so a stage of long requests does not start measuring before the first ones end.
+    pending_first = set(range(int(stage.load))) if stage.mode == "closed" else set()
+    measure_from = t0 + stage.warmup if not pending_first else float("inf")
+    end = measure_from + stage.duration if timed else float("inf")
     measured_started = 0
+    if timed:
+        run.completed_in_window = 0.0
 
-    def take(r: Result) -> None:
+    def take(r: Result, uid: int | None = None) -> None:
+        nonlocal measure_from, end
         prog.done += 1
         if not r.ok:
             prog.errors += 1
         if r.start >= measure_from:
             run.results.append(r)
+        if timed and r.ok:
+            inside = min(r.end, end) - max(r.start, measure_from)
+            if inside > 0:
+                share = inside / max(r.end - r.start, 1e-9)
+                run.completed_in_window = (run.completed_in_window or 0.0) + share
+                run.tokens_in_window += share * r.out_tokens
+        if pending_first and uid is not None:
+            pending_first.discard(uid)
+            if not pending_first:  # every user has completed one request: measure from now
+                measure_from = max(time.perf_counter(), t0 + stage.warmup)
+                end = measure_from + stage.duration if timed else float("inf")
         if on_result:
             on_result(r)
 
@@ -142,7 +166,7 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
                 if not r.ok or conv.finished:
                     number += 1
                     conv = Conversation(spec, uid, number)
-            take(r)
+            take(r, uid)
 
     monitor.start()
     if stage.mode == "closed":
@@ -164,6 +188,8 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
             await asyncio.gather(*tasks, return_exceptions=True)
     run.cpu_s, run.wall_s = await monitor.stop()
     run.loop_lag = monitor.lags
+    if measure_from == float("inf"):  # no user ever completed a request: nothing was measured
+        measure_from = end = time.perf_counter()
     run.window_start = measure_from
-    run.window_end = max((r.end for r in run.results), default=measure_from)
+    run.window_end = end if timed else max((r.end for r in run.results), default=measure_from)
     return run

@@ -51,8 +51,12 @@ def summarize(run: StageRun) -> dict[str, Any]:
         "error_rate": round((len(results) - len(ok)) / len(results), 5) if results else 0.0,
         "errors": dict(errors),
         "duration_s": round(duration, 3),
-        "request_throughput": round(len(ok) / duration, 3),
-        "output_throughput": round(out_tokens / duration, 3),
+        # duration stages: requests completed inside the window / its length (any request
+        # length); --requests stages: the requests sent / the time until the last one ended
+        "request_throughput": round((run.completed_in_window if run.completed_in_window is not None
+                                     else len(ok)) / duration, 3),
+        "output_throughput": round((run.tokens_in_window if run.completed_in_window is not None
+                                    else out_tokens) / duration, 3),
         "total_output_tokens": out_tokens,
     }
     m.update(_dist("e2el", [r.latency for r in ok]))

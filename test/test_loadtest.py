@@ -208,3 +208,38 @@ def test_fast_chunk_check_agrees_with_a_full_parse():
         if fast is not None:
             assert fast == bool(_content(api, line)[0]), line
     assert _has_content(lines[2][0]) is None and _has_content(lines[9][0]) is None  # parsed in full
+
+
+def test_a_dead_target_exits_non_zero_with_the_reason_last(capsys):
+    from loadtest.cli import main
+    from mock import free_port
+    rc = main(["--url", f"http://127.0.0.1:{free_port()}", "--concurrency", "2", "--duration", "0.5",
+               "--warmup", "0", "--quiet", "--timeout", "2"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 1
+    assert out[-1].startswith("FAILED:") and "no request completed" in out[-1]
+
+
+def test_a_busy_router_port_is_refused(capsys):
+    import socket
+
+    from loadtest.cli import main
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        rc = main(["--mock-backend", "--router-port", str(s.getsockname()[1]), "--duration", "0.5", "--quiet"])
+    assert rc == 2 and "already in use" in capsys.readouterr().out
+
+
+async def test_long_requests_are_counted_by_completions_in_the_window():
+    """Requests of 1.2 s, 4 users, 3 s stage: throughput ≈ 4 / 1.2 = 3.3 req/s (Little's law);
+    counting requests *started* after the warm-up used to report far less."""
+    from loadtest.engine import Stage, run_stage
+    from loadtest.metrics import summarize
+    from loadtest.workload import WorkloadSpec
+    from mock import run_mock
+    async with run_mock(ttft_ms=200, tok_ms=50, tokens=20, parallel=4) as m:
+        stage = Stage("closed", 4, duration=3.0, warmup=0.1)
+        got = summarize(await run_stage(m.url, WorkloadSpec(stream=True, model="llama3"), stage, 30))
+    truth = 4 / 1.2
+    assert abs(got["request_throughput"] - truth) / truth < 0.1, got["request_throughput"]
