@@ -30,6 +30,7 @@ from .routing import kv_events
 from .routing.policies import Policy, make_policy
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, SharedStore, StateStore, private
+from .ops.accesslog import AccessLog
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
 from .ops.metrics import Metrics, state_gauges
 from .upstream.discovery import Discovery
@@ -64,6 +65,7 @@ class Router:
         self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
         self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag))
+        self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
         self.session: aiohttp.ClientSession | None = None
         self.discovery: Discovery | None = None
@@ -242,7 +244,9 @@ class RouterApp:
         if sid:
             req.session_id = sid.decode("latin-1")
         assert router.proxy is not None
-        rec = RequestRecord(next_request_id(), req.api, req.path, req.model, req.stream, req.client)
+        given = header(scope, b"x-request-id")
+        rid = given.decode("latin-1")[:128] if given else next_request_id()
+        rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
         limits = router.client_limits
         held: list[str] = []  # the client whose permit this request holds, once it has one
         try:

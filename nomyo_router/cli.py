@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     uvicorn.run("nomyo_router.app:app", host=args.host, port=args.port, workers=args.workers,
                 loop="uvloop", http="nomyo_router.protocol:GuardedHttpToolsProtocol", lifespan="on",
                 ws="none",  # no WebSocket routes (the app refuses upgrades); saves ~2 MB per worker
-                limit_concurrency=config.max_connections or None, access_log=config.access_log,
+                limit_concurrency=config.max_connections or None, access_log=False,
                 log_level=args.log_level, timeout_keep_alive=75, backlog=2048,
                 proxy_headers=False, server_header=False, date_header=False,
                 timeout_graceful_shutdown=config.shutdown_grace)

@@ -56,6 +56,7 @@ class RouterConfig:
     max_attempts: int = 3
     retry_after: int = 1
     access_log: bool = False
+    log_format: str = "text"  # text | json (the router's access lines)
     state: str = "auto"  # auto | memory | shared | redis://...
     lease_ttl: float = 30.0  # Redis: a dead instance's slots come back after this
     conversation_affinity: bool = True
@@ -104,6 +105,7 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "max_attempts": _POSITIVE_INT,
     "retry_after": _NON_NEG_INT,
     "access_log": _BOOL,
+    "log_format": (str, lambda v: v in ("text", "json"), "'text' or 'json'"),
     "state": (str, lambda v: v in ("auto", "memory", "shared") or v.startswith(("redis://", "rediss://", "unix://")),
               "'auto', 'memory', 'shared' or a redis:// URL"),
     "lease_ttl": _POSITIVE_NUM,

@@ -74,3 +74,22 @@ async def test_one_scrape_counts_every_worker_and_survives_a_killed_worker():
                     async with s.get(url + "/metrics") as resp:
                         if resp.status == 200:
                             assert value(await resp.text(), "nomyo_router_requests_total", model="llama3") >= sent
+
+
+async def test_access_lines_and_request_ids(mock, caplog):
+    import json as _json
+    import logging
+    secret = {**CHAT, "messages": [{"role": "user", "content": "zebra-secret-prompt"}]}
+    async with run_router({"endpoints": endpoints(mock), "access_log": True, "log_format": "json"}) as r, \
+            aiohttp.ClientSession() as s:
+        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+            async with s.post(r.url + "/api/chat", json=secret, headers={"X-Request-ID": "abc-123"}) as resp:
+                assert resp.headers["X-Request-ID"] == "abc-123"
+                await resp.read()
+            async with s.post(r.url + "/api/chat", json=CHAT) as resp:
+                generated = resp.headers["X-Request-ID"]
+                await resp.read()
+    lines = [_json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "nomyo_router.access"]
+    assert [x["request_id"] for x in lines] == ["abc-123", generated]
+    assert lines[0]["model"] == "llama3" and lines[0]["endpoint"] == "m0" and lines[0]["status"] == 200
+    assert "zebra" not in _json.dumps(lines)  # never prompt text

@@ -168,6 +168,7 @@ class Proxy:
         rec.overhead_s = t_up - req.t0 - lease.queued_s
         headers: Headers = [
             self._worker,
+            (b"x-request-id", rec.request_id.encode("latin-1")),
             (b"x-router-endpoint", ep.name.encode()),
             (b"x-router-queue-ms", b"%.3f" % (lease.queued_s * 1000)),
             (b"x-router-overhead-ms", b"%.3f" % ((t_up - req.t0 - lease.queued_s) * 1000)),
