@@ -154,3 +154,14 @@ async def test_unload_reaches_every_endpoint_that_has_the_model_loaded(mock, moc
         assert [a - b for a, b in zip(after, before)] == [1, 1]  # both, not one
         async with s.get(r.url + "/health") as h:
             assert all(e["in_flight"] == 0 for e in (await h.json())["endpoints"])  # no slot taken
+
+
+async def test_anthropic_messages_to_an_openai_only_backend_is_501_in_anthropics_shape(mock):
+    cfg = {"endpoints": [{"url": mock.url, "name": "oa", "type": "openai", "models": ["llama3"]}]}
+    async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+        body = {"model": "llama3", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        async with s.post(r.url + "/v1/messages", json=body) as resp:
+            err = await resp.json()
+            assert resp.status == 501 and err["type"] == "error" and "Ollama backends" in err["error"]["message"]
+        async with s.post(r.url + "/v1/messages", json={"max_tokens": 8}) as resp:
+            assert resp.status == 400 and (await resp.json())["type"] == "error"

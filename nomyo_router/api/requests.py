@@ -17,6 +17,7 @@ GENERATION_ROUTES: dict[str, tuple[str, str]] = {
     "/v1/chat/completions": ("openai", "chat"),
     "/v1/completions": ("openai", "generate"),
     "/v1/embeddings": ("openai", "embed"),
+    "/v1/messages": ("anthropic", "chat"),  # passed through to Ollama backends (they serve it)
 }
 
 

@@ -151,6 +151,9 @@ class Proxy:
 
     def _plan(self, req: GenRequest, ep: Endpoint) -> tuple[str, bytes, bool]:
         """(path, body, translate) for sending `req` to `ep`."""
+        if req.api == "anthropic" and ep.type != "ollama":
+            raise ApiError(501, f"/v1/messages is passed through to Ollama backends only; '{req.model}' "
+                                f"was routed to {ep.name}, an OpenAI-type backend", code="not_implemented")
         if ep.type == "openai" and req.api == "ollama":
             body = translate.request_to_openai(req.kind, req.body, ep.models[req.key], req.stream)
             return translate.OPENAI_PATH[req.kind], body, True

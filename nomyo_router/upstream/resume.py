@@ -28,6 +28,8 @@ from ..state import NoEndpoint, QueueFull, QueueTimeout
 
 
 def resumable(api: str, kind: str, body: dict[str, Any]) -> bool:
+    if api == "anthropic":
+        return False  # its event stream is not continued (an error event ends it)
     if kind == "chat":
         return isinstance(body.get("messages"), list)
     if kind == "generate":
