@@ -40,9 +40,10 @@ async def test_ttft_and_latency_match_the_mock(api):
     assert m_["total_output_tokens"] == 80
 
 
-async def ramp_known_capacity(mode: str, loads: tuple[int, ...], warmup: float) -> list[dict]:
-    """2 mocks x 4 slots x 200 ms behind the router: a backend that serves 40 req/s."""
-    knobs = dict(ttft_ms=200.0, tok_ms=0.0, tokens=1, parallel=4)
+async def ramp_known_capacity(mode: str, loads: tuple[int, ...], warmup: float,
+                              service_ms: float = 200.0) -> list[dict]:
+    """2 mocks x 4 slots x `service_ms` behind the router: 8 slots, 8000 / service_ms req/s."""
+    knobs = dict(ttft_ms=service_ms, tok_ms=0.0, tokens=1, parallel=4)
     async with run_mock(**knobs) as a, run_mock(**knobs) as b:
         async with run_router({"endpoints": endpoints(a, b, slots=4)}) as r:
             return [await stage(r.url, WorkloadSpec(stream=False), mode=mode, load=load,
@@ -50,11 +51,13 @@ async def ramp_known_capacity(mode: str, loads: tuple[int, ...], warmup: float) 
 
 
 async def test_knee_closed_loop_on_known_capacity():
-    """40 req/s at 200 ms each: the knee is 8 concurrent."""
-    stages = await ramp_known_capacity("closed", (2, 4, 8, 16, 32), warmup=0.4)
+    """8 slots at 400 ms each (20 req/s): the knee is 8 concurrent. The service time is long
+    enough that a scheduling hiccup of this shared machine (~100 ms) cannot by itself push a
+    stage's p99 past 1.5x the first's (at 200 ms it did, about 1 run in 6)."""
+    stages = await ramp_known_capacity("closed", (2, 4, 8, 16, 32), warmup=0.4, service_ms=400.0)
     knee = find_knee(stages)
     assert knee["knee_load"] == 8, [(s["load"], s["request_throughput"], s["p99_e2el_ms"]) for s in stages]
-    assert 34 <= knee["max_request_throughput"] <= 42
+    assert 17 <= knee["max_request_throughput"] <= 21  # 20 req/s, within -15%/+5% as before
     assert knee["saturation_load"] == 8
 
 
