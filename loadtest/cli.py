@@ -57,9 +57,17 @@ def _setting(text: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(value)
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as the epilog, and every option's default in its help line."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        return text if "default" in text else super()._get_help_string(action)  # type: ignore[misc]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loadtest", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                formatter_class=_Formatter, epilog=__doc__)
     mode = p.add_argument_group("mode")
     mode.add_argument("--url", default="http://127.0.0.1:12434", help="server to drive (default mode)")
     mode.add_argument("--mock-backend", action="store_true", help="spawn mock(s) and a router, drive the router")
@@ -67,31 +75,31 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--direct", action="store_true",
                       help="with --mock-backend: also measure straight to the mock, stage by stage")
     fleet = p.add_argument_group("mock backend and router (with --mock-backend)")
-    fleet.add_argument("--mock-count", type=int, default=1)
+    fleet.add_argument("--mock-count", type=int, default=1, help="mock backends to spawn")
     fleet.add_argument("--mock-port", type=int, default=None, help="first mock's port (default: free)")
-    fleet.add_argument("--mock-host", default="127.0.0.1")
+    fleet.add_argument("--mock-host", default="127.0.0.1", help="address the mocks listen on")
     add_arguments(fleet, prefix="mock-", defaults=LOADTEST_MOCK)
-    fleet.add_argument("--router-workers", type=int, default=1)
+    fleet.add_argument("--router-workers", type=int, default=1, help="router worker processes")
     fleet.add_argument("--router-max-conc", type=int, default=None,
                        help="slots per endpoint (default: the peak concurrency, so the router only queues when asked)")
-    fleet.add_argument("--router-port", type=int, default=None)
+    fleet.add_argument("--router-port", type=int, default=None, help="router port (default: free)")
     fleet.add_argument("--router-set", type=_setting, action="append", default=[], metavar="KEY=VALUE",
                        help="extra router config, e.g. conversation_affinity=false")
-    fleet.add_argument("--keep-config", action="store_true")
+    fleet.add_argument("--keep-config", action="store_true", help="keep the generated router config file")
     req = p.add_argument_group("requests")
-    req.add_argument("--api", choices=["ollama", "openai"], default="ollama")
-    req.add_argument("--endpoint", choices=["chat", "generate", "embed"], default="chat")
-    req.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    req.add_argument("--api", choices=["ollama", "openai"], default="ollama", help="API to speak")
+    req.add_argument("--endpoint", choices=["chat", "generate", "embed"], default="chat", help="route kind")
+    req.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="stream answers")
     req.add_argument("--model", default=None, help="default: the mock's first model, or llama3")
-    req.add_argument("--prompt", default="Why is the sky blue?")
+    req.add_argument("--prompt", default="Why is the sky blue?", help="the user message or prompt")
     req.add_argument("--prompt-tokens", type=int, default=None, help="send a prompt of about N tokens")
-    req.add_argument("--max-tokens", type=int, default=None)
+    req.add_argument("--max-tokens", type=int, default=None, help="num_predict / max_tokens (default: the server's)")
     req.add_argument("--header", type=_header, action="append", default=[], metavar="K:V")
     load = p.add_argument_group("load shape")
     load.add_argument("--concurrency", type=int, default=32, help="closed loop: virtual users")
     load.add_argument("--rate", type=float, nargs="?", const=-1.0, default=None,
                       help="open loop at R req/s; with --ramp and no value, the ramp values are rates")
-    load.add_argument("--arrival", choices=["constant", "poisson"], default="constant")
+    load.add_argument("--arrival", choices=["constant", "poisson"], default="constant", help="open-loop arrivals")
     load.add_argument("--ramp", type=_floats, default=None, help="e.g. 8,32,64 (concurrencies or rates)")
     load.add_argument("--duration", type=float, default=10.0, help="seconds per stage")
     load.add_argument("--requests", type=int, default=None, help="requests per stage instead of --duration")
@@ -99,15 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--timeout", type=float, default=120.0, help="per request (a request cut by it is an error of kind timeout)")
     load.add_argument("--max-error-rate", type=float, default=0.01,
                       help="exit 1 when a stage's error rate is above this (default 0.01 = 1%%)")
-    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--seed", type=int, default=0, help="seed of arrivals and workloads")
     conv = p.add_argument_group("conversations")
     conv.add_argument("--turns", type=int, default=1, help="turns per conversation (closed loop)")
     conv.add_argument("--context-tokens", type=int, default=0, help="history size of a conversation's first turn")
     conv.add_argument("--session-header", default=None, help="send the conversation id in this header")
     prefix_mod.add_arguments(p)
     out = p.add_argument_group("output")
-    out.add_argument("--json", default=None, metavar="PATH")
-    out.add_argument("--html", default=None, metavar="PATH")
+    out.add_argument("--json", default=None, metavar="PATH", help="write the nomyo-loadtest/1 JSON here")
+    out.add_argument("--html", default=None, metavar="PATH", help="write the self-contained HTML report here")
     out.add_argument("--quiet", action="store_true", help="no live progress")
     return p
 

@@ -78,6 +78,31 @@ class MockConfig:
         return new
 
 
+HELP = {
+    "models": "advertised models; others get 404",
+    "ttft_ms": "time to first token in ms (before prefill)",
+    "tokens": "tokens per answer (capped by num_predict / max_tokens)",
+    "tok_ms": "ms per token after the first",
+    "jitter": "relative spread on TTFT and tok-ms",
+    "jitter_dist": "distribution of the jitter",
+    "parallel": "slots, like OLLAMA_NUM_PARALLEL; the rest wait FIFO",
+    "max_queue": "waiting requests; beyond: Ollama's real 503",
+    "openai_busy_status": "status on OpenAI routes when the queue is full (429 or 503)",
+    "batch_slowdown": "per-token delay x (1 + s x (active - 1))",
+    "prefill_ms_per_1k_tokens": "prefill cost of prompt tokens not in this instance's KV cache",
+    "kv_cache_tokens": "simulated prefix cache size in tokens (LRU)",
+    "kv_block_tokens": "tokens per cache block",
+    "embed_dim": "embedding size",
+    "fail_rate": "share of requests answered 500",
+    "busy_rate": "share of requests answered 503 (busy)",
+    "drop_rate": "share of requests whose connection is cut (streams mid-way)",
+    "hang_rate": "share of requests accepted and never answered",
+    "first_byte_delay_ms": "delay before the response headers",
+    "seed": "seed of the fault dice and jitter",
+    "kv_events": "publish vLLM-style KV-cache events on this ZMQ address (e.g. tcp://127.0.0.1:5557); empty: off",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser, prefix: str = "",
                   defaults: MockConfig | None = None) -> None:
     """Add one flag per knob (`--ttft-ms`, ...); `prefix` gives `--mock-ttft-ms` for the load tester."""
@@ -86,14 +111,16 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "",
         flag = "--" + prefix + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
         dest = (prefix.replace("-", "_") + f.name)
+        what = HELP.get(f.name, f.name.replace("_", " "))
         if f.name == "models":
             parser.add_argument(flag, dest=dest, default=",".join(default),
-                                help="comma-separated model names (default: %(default)s)")
+                                help=f"{what}, comma-separated (default: %(default)s)")
         elif f.name == "jitter_dist":
-            parser.add_argument(flag, dest=dest, default=default, choices=JITTER_DISTS)
+            parser.add_argument(flag, dest=dest, default=default, choices=JITTER_DISTS,
+                                help=f"{what} (default: %(default)s)")
         else:
             parser.add_argument(flag, dest=dest, type=type(default), default=default,
-                                help=f"(default: {default})")
+                                help=f"{what} (default: %(default)s)")
 
 
 def from_namespace(ns: argparse.Namespace, prefix: str = "") -> MockConfig:

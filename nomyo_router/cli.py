@@ -28,12 +28,16 @@ DEFAULT_PORT = 12434
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="nomyo-router", description=__doc__.split("\n\n")[1])
-    p.add_argument("--config", default=os.environ.get(CONFIG_ENV, "config.yaml"))
-    p.add_argument("--host", default="127.0.0.1", help="use 0.0.0.0 to listen on all interfaces")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p = argparse.ArgumentParser(prog="nomyo-router", description=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default=os.environ.get(CONFIG_ENV, "config.yaml"),
+                   help=f"the YAML config (or ${CONFIG_ENV}); see the README's config table")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for all interfaces")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes; they share slots, queue, pins and health (state: auto)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level of the router and uvicorn")
     p.add_argument("--check", action="store_true", help="validate the config and exit")
     args = p.parse_args(argv)
     try:
