@@ -93,3 +93,19 @@ async def test_access_lines_and_request_ids(mock, caplog):
     assert [x["request_id"] for x in lines] == ["abc-123", generated]
     assert lines[0]["model"] == "llama3" and lines[0]["endpoint"] == "m0" and lines[0]["status"] == 200
     assert "zebra" not in _json.dumps(lines)  # never prompt text
+
+
+async def test_token_counts_come_from_the_backends_answers(mock):
+    async with run_router({"endpoints": endpoints(mock)}) as r, aiohttp.ClientSession() as s:
+        for stream in (False, True):
+            async with s.post(r.url + "/api/chat", json={**CHAT, "stream": stream}) as resp:
+                await resp.read()
+        body = {"model": "llama3", "stream": True, "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "hi"}]}
+        async with s.post(r.url + "/v1/chat/completions", json=body) as resp:
+            await resp.read()
+        async with s.get(r.url + "/metrics") as resp:
+            text = await resp.text()
+    # the mock answers 8 tokens each time (tests' FAST settings)
+    assert value(text, "nomyo_router_tokens_total", model="llama3", kind="completion") == 24
+    assert value(text, "nomyo_router_tokens_total", model="llama3", kind="prompt") > 0

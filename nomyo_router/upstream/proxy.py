@@ -26,7 +26,7 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from . import translate
+from . import translate, usage
 from .deadline import Deadlines
 from .health import Health
 from .resume import Resumer, resumable
@@ -213,6 +213,8 @@ class Proxy:
         rec.status = resp.status
         if not req.stream or resp.status != 200:
             resp.release()
+            if resp.status == 200:
+                rec.prompt_tokens, rec.completion_tokens = usage.counts(data[-usage.TAIL:])
             if translating:
                 await self._send_translated(req, resp.status, data, headers, send)
             else:
@@ -234,7 +236,7 @@ class Proxy:
             if translating:
                 cut = await self._relay_translated(req, resp, first, headers, send)
             else:
-                cut = await self._relay(resp, first, headers, send)
+                cut = await self._relay(resp, first, headers, send, rec)
             if cut:
                 rec.error = "stream_cut"
                 self.health.failure(ep, "stream cut by the backend")
@@ -274,17 +276,21 @@ class Proxy:
             raise
 
     async def _relay(self, resp: aiohttp.ClientResponse, first: bytes, headers: Headers,
-                     send: Send) -> bool:
+                     send: Send, rec: RequestRecord) -> bool:
         """Relay a stream; True when the backend cut it."""
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
         cut = False
+        before, last = b"", first  # the counts sit in the last record, which may span two chunks
         try:
             async for chunk in resp.content.iter_any():
+                before, last = last, chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             cut = True
             await send({"type": "http.response.body", "body": _stream_error(resp, e), "more_body": True})
+        else:
+            rec.prompt_tokens, rec.completion_tokens = usage.counts((before + last)[-usage.TAIL:])
         await send({"type": "http.response.body", "body": b""})
         return cut
 

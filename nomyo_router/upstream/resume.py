@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from ..state import NoEndpoint, QueueFull, QueueTimeout
+from . import usage
 
 
 def resumable(api: str, kind: str, body: dict[str, Any]) -> bool:
@@ -178,6 +179,7 @@ class Resumer:
                     resp.release()
                     if seam is not None:
                         self.health.success(ep)
+                    rec.prompt_tokens, rec.completion_tokens = usage.counts(bytes(sent[-usage.TAIL:]))
                     return False
                 resp.close()
                 self.health.failure(ep, "stream cut by the backend")
