@@ -182,9 +182,7 @@ class RouterApp:
         t0 = time.perf_counter()
         path: str = scope["path"]
         api = ("anthropic" if path.startswith("/v1/messages") else "openai") if path.startswith("/v1/") else "ollama"
-        handler = ROUTES.get((scope["method"], path))
-        if handler is None and path.startswith("/v1/models/") and scope["method"] in ("GET", "HEAD"):
-            handler = RouterApp.model  # GET /v1/models/{id}
+        handler = ROUTES.get((scope["method"], path)) or prefix_route(scope["method"], path)
         try:
             if self.router is not None:
                 send, preflight = self._admit(scope, send)
@@ -192,7 +190,7 @@ class RouterApp:
                     await send_response(send, 204, b"", headers=access.preflight_headers(preflight))
                     return
             if handler is None:
-                if any(p == path for _, p in ROUTES):
+                if any(p == path for _, p in ROUTES) or any(path.startswith(p) for _, p, _ in PREFIX_ROUTES):
                     raise ApiError(405, f"method {scope['method']} not allowed on {path}")
                 raise ApiError(404, f"no route for {scope['method']} {path}")
             await handler(self, scope, receive, send, t0)
@@ -297,6 +295,10 @@ class RouterApp:
         await send_response(send, 200, b"Ollama is running", b"text/plain; charset=utf-8")
 
     def _router(self) -> Router:
+        return self.current()
+
+    def current(self) -> Router:
+        """The running router, for handlers in other modules; 503 while starting."""
         if self.router is None:
             raise ApiError(503, "router is starting")
         return self.router
@@ -363,5 +365,20 @@ ROUTES.update({
     ("GET", "/"): RouterApp.root,
     ("HEAD", "/"): RouterApp.root,
 })
+# Routes whose path carries a parameter: (method, prefix, handler), first match wins.
+PREFIX_ROUTES: list[tuple[str, str, Handler]] = [
+    ("GET", "/v1/models/", RouterApp.model),
+    ("HEAD", "/v1/models/", RouterApp.model),
+]
+# New capabilities register their routes here from their own module (one line each), e.g.
+# `ROUTES.update(manage.ROUTES)`; a handler is `async def h(app: RouterApp, scope, receive, send, t0)`
+# and reaches the running router through `app.current()`.
+
+
+def prefix_route(method: str, path: str) -> Handler | None:
+    for m, prefix, handler in PREFIX_ROUTES:
+        if m == method and path.startswith(prefix) and len(path) > len(prefix):
+            return handler
+    return None
 
 app = RouterApp()
