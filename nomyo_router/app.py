@@ -33,6 +33,8 @@ from .state import MemoryStore, SharedStore, StateStore, private
 from .ops.accesslog import AccessLog
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
 from .ops.metrics import Metrics, state_gauges
+from .ops import usage_api
+from .ops.usage_store import make_usage
 from .upstream.discovery import Discovery
 from .upstream.health import Health
 from .upstream.unload import is_unload, unload
@@ -58,6 +60,7 @@ class Router:
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
         entries = [("default", config.router_api_key, None)] if config.router_api_key else []
+        entries += [("admin", config.admin_key, None)] if config.admin_key else []
         entries += [(name, key, frozenset(model_key(m) for m in models) if models else None)
                     for name, key, models, _ in config.client_keys]
         self.client_limits = ClientLimits({name: cap for name, _, _, cap in config.client_keys if cap})
@@ -66,6 +69,7 @@ class Router:
         self.loop_lag = LoopLag()
         self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag))
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
+        self.usage = make_usage(self.events, config.usage_db, config.state)
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
         self.session: aiohttp.ClientSession | None = None
         self.discovery: Discovery | None = None
@@ -75,6 +79,8 @@ class Router:
 
     async def start(self) -> None:
         await self.store.start()
+        if self.usage is not None:
+            await self.usage.start()
         self.session = create_session(self.config)
         self.loop_lag.start()
         self.proxy = Proxy(self.scheduler, self.session, self.store, self.config, self.events, self.health)
@@ -93,6 +99,8 @@ class Router:
         if self.discovery:
             await self.discovery.stop()
         await self.loop_lag.stop()
+        if self.usage is not None:
+            await self.usage.close()
         if self.session:
             await self.session.close()
         await self.store.close()
@@ -370,6 +378,7 @@ PREFIX_ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v1/models/", RouterApp.model),
     ("HEAD", "/v1/models/", RouterApp.model),
 ]
+ROUTES.update(usage_api.ROUTES)
 # New capabilities register their routes here from their own module (one line each), e.g.
 # `ROUTES.update(manage.ROUTES)`; a handler is `async def h(app: RouterApp, scope, receive, send, t0)`
 # and reaches the running router through `app.current()`.

@@ -83,6 +83,8 @@ class RouterConfig:
     resume_streams: bool = True  # continue a stream cut mid-way on another endpoint
     shutdown_grace: float = 30.0  # SIGTERM: seconds in-flight streams may take to finish
     overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
+    usage_db: str | None = "./nomyo-usage.db"  # SQLite token accounting; None: off (Redis state: in Redis)
+    admin_key: str | None = field(default=None, repr=False)  # POST /admin/reload, everyone's /api/usage
 
 
 # key -> (python type(s), check, what is expected)
@@ -132,7 +134,8 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
 }
 _ENDPOINT_KEYS = {"url", "name", "type", "max_concurrent", "api_key", "models", "kv_cache_tokens",
                   "kv_events"}
-_TOP_KEYS = set(_SCALARS) | {"endpoints", "api_keys", "router_api_key", "client_keys", "allowed_origins"}
+_TOP_KEYS = set(_SCALARS) | {"endpoints", "api_keys", "router_api_key", "client_keys", "allowed_origins",
+                             "usage_db", "admin_key"}
 
 
 def expand_env(value: str, where: str) -> str:
@@ -265,6 +268,14 @@ def _access(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if data.get("router_api_key") is not None:
         out["router_api_key"] = _key("router_api_key", data["router_api_key"])
+    if data.get("admin_key") is not None:
+        out["admin_key"] = _key("admin_key", data["admin_key"])
+    if "usage_db" in data:
+        db = data["usage_db"]
+        if db is not None and (not isinstance(db, str) or not db.strip()):
+            raise ConfigError(f"usage_db: expected a file path (e.g. ./nomyo-usage.db) or null to turn "
+                              f"token accounting off, got {db!r}")
+        out["usage_db"] = db
     raw = data.get("client_keys")
     if raw is not None:
         if not isinstance(raw, list):
@@ -287,6 +298,9 @@ def _access(data: dict[str, Any]) -> dict[str, Any]:
             keys.append((name.strip(), _key(f"{where}.key", entry.get("key")), tuple(models) if models else None,
                          cap))
         names = [k[0] for k in keys]
+        if {"default", "admin"} & set(names):
+            raise ConfigError("client_keys: the names 'default' and 'admin' are reserved (router_api_key and "
+                              "admin_key); choose another name")
         if len(set(names)) != len(names):
             raise ConfigError("client_keys: names must be unique (they name the client in usage and logs)")
         out["client_keys"] = tuple(keys)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import tempfile
 from typing import Any, AsyncIterator
 
 import uvicorn
@@ -26,7 +28,7 @@ class RunningRouter:
 @contextlib.asynccontextmanager
 async def run_router(config: RouterConfig | dict[str, Any]) -> AsyncIterator[RunningRouter]:
     if isinstance(config, dict):
-        config = parse_config(config)
+        config = parse_config({"usage_db": TEST_USAGE_DB, **config})
     app = RouterApp(config)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
@@ -45,6 +47,9 @@ async def run_router(config: RouterConfig | dict[str, Any]) -> AsyncIterator[Run
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
+
+
+TEST_USAGE_DB = os.path.join(tempfile.gettempdir(), f"nomyo-usage-test-{os.getpid()}.db")
 
 
 def endpoints(*mocks: Any, slots: int = 2, **extra: Any) -> list[dict[str, Any]]:

@@ -23,7 +23,8 @@ def router_workers(config: dict[str, Any], workers: int, state_path: str | None 
     e.g. because it hosts the shared state); then await `ready(url)`."""
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(config, f)
+        yaml.safe_dump({"usage_db": os.path.join(tempfile.gettempdir(), f"nomyo-usage-test-{os.getpid()}.db"),
+                        **config}, f)
     port = free_port()
     env = dict(os.environ)
     if state_path:

@@ -1,0 +1,208 @@
+"""Token accounting that survives restarts: per day, model, endpoint and client key.
+
+Every finished request adds to an in-memory batch (a dict update on the event loop, nothing
+else); a flusher hands the batch to storage once per `FLUSH_S`:
+
+- `SqliteUsage` (the default, `usage_db: ./nomyo-usage.db`): one UPSERT per row, in one
+  transaction, on a dedicated thread, so the event loop never waits on the disk. WAL mode and
+  a busy timeout let every `--workers N` process add to the same file; each adds its own
+  increments, so the sums are exact whatever the worker count.
+- `RedisUsage` (with `state: redis://…`): HINCRBY into one hash per day, so every instance
+  adds to the same counters.
+
+A request is never blocked or failed by the store: a failed flush is logged and its batch
+kept for the next one. What a worker held in memory when killed with SIGKILL (at most
+`FLUSH_S` of usage) is lost; a normal shutdown flushes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..events import Events, RequestRecord
+
+log = logging.getLogger("nomyo_router.usage")
+
+FLUSH_S = 1.0
+FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens")
+Row = tuple[str, str, str, str]  # day, model, endpoint, client
+Counts = list[int]  # in FIELDS order
+
+
+def today() -> str:
+    return datetime.datetime.fromtimestamp(time.time(), datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+class Usage:
+    """The batching half, shared by both stores; subclasses write and read."""
+
+    def __init__(self, events: Events) -> None:
+        self._batch: dict[Row, Counts] = {}
+        self._task: asyncio.Task | None = None
+        events.on_request_done(self.add)
+
+    def add(self, rec: RequestRecord) -> None:
+        if rec.endpoint is None:  # never reached a backend: nothing was used
+            return
+        row = (today(), rec.model, rec.endpoint, rec.client or "")
+        c = self._batch.get(row)
+        if c is None:
+            c = self._batch[row] = [0, 0, 0, 0]
+        if 200 <= rec.status < 400:
+            c[0] += 1
+        else:
+            c[1] += 1
+        c[2] += rec.prompt_tokens or 0
+        c[3] += rec.completion_tokens or 0
+
+    async def start(self) -> None:
+        await self._open()
+        self._task = asyncio.get_running_loop().create_task(self._flusher())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+        await self._close()
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            await self.flush()
+
+    async def flush(self) -> None:
+        batch, self._batch = self._batch, {}
+        if not batch:
+            return
+        try:
+            await self._write(batch)
+        except Exception as e:  # keep the counts for the next try; never fail a request
+            log.warning("usage: could not write %d rows (%s); keeping them for the next flush", len(batch), e)
+            for row, c in batch.items():
+                mine = self._batch.setdefault(row, [0, 0, 0, 0])
+                for i, n in enumerate(c):
+                    mine[i] += n
+
+    async def rows(self) -> list[tuple[Row, Counts]]:
+        """Every stored row, after handing on this worker's pending batch."""
+        await self.flush()
+        return await self._read()
+
+    async def _open(self) -> None: ...
+
+    async def _close(self) -> None: ...
+
+    async def _write(self, batch: dict[Row, Counts]) -> None:
+        raise NotImplementedError
+
+    async def _read(self) -> list[tuple[Row, Counts]]:
+        raise NotImplementedError
+
+
+_SCHEMA = """CREATE TABLE IF NOT EXISTS usage (
+    day TEXT NOT NULL, model TEXT NOT NULL, endpoint TEXT NOT NULL, client TEXT NOT NULL,
+    requests INTEGER NOT NULL DEFAULT 0, errors INTEGER NOT NULL DEFAULT 0,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (day, model, endpoint, client))"""
+_UPSERT = """INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (day, model, endpoint, client) DO UPDATE SET
+    requests = requests + excluded.requests, errors = errors + excluded.errors,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens"""
+
+
+class SqliteUsage(Usage):
+    def __init__(self, events: Events, path: str) -> None:
+        super().__init__(events)
+        self.path = path
+        self._db: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="nomyo-usage")  # one connection, one thread
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def _open(self) -> None:
+        await self._run(self._connect)
+
+    def _connect(self) -> None:
+        db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(_SCHEMA)
+        self._db = db
+
+    async def _close(self) -> None:
+        if self._db is not None:
+            await self._run(self._db.close)
+            self._db = None
+        self._thread.shutdown(wait=False)
+
+    async def _write(self, batch: dict[Row, Counts]) -> None:
+        await self._run(self._write_sync, [(*row, *c) for row, c in batch.items()])
+
+    def _write_sync(self, rows: list[tuple]) -> None:
+        assert self._db is not None
+        with self._db:  # one transaction
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(_UPSERT, rows)
+
+    async def _read(self) -> list[tuple[Row, Counts]]:
+        return await self._run(self._read_sync)
+
+    def _read_sync(self) -> list[tuple[Row, Counts]]:
+        assert self._db is not None
+        cur = self._db.execute("SELECT * FROM usage ORDER BY day, model, endpoint, client")
+        return [((r[0], r[1], r[2], r[3]), list(r[4:])) for r in cur]
+
+
+class RedisUsage(Usage):
+    """Hash `<prefix>:usage:<day>`, field `model\\x1fendpoint\\x1fclient\\x1f<field>`."""
+
+    SEP = "\x1f"
+
+    def __init__(self, events: Events, url: str, prefix: str = "nomyo") -> None:
+        super().__init__(events)
+        self.url, self.prefix = url, prefix
+        self._redis: Any = None
+
+    async def _open(self) -> None:
+        import redis.asyncio as aioredis
+        self._redis = aioredis.from_url(self.url, decode_responses=True, socket_timeout=5)
+
+    async def _close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    async def _write(self, batch: dict[Row, Counts]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for (day, model, endpoint, client), c in batch.items():
+            for name, n in zip(FIELDS, c):
+                if n:
+                    pipe.hincrby(f"{self.prefix}:usage:{day}", self.SEP.join((model, endpoint, client, name)), n)
+        await pipe.execute()
+
+    async def _read(self) -> list[tuple[Row, Counts]]:
+        out: dict[Row, Counts] = {}
+        async for key in self._redis.scan_iter(f"{self.prefix}:usage:*"):
+            day = key.rsplit(":", 1)[1]
+            for field, n in (await self._redis.hgetall(key)).items():
+                model, endpoint, client, name = field.split(self.SEP)
+                out.setdefault((day, model, endpoint, client), [0, 0, 0, 0])[FIELDS.index(name)] += int(n)
+        return sorted(out.items())
+
+
+def make_usage(events: Events, usage_db: str | None, state: str) -> Usage | None:
+    if state.startswith(("redis://", "rediss://", "unix://")):
+        return RedisUsage(events, state)
+    if usage_db:
+        return SqliteUsage(events, usage_db)
+    return None

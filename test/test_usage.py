@@ -1,0 +1,120 @@
+"""Token accounting: persisted in SQLite (or Redis), exact across workers and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from mock import MockConfig, MockProcess
+from test.helpers import endpoints, run_router
+from test.router_proc import router_workers
+
+CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def reported(resp: aiohttp.ClientResponse, path: str, stream: bool) -> int:
+    """The completion tokens the backend reported in this answer."""
+    body = await resp.read()
+    assert resp.status == 200, body
+    if path.startswith("/v1/"):
+        if not stream:
+            return json.loads(body)["usage"]["completion_tokens"]
+        events = [json.loads(line[6:]) for line in body.decode().splitlines()
+                  if line.startswith("data: {")]
+        usage = [e["usage"] for e in events if e.get("usage")]
+        return usage[-1]["completion_tokens"] if usage else 0
+    return json.loads(body.splitlines()[-1])["eval_count"]
+
+
+async def usage(s: aiohttp.ClientSession, url: str, **params: str) -> dict[str, Any]:
+    async with s.get(url + "/api/usage", params=params) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def until_total(s: aiohttp.ClientSession, url: str, tokens: int, requests: int) -> dict[str, Any]:
+    """Each worker hands its batch on once a second: wait for every worker's share."""
+    for _ in range(50):
+        u = await usage(s, url)
+        if u["totals"]["completion_tokens"] >= tokens and u["totals"]["requests"] >= requests:
+            return u
+        await asyncio.sleep(0.1)
+    return u
+
+
+async def test_usage_survives_a_restart_of_two_workers(tmp_path):
+    db = str(tmp_path / "usage.db")
+    cfg = {"endpoints": [{"url": "", "name": "m", "max_concurrent": 16}], "usage_db": db}
+    with MockProcess(MockConfig(ttft_ms=0, tok_ms=0, tokens=5, parallel=64)) as m:
+        cfg["endpoints"][0]["url"] = m.url
+        expected = 0
+        with router_workers(cfg, 2) as (url, _):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                async def one(i: int) -> int:
+                    stream = i % 5 < 2  # 40 streams, 60 not
+                    path = "/v1/chat/completions" if i % 2 else "/api/chat"
+                    async with s.post(url + path, json={**CHAT, "stream": stream}) as resp:
+                        return await reported(resp, path, stream)
+                counts = await asyncio.gather(*(one(i) for i in range(100)))
+                expected = sum(counts)
+                assert expected >= 100 * 5 * 0.5  # the backend answered with counts
+                live = await until_total(s, url, expected, 100)
+                assert live["totals"]["completion_tokens"] == expected
+                assert live["totals"]["requests"] == 100
+        with router_workers(cfg, 2) as (url, _):  # a new router on the same file
+            async with aiohttp.ClientSession() as s:
+                after = await usage(s, url)
+                assert after["totals"]["completion_tokens"] == expected
+                assert after["totals"]["requests"] == 100
+                assert after["by_model"]["llama3"]["completion_tokens"] == expected
+                assert after["by_endpoint"]["m"]["requests"] == 100
+                async with s.get(url + "/api/usage", params={"format": "csv"}) as resp:
+                    lines = (await resp.text()).splitlines()
+                assert lines[0] == "day,model,endpoint,client,requests,errors,prompt_tokens,completion_tokens"
+                assert lines[1].split(",")[1:5] == ["llama3", "m", "", "100"]
+                assert int(lines[1].split(",")[-1]) == expected
+
+
+async def test_each_client_key_sees_its_own_usage(mock, tmp_path):
+    cfg = {"endpoints": endpoints(mock), "usage_db": str(tmp_path / "u.db"), "admin_key": "admin-key-123456",
+           "client_keys": [{"name": "alice", "key": "alice-key-123456"}, {"name": "bob", "key": "bob-key-1234567"}]}
+    async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+        for key, n in (("alice-key-123456", 3), ("bob-key-1234567", 2)):
+            for _ in range(n):
+                async with s.post(r.url + "/api/chat", json={**CHAT, "stream": False},
+                                  headers={"Authorization": f"Bearer {key}"}) as resp:
+                    assert resp.status == 200
+        async with s.get(r.url + "/api/usage") as resp:
+            assert resp.status == 401  # no key, no usage
+        mine = await usage_as(s, r.url, "alice-key-123456")
+        assert mine["totals"]["requests"] == 3 and set(mine["by_client"]) == {"alice"}
+        everyone = await usage_as(s, r.url, "admin-key-123456")
+        assert everyone["by_client"]["alice"]["requests"] == 3 and everyone["by_client"]["bob"]["requests"] == 2
+        async with s.get(r.url + "/api/usage", params={"since": "yesterday"},
+                         headers={"Authorization": "Bearer admin-key-123456"}) as resp:
+            assert resp.status == 400 and "YYYY-MM-DD" in (await resp.json())["error"]
+
+
+async def usage_as(s: aiohttp.ClientSession, url: str, key: str) -> dict[str, Any]:
+    async with s.get(url + "/api/usage", headers={"Authorization": f"Bearer {key}"}) as resp:
+        assert resp.status == 200
+        return await resp.json()
+
+
+async def test_usage_in_redis_adds_up_across_instances(mock, redis_url):
+    import redis.asyncio as aioredis
+    r0 = aioredis.from_url(redis_url)
+    for key in await r0.keys("nomyo:usage:*"):
+        await r0.delete(key)
+    await r0.aclose()
+    cfg = {"endpoints": endpoints(mock), "state": redis_url}
+    async with run_router(cfg) as a, run_router(cfg) as b, aiohttp.ClientSession() as s:
+        for url in (a.url, a.url, b.url):
+            async with s.post(url + "/api/chat", json={**CHAT, "stream": False}) as resp:
+                assert resp.status == 200
+        await asyncio.sleep(1.2)  # the other instance's flush
+        for url in (a.url, b.url):
+            assert (await usage(s, url))["totals"]["requests"] == 3
