@@ -19,12 +19,13 @@ from typing import Awaitable, Callable
 import aiohttp
 
 from .api import access, listing
-from .api.asgi import BodyTooLarge, ClientGone, Receive, Scope, Send, header, read_body, send_response
+from .api.asgi import (BodyTooLarge, ClientGone, Receive, Scope, Send, cancel_on_disconnect, header, read_body,
+                       send_response, with_headers)
 from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
 from .api.requests import GENERATION_ROUTES, parse
 from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
-from .domain import Endpoint, model_key
+from .domain import Endpoint
 from .events import Events, RequestRecord
 from .routing import kv_events
 from .routing.policies import Policy, make_policy
@@ -33,7 +34,7 @@ from .state import MemoryStore, SharedStore, StateStore, private
 from .ops.accesslog import AccessLog
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
 from .ops.metrics import Metrics, state_gauges
-from .ops import usage_api
+from .ops import reload, usage_api
 from .ops.usage_store import make_usage
 from .upstream.discovery import Discovery
 from .upstream.health import Health
@@ -59,12 +60,8 @@ class Router:
                                    config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
-        entries = [("default", config.router_api_key, None)] if config.router_api_key else []
-        entries += [("admin", config.admin_key, None)] if config.admin_key else []
-        entries += [(name, key, frozenset(model_key(m) for m in models) if models else None)
-                    for name, key, models, _ in config.client_keys]
-        self.client_limits = ClientLimits({name: cap for name, _, _, cap in config.client_keys if cap})
-        self.keys = access.Keys(entries) if entries else None
+        self.client_limits = ClientLimits(access.caps_of(config))
+        self.keys = access.keys_of(config)
         self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
         self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag))
@@ -89,11 +86,13 @@ class Router:
         await self.discovery.start()
         self.proxy.rediscover = self.discovery.refresh_now
         self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
+        reload.install(self)
         for ep in self.endpoints:
             log.info("endpoint %s (%s): %d slots, healthy=%s, models=%s", ep.name, ep.type,
                      ep.slots, self.store.is_healthy(ep), sorted(ep.models.values()))
 
     async def close(self) -> None:
+        reload.uninstall()
         for task in self.kv_tasks:
             task.cancel()
         if self.discovery:
@@ -222,10 +221,10 @@ class RouterApp:
                 raise ApiError(403, f"origin {origin.decode('latin-1')!r} is not allowed; add it to allowed_origins")
             if scope["method"] == "OPTIONS":
                 return send, origin
-            send = _with_headers(send, access.cors_headers(origin))
+            send = with_headers(send, access.cors_headers(origin))
         if router.keys is not None and scope["path"] not in access.OPEN_PATHS:
             client = router.keys.check(key)
-            if client is None:
+            if client is None and router.keys.required:
                 raise ApiError(401, "a valid API key is required (Authorization: Bearer KEY or x-api-key)"
                                if key is None else "invalid API key")
             scope["nomyo.client"] = client
@@ -257,10 +256,10 @@ class RouterApp:
         held: list[str] = []  # the client whose permit this request holds, once it has one
         try:
             if limits.capped(req.client):
-                await _cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive)
+                await cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive)
                 if not held:
                     return  # the client left while waiting for its permit
-            await _cancel_on_disconnect(router.proxy.handle(req, send, rec), receive)
+            await cancel_on_disconnect(router.proxy.handle(req, send, rec), receive)
         except ApiError as e:
             rec.status, rec.error = e.status, e.code or "error"
             raise
@@ -288,7 +287,7 @@ class RouterApp:
 
     async def health(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()
-        authed = router.keys is None or router.keys.check(access.inspect(scope["headers"])[1]) is not None
+        authed = router.keys is None or not router.keys.required or router.keys.check(access.inspect(scope["headers"])[1]) is not None
         status, body = await listing.health(router.endpoints, router.store, router.health, usage=authed)
         await send_response(send, status, body)
 
@@ -321,44 +320,6 @@ async def _enter(limits: ClientLimits, client: str, config: RouterConfig, held: 
                        code="queue_timeout", retry_after=config.retry_after) from None
 
 
-def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
-    async def wrapped(msg: dict) -> None:
-        if msg["type"] == "http.response.start":
-            msg = {**msg, "headers": [*msg.get("headers", []), *extra]}
-        await send(msg)
-    return wrapped
-
-
-async def _cancel_on_disconnect(work: Awaitable[None], receive: Receive) -> None:
-    """Run `work`; if the client disconnects first, cancel it (which frees its slot or queue
-    place and closes the upstream request). A disconnect is never a backend failure."""
-    task = asyncio.current_task()
-    assert task is not None
-    finished = False
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                if not finished:
-                    gone = True
-                    task.cancel()
-                return
-
-    watcher = asyncio.get_running_loop().create_task(watch())
-    try:
-        await work
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        task.uncancel()
-    finally:
-        finished = True
-        watcher.cancel()
-
-
 ROUTES: dict[tuple[str, str], Handler] = {("POST", p): RouterApp.generate for p in GENERATION_ROUTES}
 ROUTES.update({
     ("POST", "/api/show"): RouterApp.show,
@@ -379,6 +340,7 @@ PREFIX_ROUTES: list[tuple[str, str, Handler]] = [
     ("HEAD", "/v1/models/", RouterApp.model),
 ]
 ROUTES.update(usage_api.ROUTES)
+ROUTES.update(reload.ROUTES)
 # New capabilities register their routes here from their own module (one line each), e.g.
 # `ROUTES.update(manage.ROUTES)`; a handler is `async def h(app: RouterApp, scope, receive, send, t0)`
 # and reaches the running router through `app.current()`.

@@ -7,9 +7,11 @@ the key named), then serves `nomyo_router.app:app` with uvloop and httptools.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import sys
 
 # Idle memory (issue 15): uvicorn imports watchfiles (and with it anyio and a Rust library)
@@ -19,10 +21,13 @@ import sys
 sys.modules.setdefault("watchfiles", None)  # type: ignore[arg-type]
 
 import uvicorn  # noqa: E402
+from uvicorn.supervisors import Multiprocess  # noqa: E402
 
 # Not `.app`: the master only supervises, and importing the app (aiohttp, ...) cost it ~11 MB.
 from .config import CONFIG_ENV, ConfigError, load_config  # noqa: E402
 from .state import private  # noqa: E402
+
+SUPERVISOR_ENV = "NOMYO_ROUTER_SUPERVISOR_PID"  # ops/reload.py: POST /admin/reload signals it
 
 DEFAULT_PORT = 12434
 
@@ -65,14 +70,39 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run("nomyo_router.app:app", host=args.host, port=args.port, workers=args.workers,
-                loop="uvloop", http="nomyo_router.protocol:GuardedHttpToolsProtocol", lifespan="on",
-                ws="none",  # no WebSocket routes (the app refuses upgrades); saves ~2 MB per worker
-                limit_concurrency=config.max_connections or None, access_log=False,
-                log_level=args.log_level, timeout_keep_alive=75, backlog=2048,
-                proxy_headers=False, server_header=False, date_header=False,
-                timeout_graceful_shutdown=config.shutdown_grace)
+    settings = dict(host=args.host, port=args.port, workers=args.workers,
+                    loop="uvloop", http="nomyo_router.protocol:GuardedHttpToolsProtocol", lifespan="on",
+                    ws="none",  # no WebSocket routes (the app refuses upgrades); saves ~2 MB per worker
+                    limit_concurrency=config.max_connections or None, access_log=False,
+                    log_level=args.log_level, timeout_keep_alive=75, backlog=2048,
+                    proxy_headers=False, server_header=False, date_header=False,
+                    timeout_graceful_shutdown=config.shutdown_grace)
+    if args.workers == 1:  # the worker itself handles SIGHUP (ops/reload.py)
+        uvicorn.run("nomyo_router.app:app", **settings)  # type: ignore[arg-type]
+        return 0
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())
+    server_config = uvicorn.Config("nomyo_router.app:app", **settings)  # type: ignore[arg-type]
+    Supervisor(server_config, sockets=[server_config.bind_socket()]).run()
     return 0
+
+
+class Supervisor(Multiprocess):
+    """uvicorn's worker supervisor, but SIGHUP reloads the config inside the workers (keeping
+    their connections, queues, pins and learned state) instead of replacing them; a file that
+    does not validate is rejected here, logged, and nobody reloads."""
+
+    def handle_hup(self) -> None:
+        try:
+            load_config(os.environ[CONFIG_ENV])
+        except ConfigError as e:
+            logging.getLogger("nomyo_router.reload").error("config reload rejected, keeping the running "
+                                                           "config: %s", e)
+            return
+        for process in self.processes:
+            pid = process.process.pid
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGHUP)
 
 
 if __name__ == "__main__":

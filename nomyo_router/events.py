@@ -58,6 +58,10 @@ class Events:
     def on_request_done(self, hook: RequestHook) -> None:
         self._request.append(hook)
 
+    def off_request_done(self, hook: RequestHook | None) -> None:
+        if hook in self._request:
+            self._request.remove(hook)
+
     def on_endpoint_state(self, hook: EndpointHook) -> None:
         self._endpoint.append(hook)
 

@@ -18,10 +18,13 @@ import fnmatch
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 from urllib.parse import urlsplit
 
 from .asgi import Headers
+
+if TYPE_CHECKING:
+    from ..config import RouterConfig
 
 LOCAL_HOSTS = frozenset(("localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]"))
 APP_SCHEMES = ("app://", "file://", "tauri://", "vscode-webview://")
@@ -46,8 +49,25 @@ def digest_of(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+def keys_of(config: "RouterConfig") -> "Keys | None":
+    """Every key the config names, or None when the router is open."""
+    from ..domain import model_key
+    entries = [("default", config.router_api_key, None)] if config.router_api_key else []
+    entries += [("admin", config.admin_key, None)] if config.admin_key else []
+    entries += [(name, key, frozenset(model_key(m) for m in models) if models else None)
+                for name, key, models, _ in config.client_keys]
+    # the admin key alone does not close the router: it only unlocks the admin routes
+    return Keys(entries, required=bool(config.router_api_key or config.client_keys)) if entries else None
+
+
+def caps_of(config: "RouterConfig") -> dict[str, int]:
+    """Per-key concurrency caps (`client_keys[].max_concurrent`)."""
+    return {name: cap for name, _, _, cap in config.client_keys if cap}
+
+
 class Keys:
-    def __init__(self, entries: Sequence[tuple[str, str, frozenset[str] | None]]) -> None:
+    def __init__(self, entries: Sequence[tuple[str, str, frozenset[str] | None]], required: bool = True) -> None:
+        self.required = required  # False: an open router that still knows the admin key
         self._by_digest = {digest_of(key): (digest_of(key), Client(name, models)) for name, key, models in entries}
 
     def check(self, presented: bytes | None) -> Client | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable
 
 Scope = dict[str, Any]
@@ -60,3 +61,41 @@ def header(scope: Scope, name: bytes) -> bytes | None:
         if k == name:
             return v
     return None
+
+
+def with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    async def wrapped(msg: dict) -> None:
+        if msg["type"] == "http.response.start":
+            msg = {**msg, "headers": [*msg.get("headers", []), *extra]}
+        await send(msg)
+    return wrapped
+
+
+async def cancel_on_disconnect(work: Awaitable[None], receive: Receive) -> None:
+    """Run `work`; if the client disconnects first, cancel it (which frees its slot or queue
+    place and closes the upstream request). A disconnect is never a backend failure."""
+    task = asyncio.current_task()
+    assert task is not None
+    finished = False
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                if not finished:
+                    gone = True
+                    task.cancel()
+                return
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+    finally:
+        finished = True
+        watcher.cancel()

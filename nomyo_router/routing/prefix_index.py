@@ -111,6 +111,9 @@ class PrefixIndex:
             self._lru[endpoint] = OrderedDict()
         return bit
 
+    def set_capacity(self, endpoint: str, tokens: int) -> None:
+        self._capacity[endpoint] = max(tokens // BLOCK_TOKENS, 0)
+
     def capacity_blocks(self, endpoint: str) -> int:
         cap = self._capacity.get(endpoint)
         return self.default_tokens // BLOCK_TOKENS if cap is None else cap

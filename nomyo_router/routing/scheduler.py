@@ -31,6 +31,12 @@ class Scheduler:
         self._waiting: Counter[str] = Counter()  # requests waiting for one endpoint (picked)
         self.reindex()
 
+    def set_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
+        """Config reload: route among these from now on."""
+        self.endpoints = list(endpoints)
+        self._by_name = {e.name: e for e in self.endpoints}
+        self.reindex()
+
     def reindex(self) -> None:
         """Rebuild the model index after discovery changed an endpoint's models."""
         index: dict[str, list[Endpoint]] = {}

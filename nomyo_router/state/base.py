@@ -106,6 +106,11 @@ class StateStore(ABC):
         """Call `callback(data)` for what other processes `publish` on `topic`."""
         return None
 
+    def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
+        """Config reload: `endpoints` are the new ones, the resized ones and the removed ones
+        (those with 0 slots: they finish what they hold and get nothing more). Hands slots
+        that a resize freed to waiting requests."""
+
     async def start(self) -> None:
         """Connect or elect, for stores that share state; called once before serving."""
         return None

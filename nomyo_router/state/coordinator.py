@@ -52,6 +52,10 @@ class Coordinator:
         self._ready = asyncio.Event()
         self._writers: set[asyncio.StreamWriter] = set()  # for relaying `pub` messages
 
+    def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
+        self.endpoints.update((e.name, e) for e in endpoints)
+        self.store.update_endpoints(endpoints)
+
     def choose_for(self, model: str) -> Choose:
         ctx = RouteContext(model=model, api="", kind="")
         policy, in_flight = self.policy, self.store.in_flight

@@ -155,6 +155,10 @@ class MemoryStore(StateStore):
     def is_healthy(self, endpoint: Endpoint) -> bool:
         return endpoint.name not in self._unhealthy
 
+    def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
+        for ep in endpoints:
+            self._dispatch(ep)
+
     def set_healthy(self, endpoint: Endpoint, healthy: bool) -> None:
         if healthy:
             if endpoint.name in self._unhealthy:

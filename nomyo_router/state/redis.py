@@ -85,6 +85,17 @@ class RedisStore(StateStore):
     async def _register(self) -> None:
         await self._redis.hset(f"{self.prefix}:slots", mapping={n: e.slots for n, e in self.endpoints.items()})
 
+    def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
+        self.endpoints.update((e.name, e) for e in endpoints)
+        self._background(self._reregister())  # new slot counts; the next sweep hands freed ones on
+        self.local.update_endpoints(endpoints)
+
+    async def _reregister(self) -> None:
+        try:
+            await self._register()
+        except (RedisError, OSError) as e:
+            self._degrade(e)
+
     async def close(self) -> None:
         for t in self._loops:
             t.cancel()

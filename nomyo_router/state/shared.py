@@ -205,6 +205,12 @@ class SharedStore(StateStore):
         snap["mode"] = "shared"
         return snap
 
+    def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
+        """Every worker reloads; the host's copy decides (it holds the slot counts)."""
+        self.endpoints.update((e.name, e) for e in endpoints)
+        if self._coordinator is not None:
+            self._coordinator.update_endpoints(endpoints)
+
     def is_healthy(self, endpoint: Endpoint) -> bool:
         return endpoint.name not in self._unhealthy
 

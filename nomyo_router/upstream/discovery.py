@@ -135,6 +135,10 @@ class Discovery:
         await self._get(ep, "/v1/models")
         ep.type = "openai"
 
+    async def refresh_endpoint(self, ep: Endpoint) -> None:
+        """Type, models and health of one endpoint now (config reload adds one)."""
+        await self._refresh(ep)
+
     async def _refresh(self, ep: Endpoint) -> None:
         """Refresh models; on failure keep the last list (stale beats empty)."""
         try:
