@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test setup setup-test redis wrk bench clean
+.PHONY: demo test setup setup-test redis wrk chromium bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,11 @@ redis:
 	  echo "installing redis-server from the distribution"; \
 	  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null; }
 
+chromium:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  echo "installing chromium and chromium-driver from the distribution (browser tests)"; \
+	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null; }
+
 wrk:
 	@command -v wrk >/dev/null 2>&1 || { \
 	  echo "installing wrk from the distribution"; \
@@ -29,7 +34,7 @@ wrk:
 demo: setup
 	$(BIN)/python loadtest.py --mock-backend --ramp $(RAMP)
 
-test: setup-test redis
+test: setup-test redis chromium
 	$(BIN)/python -m pytest -q
 
 bench: setup wrk

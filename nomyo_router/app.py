@@ -34,7 +34,7 @@ from .state import MemoryStore, SharedStore, StateStore, private
 from .ops.accesslog import AccessLog
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
 from .ops.metrics import Metrics, state_gauges
-from .ops import reload, usage_api
+from .ops import dashboard, reload, usage_api
 from .ops.usage_store import make_usage
 from .upstream.discovery import Discovery
 from .upstream.health import Health
@@ -341,6 +341,7 @@ PREFIX_ROUTES: list[tuple[str, str, Handler]] = [
 ]
 ROUTES.update(usage_api.ROUTES)
 ROUTES.update(reload.ROUTES)
+ROUTES.update(dashboard.ROUTES)
 # New capabilities register their routes here from their own module (one line each), e.g.
 # `ROUTES.update(manage.ROUTES)`; a handler is `async def h(app: RouterApp, scope, receive, send, t0)`
 # and reaches the running router through `app.current()`.

@@ -92,3 +92,27 @@ async def clients():
     c = Clients()
     yield c
     await c.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium, headless, driven by selenium through chromium-driver (`make test`
+    installs both). One browser for the session; each test opens its own pages."""
+    import shutil
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    exe, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+    if not exe or not driver:
+        pytest.fail("browser tests need chromium and chromedriver: run `make test` (it installs them) "
+                    "or apt-get install chromium chromium-driver")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = exe
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,900"):
+        opts.add_argument(arg)
+    b = webdriver.Chrome(service=Service(driver), options=opts)
+    try:
+        yield b
+    finally:
+        b.quit()

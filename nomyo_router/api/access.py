@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 LOCAL_HOSTS = frozenset(("localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]"))
 APP_SCHEMES = ("app://", "file://", "tauri://", "vscode-webview://")
-OPEN_PATHS = frozenset(("/health", "/"))  # load balancers' checks need no key
+OPEN_PATHS = frozenset(("/health", "/", "/dashboard"))  # health checks; the dashboard page (its data need a key)
 CORS_HEADERS = b"authorization, content-type, x-api-key, x-session-id, x-request-id, anthropic-version"
 CORS_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
 

@@ -134,15 +134,20 @@ class Metrics:
             child._sum.inc(h[-1])
 
     def render(self) -> bytes:
+        return generate_latest(self.scrape_registry())
+
+    def scrape_registry(self) -> CollectorRegistry:
+        """What one scrape sees: every worker's counters (multiprocess mode) and this worker's
+        view of the shared state. The dashboard reads the same."""
         self.flush()
         mp = multiprocess_dir()
         if mp is None:
-            return generate_latest(self.registry)
+            return self.registry
         from prometheus_client import multiprocess
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=mp)
-        registry.register(_StateCollector(self._state))  # this worker's view of shared state
-        return generate_latest(registry)
+        registry.register(_StateCollector(self._state))
+        return registry
 
 
 class _StateCollector:
