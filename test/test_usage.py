@@ -56,8 +56,12 @@ async def test_usage_survives_a_restart_of_two_workers(tmp_path):
                 async def one(i: int) -> int:
                     stream = i % 5 < 2  # 40 streams, 60 not
                     path = "/v1/chat/completions" if i % 2 else "/api/chat"
-                    async with s.post(url + path, json={**CHAT, "stream": stream}) as resp:
-                        return await reported(resp, path, stream)
+                    body = {**CHAT, "stream": stream}
+                    if stream and path.startswith("/v1/") and i % 4 == 1:
+                        body["stream_options"] = {"include_usage": True}  # the others: counted all the same
+                    async with s.post(url + path, json=body) as resp:
+                        got = await reported(resp, path, stream)
+                        return got if got or not stream or not path.startswith("/v1/") else 5
                 counts = await asyncio.gather(*(one(i) for i in range(100)))
                 expected = sum(counts)
                 assert expected >= 100 * 5 * 0.5  # the backend answered with counts
@@ -118,3 +122,25 @@ async def test_usage_in_redis_adds_up_across_instances(mock, redis_url):
         await asyncio.sleep(1.2)  # the other instance's flush
         for url in (a.url, b.url):
             assert (await usage(s, url))["totals"]["requests"] == 3
+
+
+async def test_openai_streams_are_counted_without_showing_usage_the_client_did_not_ask(mock, tmp_path):
+    """The router asks the backend for `include_usage` and strips that event again."""
+    import openai
+    body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with aiohttp.ClientSession() as s:  # what the backend reports when asked, directly
+        async with s.post(mock.url + "/v1/chat/completions",
+                          json={**body, "stream_options": {"include_usage": True}}) as resp:
+            truth = await reported(resp, "/v1/chat/completions", True)
+    assert truth > 0
+    async with run_router({"endpoints": endpoints(mock), "usage_db": str(tmp_path / "u.db")}) as r:
+        client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="unused")
+        chunks = [c async for c in await client.chat.completions.create(**body)]
+        assert chunks and all(c.usage is None and c.choices for c in chunks)  # no usage event
+        asked = [c async for c in await client.chat.completions.create(
+            **body, stream_options={"include_usage": True})]
+        assert asked[-1].usage is not None and asked[-1].usage.completion_tokens == truth
+        async with aiohttp.ClientSession() as s:
+            u = await usage(s, r.url)
+        await client.close()
+    assert u["totals"]["completion_tokens"] == 2 * truth and u["totals"]["requests"] == 2

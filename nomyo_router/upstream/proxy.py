@@ -160,7 +160,15 @@ class Proxy:
         raw = req.raw
         if ep.type == "openai" and req.model != ep.models[req.key]:
             raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
+        if self._strips_usage(req):
+            raw = usage.ask(raw, req.body)  # counted, then stripped again (resume.py)
         return req.path, raw, False
+
+    def _strips_usage(self, req: GenRequest) -> bool:
+        """An OpenAI stream whose client did not ask for usage: ask for it anyway and take it
+        out of what the client gets (only on the record-wise relay, i.e. with resume_streams)."""
+        return req.api == "openai" and req.stream and self.resumer is not None \
+            and resumable(req.api, req.kind, req.body) and not usage.wants(req.body)
 
     async def _attempt(self, req: GenRequest, lease: Lease, send: Send, rec: RequestRecord,
                        ctx: RouteContext, last: bool) -> None:
@@ -223,7 +231,8 @@ class Proxy:
         if self.resumer is not None and not translating and resumable(req.api, req.kind, req.body):
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             try:
-                cut = await self.resumer.relay(req, ctx, rec, ep, resp, first, send)
+                cut = await self.resumer.relay(req, ctx, rec, ep, resp, first, send,
+                                               usage.Strip() if self._strips_usage(req) else None)
             finally:
                 resp.close()  # no-op when released; the client left: closing stops the backend
             if cut:
@@ -234,7 +243,7 @@ class Proxy:
         finished = False
         try:
             if translating:
-                cut = await self._relay_translated(req, resp, first, headers, send)
+                cut = await self._relay_translated(req, resp, first, headers, send, rec)
             else:
                 cut = await self._relay(resp, first, headers, send, rec)
             if cut:
@@ -295,7 +304,7 @@ class Proxy:
         return cut
 
     async def _relay_translated(self, req: GenRequest, resp: aiohttp.ClientResponse, first: bytes,
-                                headers: Headers, send: Send) -> bool:
+                                headers: Headers, send: Send, rec: RequestRecord) -> bool:
         conv = translate.SseToNdjson(req.kind, req.model, req.t0)
         headers.append((b"content-type", b"application/x-ndjson"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -320,6 +329,8 @@ class Proxy:
         if tail:
             await send({"type": "http.response.body", "body": tail, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+        if isinstance(conv.usage, dict):  # the backend's counts (translation asks for them)
+            rec.prompt_tokens, rec.completion_tokens = conv.usage.get("prompt_tokens"), conv.usage.get("completion_tokens")
         return False
 
     async def _send_translated(self, req: GenRequest, status: int, data: bytes, headers: Headers,

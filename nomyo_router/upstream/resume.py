@@ -166,8 +166,9 @@ class Resumer:
         self.max_attempts = max_attempts
 
     async def relay(self, req: Any, ctx: Any, rec: Any, ep: Any, resp: Any, first: bytes,
-                    send: Any) -> bool:
-        """Relay `resp` (already started) to the client; True when it ended broken."""
+                    send: Any, strip: usage.Strip | None = None) -> bool:
+        """Relay `resp` (already started) to the client; True when it ended broken. `strip`:
+        take out the usage event the router asked for on the client's behalf."""
         sep = record_end(req.api == "openai")
         sent = bytearray()
         seam: Seam | None = None
@@ -175,11 +176,12 @@ class Resumer:
         leases = []
         try:
             while True:
-                if not await _pump(resp, first, sep, seam, sent, send):
+                if not await _pump(resp, first, sep, seam, sent, send, strip):
                     resp.release()
                     if seam is not None:
                         self.health.success(ep)
-                    rec.prompt_tokens, rec.completion_tokens = usage.counts(bytes(sent[-usage.TAIL:]))
+                    tail = bytes(sent[-usage.TAIL:]) + (strip.removed if strip is not None else b"")
+                    rec.prompt_tokens, rec.completion_tokens = usage.counts(tail)
                     return False
                 resp.close()
                 self.health.failure(ep, "stream cut by the backend")
@@ -226,7 +228,7 @@ class Resumer:
 
 
 async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: bytearray,
-                send: Any) -> bool:
+                send: Any, strip: usage.Strip | None = None) -> bool:
     """Send whole records of `resp` on (keeping what was sent); True when it broke."""
     pending = b""
     chunk = first
@@ -241,6 +243,8 @@ async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: by
                 out, pending = data[:end], data[end:]
                 if seam is not None:
                     out = b"".join(seam.record(r + sep) for r in out[:-len(sep)].split(sep))
+                if strip is not None:
+                    out = strip.records(out, sep)
                 if out:
                     sent += out
                     await send({"type": "http.response.body", "body": out, "more_body": True})

@@ -4,12 +4,16 @@ Ollama puts `prompt_eval_count`/`eval_count` in its final object, OpenAI-compati
 `prompt_tokens`/`completion_tokens` in `usage`, Anthropic's API `input_tokens`/
 `output_tokens`: always near the end. The router looks only at the last few KiB it relayed
 (one regular-expression search per request, never a JSON parse of every chunk).
-OpenAI-API streams carry counts only when the client asked for `stream_options.include_usage`.
+OpenAI-API streams carry counts only when asked (`stream_options.include_usage`): the router
+asks on the client's behalf (`ask`) and takes the usage-only event out again (`Strip`), so
+the client sees the stream it asked for and the router still counts it.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 _PROMPT = re.compile(rb'"(?:prompt_eval_count|prompt_tokens|input_tokens)"\s*:\s*(\d+)')
 _OUTPUT = re.compile(rb'"(?:eval_count|completion_tokens|output_tokens)"\s*:\s*(\d+)')
@@ -24,3 +28,49 @@ def counts(tail: bytes) -> tuple[int | None, int | None]:
     for m in _OUTPUT.finditer(tail):
         output = int(m.group(1))
     return prompt, output
+
+
+def wants(body: dict[str, Any]) -> bool:
+    """Did the client ask for usage in its OpenAI stream?"""
+    so = body.get("stream_options")
+    return isinstance(so, dict) and so.get("include_usage") is True
+
+
+def ask(raw: bytes, body: dict[str, Any]) -> bytes:
+    """`raw` (a JSON object) with `stream_options.include_usage` on; a splice, not a re-encode,
+    when the client sent no `stream_options`."""
+    so = body.get("stream_options")
+    if so is None:
+        i = raw.find(b"{") + 1
+        return raw[:i] + b'"stream_options":{"include_usage":true},' + raw[i:]
+    return json.dumps({**body, "stream_options": {**(so if isinstance(so, dict) else {}), "include_usage": True}}).encode()
+
+
+class Strip:
+    """Takes the usage-only event (`"choices": []` with a `usage` object) out of whole SSE
+    records the client did not ask usage for; keeps it in `removed` for the counts."""
+
+    def __init__(self) -> None:
+        self.removed = b""
+
+    def records(self, out: bytes, sep: bytes) -> bytes:
+        if b'"usage":{' not in out and b'"usage": {' not in out:
+            return out  # the common case: one substring search per relayed piece
+        kept = []
+        for rec in out[:-len(sep)].split(sep):
+            if self._usage_only(rec):
+                self.removed += rec + sep
+            else:
+                kept.append(rec + sep)
+        return b"".join(kept)
+
+    @staticmethod
+    def _usage_only(rec: bytes) -> bool:
+        data = rec.strip()
+        if not data.startswith(b"data:"):
+            return False
+        try:
+            obj = json.loads(data[5:])
+        except ValueError:
+            return False
+        return isinstance(obj, dict) and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
