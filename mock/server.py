@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable
 from . import http as web  # Request, Response, StreamResponse
 
 from . import formats
+from .manage import BadInput, Manage
 from .capacity import QueueFull, Slots
 from .config import MockConfig
 from .kvcache import PrefixCache
@@ -88,6 +89,8 @@ class MockBackend:
             ("POST", "/mock/reset"): self.reset_route,
             ("POST", "/mock/stall"): self.stall_route,
         }
+        self.manage = Manage(self)
+        self.routes.update(self.manage.routes)
         self._paths = {path for _, path in self.routes}
 
     # ---- knobs and counters -------------------------------------------------
@@ -136,10 +139,12 @@ class MockBackend:
     # ---- HTTP entry -----------------------------------------------------------
     async def handle(self, request: web.Request) -> Reply:
         handler = self.routes.get((request.method, request.path))
+        if handler is None and request.path.startswith("/api/blobs/") and request.method in ("HEAD", "POST"):
+            handler = self.manage.blob
         if handler is not None:
             try:
                 return await handler(request)
-            except BadRequest as e:
+            except (BadRequest, BadInput) as e:
                 return self._error(request.path, e.status, e.message)
         if request.path in self._paths:
             return self._error(request.path, 405, f"method {request.method} not allowed")

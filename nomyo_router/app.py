@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 import aiohttp
 
-from .api import access, listing
+from .api import access, listing, manage
 from .api.asgi import (BodyTooLarge, ClientGone, Receive, Scope, Send, cancel_on_disconnect, header, read_body,
                        send_response, with_headers)
 from .api.errors import ApiError, error_body, render
@@ -345,6 +345,7 @@ ROUTES.update(dashboard.ROUTES)
 # New capabilities register their routes here from their own module (one line each), e.g.
 # `ROUTES.update(manage.ROUTES)`; a handler is `async def h(app: RouterApp, scope, receive, send, t0)`
 # and reaches the running router through `app.current()`.
+ROUTES.update(manage.ROUTES); PREFIX_ROUTES.extend(manage.PREFIX)  # noqa: E702
 
 
 def prefix_route(method: str, path: str) -> Handler | None:

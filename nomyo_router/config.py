@@ -82,6 +82,7 @@ class RouterConfig:
     body_idle_timeout: float = 30.0  # seconds a request body may idle between two pieces
     resume_streams: bool = True  # continue a stream cut mid-way on another endpoint
     shutdown_grace: float = 30.0  # SIGTERM: seconds in-flight streams may take to finish
+    manage_concurrency: int = 2  # model management calls (pull, create, ...) at once per process
     overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
     usage_db: str | None = "./nomyo-usage.db"  # SQLite token accounting; None: off (Redis state: in Redis)
     admin_key: str | None = field(default=None, repr=False)  # POST /admin/reload, everyone's /api/usage
@@ -124,6 +125,7 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "first_byte_floor": _POSITIVE_NUM,
     "first_byte_factor": ((int, float), lambda v: v >= 1, "a number >= 1"),
     "overload_lag_ms": _NON_NEG_NUM,
+    "manage_concurrency": _POSITIVE_INT,
     "resume_streams": _BOOL,
     "max_connections": _NON_NEG_INT,
     "max_header_bytes": ((int,), lambda v: v >= 1024, "an integer >= 1024 (bytes)"),

@@ -54,6 +54,7 @@ def test_mapping_form():
     ({"endpoints": ["http://x"], "allowed_origins": "https://x"}, "allowed_origins"),
     ({"endpoints": ["http://x"], "retry_budget": 2}, "retry_budget"),
     ({"endpoints": ["http://x"], "eject_after": 0}, "eject_after"),
+    ({"endpoints": ["http://x"], "manage_concurrency": 0}, "manage_concurrency: expected an integer >= 1"),
 ])
 def test_bad_config_names_the_key(data, fragment):
     with pytest.raises(ConfigError) as e:

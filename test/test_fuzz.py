@@ -21,7 +21,8 @@ from test.conftest import FAST
 from test.helpers import run_router
 
 POST_ROUTES = ["/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show",
-               "/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+               "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/pull", "/api/create",
+               "/api/copy", "/api/blobs/sha256:" + "0" * 64]
 GET_ROUTES = ["/api/tags", "/api/ps", "/api/version", "/v1/models", "/health", "/", "/nope"]
 
 scalars = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) \

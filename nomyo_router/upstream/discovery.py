@@ -78,6 +78,10 @@ class Discovery:
             self._round = asyncio.ensure_future(self._refresh_all())
         await asyncio.shield(self._round)
 
+    async def refresh(self, endpoints: Sequence[Endpoint]) -> None:
+        """Re-discover these endpoints now (model management just changed them)."""
+        await asyncio.gather(*(self._refresh(ep) for ep in endpoints))
+
     async def fresh_ps(self, max_age: float = 1.0) -> None:
         """Make every Ollama endpoint's /api/ps at most `max_age` s old (for GET /api/ps and
         unloading); concurrent callers share one round."""

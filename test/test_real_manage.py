@@ -1,0 +1,109 @@
+"""Model management through the router against TWO real Ollama servers, driven by the real
+`ollama` CLI (`cp`, `rm`, `create`, `stop`): both servers change and a new name is served at
+once. Each server has its own model store, so deleting on one never touches the other.
+Skipped, with the reason, where `../shared/real-backends` is absent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import aiohttp
+import pytest
+
+from mock import free_port
+from test.helpers import run_router
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = next((p for p in (REPO.parent / "shared", Path("/work/shared")) if (p / "real-backends").is_dir()), None)
+
+
+def _cli() -> Path:
+    assert SHARED is not None
+    here = SHARED / "real-backends" / ".bin" / "ollama"
+    return here if here.exists() else Path(os.environ.get("TMPDIR", "/tmp")) / "ollama-real-bin" / "ollama"
+
+
+@pytest.fixture(scope="module")
+def two_ollamas() -> Iterator[list[str]]:
+    if SHARED is None:
+        pytest.skip("../shared/real-backends is absent: no real Ollama servers to manage")
+    urls, pids, dirs = [], [], []
+    try:
+        for _ in range(2):
+            port, data = free_port(), tempfile.mkdtemp(prefix="ollama-manage-")
+            dirs.append(data)
+            out = subprocess.run([str(SHARED / "real-backends" / "start-ollama.sh"), str(port), "1", data],
+                                 capture_output=True, text=True, timeout=180)
+            if out.returncode != 0:
+                pytest.fail(f"start-ollama.sh failed: {out.stderr[-500:]}")
+            pids.append(int(out.stdout.strip().splitlines()[-1]))
+            urls.append(f"http://127.0.0.1:{port}")
+        yield urls
+    finally:
+        for pid in pids:
+            os.kill(pid, 15)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+async def _cli_run(router_url: str, *args: str, cwd: str | None = None) -> str:
+    env = {**os.environ, "OLLAMA_HOST": router_url.removeprefix("http://"), "HOME": tempfile.gettempdir()}
+    proc = await asyncio.create_subprocess_exec(str(_cli()), *args, cwd=cwd, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, f"ollama {' '.join(args)} failed: {text[-800:]}"
+    return text
+
+
+async def _tags(url: str) -> set[str]:
+    async with aiohttp.ClientSession() as s, s.get(url + "/api/tags") as r:
+        return {m["name"] for m in (await r.json())["models"]}
+
+
+async def test_cli_cp_rm_create_change_both_servers(two_ollamas, tmp_path):
+    a, b = two_ollamas
+    cfg = {"endpoints": [{"url": a, "name": "a"}, {"url": b, "name": "b"}],
+           "model_refresh_interval": 3600}  # only the router's own refresh can make new names known
+    async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+        await _cli_run(r.url, "cp", "tiny", "tiny-copy")
+        assert "tiny-copy:latest" in await _tags(a) and "tiny-copy:latest" in await _tags(b)
+        ask = {"model": "tiny-copy", "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
+        async with s.post(r.url + "/api/generate", json=ask) as resp:
+            assert resp.status == 200, await resp.text()  # served at once, no 404
+        out = await _cli_run(r.url, "run", "tiny-copy", "hi")
+        assert out is not None
+
+        await _cli_run(r.url, "rm", "tiny-copy")
+        assert "tiny-copy:latest" not in await _tags(a) and "tiny-copy:latest" not in await _tags(b)
+        async with s.post(r.url + "/api/generate", json=ask) as resp:
+            assert resp.status == 404
+
+        # a blob neither server has: uploaded once to each through the router, then created on both
+        shutil.copy(SHARED / "real-backends" / "tiny-embed.gguf", tmp_path / "weights.gguf")
+        (tmp_path / "Modelfile").write_text("FROM ./weights.gguf\n")
+        out = await _cli_run(r.url, "create", "made-here", "-f", "Modelfile", cwd=str(tmp_path))
+        assert "success" in out
+        assert "made-here:latest" in await _tags(a) and "made-here:latest" in await _tags(b)
+        async with s.post(r.url + "/api/show", json={"model": "made-here"}) as resp:
+            assert resp.status == 200
+        names = {m["name"] for m in (await (await s.get(r.url + "/api/tags")).json())["models"]}
+        assert "made-here:latest" in names
+
+        # only one of them, by header
+        async with s.post(r.url + "/api/copy", json={"source": "tiny", "destination": "only-b"},
+                          headers={"X-Router-Endpoints": "b"}) as resp:
+            assert resp.status == 200
+        assert "only-b:latest" in await _tags(b) and "only-b:latest" not in await _tags(a)
+        async with s.delete(r.url + "/api/delete", json={"model": "only-b"}) as resp:
+            assert resp.status == 200
+        assert "only-b:latest" not in await _tags(b)
+        # a copy of a model that does not exist: Ollama's 404, through the CLI's error path
+        async with s.post(r.url + "/api/copy", json={"source": "nope", "destination": "x"}) as resp:
+            assert resp.status == 404
