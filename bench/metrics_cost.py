@@ -1,4 +1,5 @@
-"""CPU per request of the metrics hook (ops/metrics.py), single process and multiprocess mode.
+"""CPU per request of the metrics hook (ops/metrics.py), single process and multiprocess mode,
+and of the usage hook (ops/usage_store.py: what a request pays; the flush runs on a thread).
 
     python bench/metrics_cost.py [--n 200000]
 """
@@ -37,6 +38,20 @@ def measure(n: int, per_iteration: int) -> float:
     return asyncio.run(run())
 
 
+def usage_cost(n: int) -> float:
+    """µs per request added to the usage batch (the SQLite/Redis write is off the loop)."""
+    from nomyo_router.events import Events, RequestRecord
+    from nomyo_router.ops.usage_store import Usage
+
+    usage = Usage(Events())
+    rec = RequestRecord("1", "ollama", "/api/chat", "llama3", True, "alice", "gpu-a", 200, prompt_tokens=12,
+                        completion_tokens=200)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        usage.add(rec)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=200_000, help="requests to record (default 200000)")
@@ -53,6 +68,7 @@ def main() -> None:
         out = subprocess.run([sys.executable, __file__, "--child", mode, "--n", str(args.n)], env=env,
                              capture_output=True, text=True, check=True).stdout.strip()
         print(f"{mode:6} process mode: {out} (per request: requests counter, 4 histograms, affinity, tokens)")
+    print(f"usage: {usage_cost(args.n):.2f} µs per request (a dict update; written once a second off the loop)")
 
 
 if __name__ == "__main__":

@@ -36,8 +36,18 @@ Row = tuple[str, str, str, str]  # day, model, endpoint, client
 Counts = list[int]  # in FIELDS order
 
 
+_day: tuple[float, str] = (0.0, "")  # (when the cached UTC day ends, its name)
+
+
 def today() -> str:
-    return datetime.datetime.fromtimestamp(time.time(), datetime.timezone.utc).strftime("%Y-%m-%d")
+    """The UTC day, formatted once per day (formatting per request cost 2 µs)."""
+    global _day
+    now = time.time()
+    if now >= _day[0]:
+        d = datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+        midnight = d.replace(hour=0, minute=0, second=0, microsecond=0) + datetime.timedelta(days=1)
+        _day = (midnight.timestamp(), d.strftime("%Y-%m-%d"))
+    return _day[1]
 
 
 class Usage:
