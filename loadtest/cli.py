@@ -14,15 +14,15 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
-from rich.text import Text
 
 from mock.config import MockConfig, add_arguments, from_namespace
 
 from . import compare as compare_mod
-from .engine import Progress, Stage, run_stage
+from . import search as search_mod
+from . import slo as slo_mod
+from .drive import drive
+from .engine import Stage
 from .knee import find_knee
-from .metrics import summarize
 from .orchestrate import Fleet, install_sigterm_as_interrupt
 from .report import document, print_summary, write_html, write_json
 from . import prefix as prefix_mod
@@ -108,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--max-error-rate", type=float, default=0.01,
                       help="exit 1 when a stage's error rate is above this (default 0.01 = 1%%)")
     load.add_argument("--seed", type=int, default=0, help="seed of arrivals and workloads")
+    load.add_argument("--repeat", type=int, default=1,
+                      help="run each stage N times back to back; the JSON keeps each repetition's metrics and "
+                           "their spread, which `compare` uses to tell a change from noise")
+    gate = p.add_argument_group("SLO and goodput")
+    gate.add_argument("--slo", type=slo_mod.parse_slo, default=None, metavar="ttft=500ms,e2el=10s,...",
+                      help="per-request bounds (ttft, e2el, tpot, itl); goodput per stage; exit 1 when a stage "
+                           "misses it (default: none)")
+    gate.add_argument("--slo-share", type=float, default=0.95,
+                      help="a stage meets the SLO when goodput >= this share of its throughput")
+    search_mod.add_arguments(gate)
     conv = p.add_argument_group("conversations")
     conv.add_argument("--turns", type=int, default=1, help="turns per conversation (closed loop)")
     conv.add_argument("--context-tokens", type=int, default=0, help="history size of a conversation's first turn")
@@ -135,40 +145,6 @@ def stages_from(args: argparse.Namespace) -> list[Stage]:
             for i, l in enumerate(loads)]
 
 
-async def drive(args: argparse.Namespace, spec: WorkloadSpec, stages: list[Stage], router_url: str,
-                direct_url: str | None, console: Console) -> tuple[list[dict], list[dict] | None]:
-    results: list[dict] = []
-    direct: list[dict] | None = [] if direct_url else None
-    for i, stage in enumerate(stages):
-        targets = [("direct", direct_url)] if direct_url else []
-        targets.append(("router", router_url))
-        for target, url in targets:
-            prog = Progress()
-            label = f"stage {i + 1}/{len(stages)} {target} {'conc' if stage.mode == 'closed' else 'rate'}={stage.load:g}"
-            run_task = asyncio.ensure_future(run_stage(url, spec, stage, args.timeout, target, prog))
-            if args.quiet:
-                run = await run_task
-            else:
-                with Live(console=console, refresh_per_second=4, transient=True) as live:
-                    while not run_task.done():
-                        live.update(Text(_progress_line(label, prog)))
-                        await asyncio.wait({run_task}, timeout=0.25)
-                run = run_task.result()
-            m = summarize(run)
-            (direct if target == "direct" else results).append(m)  # type: ignore[union-attr]
-            console.print(f"{label}: {m['completed']} ok, {m['failed']} err, "
-                          f"{m['request_throughput']:.1f} req/s, p50 {m['median_e2el_ms']} ms", highlight=False)
-    return results, direct
-
-
-def _progress_line(label: str, prog: Progress) -> str:
-    import time
-    elapsed = time.perf_counter() - prog.t0 if prog.t0 else 0.0
-    rate = prog.done / elapsed if elapsed > 0 else 0.0
-    phase = "measuring" if prog.measuring else "warming up"
-    return f"{label} | {phase} | {elapsed:5.1f}s | {rate:8.1f} req/s | errors {prog.errors}"
-
-
 def run(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 150)
     mock_cfg = from_namespace(args, prefix="mock-")
@@ -176,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
         from mock.runner import serve_forever
         serve_forever(mock_cfg, args.mock_host, args.mock_port or 11434)
         return 0
+    if args.find_max_rate and (not args.slo or args.direct):
+        console.print("[red]loadtest:[/] --find-max-rate needs --slo (what rate meets which SLO?) and no --direct")
+        return 2
     if args.direct and not args.mock_backend:
         console.print("[red]loadtest:[/] --direct needs --mock-backend")
         return 2
@@ -187,7 +166,11 @@ def run(args: argparse.Namespace) -> int:
                         session_header=args.session_header, headers=dict(args.header),
                         prefixes=prefix_mod.Prefixes(args.prefix_groups, args.prefix_tokens, args.prefix_skew,
                                                      args.seed) if args.prefix_groups > 0 else None)
+    if args.repeat < 1:
+        console.print("[red]loadtest:[/] --repeat must be >= 1")
+        return 2
     config: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("header",)}
+    config["workload"] = {"api": spec.api, "endpoint": spec.endpoint, "stream": spec.stream, "model": spec.model}
     config["stages"] = [vars(s) for s in stages]
     fleet: Fleet | None = None
     if args.mock_backend:
@@ -201,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     install_sigterm_as_interrupt()
     try:
         if args.mock_backend:
-            peak = max(s.load for s in stages) if stages[0].mode == "closed" else 1024
+            peak = max(s.load for s in stages) if stages[0].mode == "closed" and not args.find_max_rate else 1024
             fleet = Fleet(mock_config=mock_cfg, mock_count=args.mock_count, mock_port=args.mock_port,
                           router_port=args.router_port, router_workers=args.router_workers,
                           router_max_conc=args.router_max_conc or int(peak),
@@ -215,7 +198,11 @@ def run(args: argparse.Namespace) -> int:
             url, direct_url = fleet.router_url, (fleet.direct_url if args.direct else None)
         else:
             url, direct_url = args.url, None
-        results, direct = asyncio.run(drive(args, spec, stages, url, direct_url, console))
+        if args.find_max_rate:
+            search, results = asyncio.run(search_mod.find_max_rate(args, url, spec, console))
+            direct = None
+        else:
+            results, direct = asyncio.run(drive(args, spec, stages, url, direct_url, console))
         if fleet is not None:
             kv = prefix_mod.kv_stats([m.url for m in fleet.mocks])
             config["mock_kv_cache"] = kv
@@ -232,17 +219,28 @@ def run(args: argparse.Namespace) -> int:
         if fleet is not None:
             fleet.stop()
     knee = find_knee(results)
-    print_summary(console, results, knee, stages[0].mode, direct)
+    print_summary(console, results, knee, "open" if args.find_max_rate else stages[0].mode, direct)
     doc = document(config, results, knee, direct)
+    if args.find_max_rate:
+        doc["max_rate"] = search
+        console.print(search_mod.summary_line(search), highlight=False, soft_wrap=True)
     if args.json:
         write_json(args.json, doc)
         console.print(f"wrote {args.json}")
     if args.html:
         write_html(args.html, doc)
         console.print(f"wrote {args.html}")
-    problems = stage_problems(results + (direct or []), args.max_error_rate)
+    if args.find_max_rate:  # probes above the limit fail by design; the search itself is the verdict
+        problems = [] if search["max_rate"] is not None else [search_mod.summary_line(search)]
+    else:
+        problems = stage_problems(results + (direct or []), args.max_error_rate)
+    if args.slo and not args.find_max_rate:
+        problems += [f"{m.get('target', 'router')} stage at load {m['load']:g}: SLO {slo_mod.describe(args.slo)} "
+                     f"met by {m['slo_met_share']:.1%} of requests < {args.slo_share:.0%} "
+                     f"(goodput {m['goodput']} of {m['request_throughput']} req/s)"
+                     for m in results if m["completed"] and not slo_mod.stage_meets(m, args.slo_share)]
     if problems:  # the reason is the last thing printed
-        console.print("[red]FAILED:[/] " + "; ".join(problems), highlight=False)
+        console.print("[red]FAILED:[/] " + "; ".join(problems), highlight=False, soft_wrap=True)
         return 1
     return 0
 

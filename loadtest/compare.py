@@ -1,8 +1,16 @@
-"""`loadtest compare BASELINE.json CURRENT.json --max-regression 10%`: gate CI on regressions.
+"""`loadtest compare BASELINE.json CURRENT.json`: gate CI on regressions.
 
-Stages are matched by mode and load. A gated metric regresses when it moves the wrong
-way by more than the threshold: throughput down; p50/p99 latency and TTFT up; the error
-rate up by more than `--max-error-increase` (absolute). Exit 1 on any regression.
+  loadtest compare base.json cur.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
+  loadtest compare base.json cur.json --max-regression 10% --advisory p99,ttft_p99
+
+Stages are matched by target, mode and load; runs whose ramps, models, APIs, endpoints or
+streaming differ are not comparable (exit 2). A gated metric regresses when it moves the
+wrong way (throughput and goodput down; latency and TTFT up) by more than its threshold
+AND by more than the noise: with `loadtest --repeat N` on both sides, the 95% bootstrap
+interval of the change of the median must lie wholly on the bad side of zero (see
+loadtest/noise.py); without repetitions only the threshold applies. The error rate
+regresses when it rises by more than `--max-error-increase` (absolute). Exit 0: no
+regression; 1: a regression (of a metric that is not advisory); 2: not comparable.
 """
 
 from __future__ import annotations
@@ -14,18 +22,58 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from . import noise
 from .report import SCHEMA
 
-HIGHER_IS_BETTER = ("request_throughput",)
-LOWER_IS_BETTER = ("median_e2el_ms", "p99_e2el_ms", "median_ttft_ms", "p99_ttft_ms")
+# name on the command line -> (stage key, +1 when higher is better / -1 when lower is)
+METRICS: dict[str, tuple[str, int]] = {
+    "throughput": ("request_throughput", +1),
+    "goodput": ("goodput", +1),
+    "p50": ("median_e2el_ms", -1),
+    "p99": ("p99_e2el_ms", -1),
+    "ttft": ("median_ttft_ms", -1),
+    "ttft_p99": ("p99_ttft_ms", -1),
+}
+DEFAULT_THRESHOLDS = {"throughput": 0.10, "goodput": 0.10, "p50": 0.15, "p99": 0.30, "ttft": 0.15,
+                      "ttft_p99": 0.30}
+WORKLOAD_KEYS = ("api", "endpoint", "stream", "model")
 
 
 def parse_percent(text: str) -> float:
     t = text.strip()
-    value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    if not t.endswith("%"):
+        raise argparse.ArgumentTypeError(
+            f"{t!r}: write thresholds as percentages with a % sign (e.g. {t}% ), so 15 is never read as 1500%")
+    try:
+        value = float(t[:-1]) / 100
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{t!r} is not a percentage")
     if value < 0:
-        raise argparse.ArgumentTypeError("the threshold must be >= 0")
+        raise argparse.ArgumentTypeError("a threshold must be >= 0%")
     return value
+
+
+def parse_thresholds(text: str) -> dict[str, float]:
+    """`10%` (every metric) and/or `throughput=10%,p99=30%`; later items override earlier ones."""
+    out = dict(DEFAULT_THRESHOLDS)
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        name, sep, value = item.partition("=")
+        if not sep:
+            out = {k: parse_percent(item) for k in out}
+            continue
+        name = name.strip()
+        if name not in METRICS:
+            raise argparse.ArgumentTypeError(f"unknown metric {name!r}; known: {', '.join(METRICS)}")
+        out[name] = parse_percent(value)
+    return out
+
+
+def parse_names(text: str) -> set[str]:
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    unknown = names - set(METRICS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown metric(s) {', '.join(sorted(unknown))}; known: {', '.join(METRICS)}")
+    return names
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -36,64 +84,119 @@ def _load(path: str) -> dict[str, Any]:
     return doc
 
 
-def compare(base: dict[str, Any], cur: dict[str, Any], max_regression: float,
-            max_error_increase: float) -> tuple[list[dict[str, Any]], bool]:
+def _key(s: dict[str, Any]) -> tuple[str, str, float]:
+    return s.get("target", "router"), s["mode"], float(s["load"])
+
+
+def _workload(doc: dict[str, Any]) -> dict[str, Any]:
+    cfg = doc.get("config", {})
+    w = cfg.get("workload") or {k: cfg.get(k) for k in WORKLOAD_KEYS}
+    return {k: w.get(k) for k in WORKLOAD_KEYS}
+
+
+def incomparable(base: dict[str, Any], cur: dict[str, Any]) -> str | None:
+    """Why the two runs cannot be compared, or None."""
+    bw, cw = _workload(base), _workload(cur)
+    for k in WORKLOAD_KEYS:
+        if bw[k] is not None and cw[k] is not None and bw[k] != cw[k]:
+            return f"different {k}: baseline {bw[k]!r}, current {cw[k]!r}"
+    bs = [_key(s) for s in base["stages"] + base.get("direct", [])]
+    cs = [_key(s) for s in cur["stages"] + cur.get("direct", [])]
+    if sorted(bs) != sorted(cs):
+        def ramp(keys: list[tuple[str, str, float]]) -> str:
+            return " ".join(f"{t}:{m}:{load:g}" for t, m, load in sorted(keys)) or "no stages"
+        return f"different stages: baseline [{ramp(bs)}], current [{ramp(cs)}]"
+    return None
+
+
+def compare(base: dict[str, Any], cur: dict[str, Any], thresholds: dict[str, float],
+            max_error_increase: float, advisory: set[str] = frozenset()) -> tuple[list[dict[str, Any]], bool]:
+    """One row per stage and metric; True when a non-advisory metric regressed."""
     rows: list[dict[str, Any]] = []
-    by_load = {(s["mode"], s["load"]): s for s in base["stages"]}
+    by_key = {_key(s): s for s in base["stages"] + base.get("direct", [])}
     regressed = False
-    for s in cur["stages"]:
-        b = by_load.get((s["mode"], s["load"]))
-        if b is None:
-            continue
-        for key in HIGHER_IS_BETTER + LOWER_IS_BETTER:
-            bv, cv = b.get(key), s.get(key)
-            if bv is None or cv is None:
+    for s in cur["stages"] + cur.get("direct", []):
+        b = by_key[_key(s)]
+        where = f"{s.get('target', 'router')} {s['load']:g}"
+        for name, (key, sign) in METRICS.items():
+            got = noise.change_interval(noise.values(b, key), noise.values(s, key))
+            if got is None or not noise.values(s, key):
                 continue
-            change = (cv - bv) / bv if bv else 0.0
-            bad = change < -max_regression if key in HIGHER_IS_BETTER else change > max_regression
-            rows.append({"load": s["load"], "metric": key, "baseline": bv, "current": cv,
-                         "change": change, "regressed": bad})
-            regressed |= bad
-        bad = s["error_rate"] - b["error_rate"] > max_error_increase
-        rows.append({"load": s["load"], "metric": "error_rate", "baseline": b["error_rate"],
-                     "current": s["error_rate"], "change": s["error_rate"] - b["error_rate"], "regressed": bad})
-        regressed |= bad
-    bk, ck = base.get("knee", {}), cur.get("knee", {})
-    if bk.get("max_request_throughput") and ck.get("max_request_throughput") is not None:
-        change = (ck["max_request_throughput"] - bk["max_request_throughput"]) / bk["max_request_throughput"]
-        bad = change < -max_regression
-        rows.append({"load": "all", "metric": "max_request_throughput", "baseline": bk["max_request_throughput"],
-                     "current": ck["max_request_throughput"], "change": change, "regressed": bad})
-        regressed |= bad
+            change, lo, hi = got
+            bad_change = -change * sign  # > 0: the bad direction
+            beyond_threshold = bad_change > thresholds[name]
+            beyond_noise = (lo > 0 if sign < 0 else hi < 0) if lo != hi else True
+            if beyond_threshold and beyond_noise:
+                verdict = "advisory" if name in advisory else "REGRESSED"
+            elif beyond_threshold:
+                verdict = "noise"
+            else:
+                verdict = "ok"
+            rows.append({"stage": where, "metric": name, "baseline": _median(b, key), "current": _median(s, key),
+                         "change": change, "interval": (lo, hi), "threshold": thresholds[name],
+                         "reps": (len(noise.values(b, key)), len(noise.values(s, key))), "verdict": verdict})
+            regressed |= verdict == "REGRESSED"
+        rise = s["error_rate"] - b["error_rate"]
+        verdict = "REGRESSED" if rise > max_error_increase else "ok"
+        rows.append({"stage": where, "metric": "error_rate", "baseline": b["error_rate"], "current": s["error_rate"],
+                     "change": rise, "interval": None, "threshold": max_error_increase, "reps": None,
+                     "verdict": verdict})
+        regressed |= verdict == "REGRESSED"
     return rows, regressed
 
 
+def _median(stage: dict[str, Any], key: str) -> float:
+    import numpy as np
+    return float(np.median(noise.values(stage, key)))
+
+
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="loadtest compare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="loadtest compare", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("baseline")
     p.add_argument("current")
-    p.add_argument("--max-regression", type=parse_percent, default=0.10,
-                   help="allowed relative change in the bad direction, e.g. 10%% (default)")
+    p.add_argument("--max-regression", type=parse_thresholds, default=dict(DEFAULT_THRESHOLDS),
+                   metavar="[METRIC=]PCT%,...",
+                   help="allowed change in the bad direction per metric (" + ", ".join(METRICS) + "); "
+                        "a bare PCT%% sets every metric; default: " +
+                        ",".join(f"{k}={v:.0%}" for k, v in DEFAULT_THRESHOLDS.items()).replace("%", "%%"))
+    p.add_argument("--advisory", type=parse_names, default=set(), metavar="METRIC,...",
+                   help="metrics reported but never failing, e.g. p99,ttft_p99 (default: none)")
     p.add_argument("--max-error-increase", type=float, default=0.01,
                    help="allowed absolute rise of the error rate (default 0.01 = 1 point)")
     args = p.parse_args(argv)
-    console = Console()
+    console = Console(width=160)
     try:
         base, cur = _load(args.baseline), _load(args.current)
     except (OSError, ValueError) as e:
         console.print(f"[red]compare:[/] {e}")
         return 2
-    rows, regressed = compare(base, cur, args.max_regression, args.max_error_increase)
-    if not rows:
-        console.print("[red]compare:[/] no stage of the current run matches the baseline's loads")
+    why = incomparable(base, cur)
+    if why is None and not cur["stages"]:
+        why = "the current run has no stages"
+    if why:
+        console.print(f"[red]NOT COMPARABLE:[/] {why}", highlight=False, soft_wrap=True)
         return 2
-    t = Table(title=f"compare (threshold {args.max_regression:.0%})")
-    for col in ("load", "metric", "baseline", "current", "change", "verdict"):
+    rows, regressed = compare(base, cur, args.max_regression, args.max_error_increase, args.advisory)
+    t = Table(title="compare: regressed = beyond the threshold and beyond the noise (95% bootstrap interval "
+                    "of the change of the median of repetitions)")
+    for col in ("stage", "metric", "baseline", "current", "change", "95% interval", "threshold", "reps", "verdict"):
         t.add_column(col, justify="right")
     for r in rows:
-        change = f"{r['change']:+.1%}" if r["metric"] != "error_rate" else f"{r['change']:+.4f}"
-        verdict = "[red]REGRESSED[/]" if r["regressed"] else "ok"
-        t.add_row(str(r["load"]), r["metric"], f"{r['baseline']:.4g}", f"{r['current']:.4g}", change, verdict)
+        if r["metric"] == "error_rate":
+            change, interval, thr = f"{r['change']:+.4f}", "-", f"+{r['threshold']:.4f}"
+        else:
+            lo, hi = r["interval"]
+            change, interval, thr = f"{r['change']:+.1%}", f"[{lo:+.1%}, {hi:+.1%}]", f"{r['threshold']:.0%}"
+        reps = f"{r['reps'][0]}/{r['reps'][1]}" if r["reps"] else "-"
+        verdict = {"REGRESSED": "[red]REGRESSED[/]", "advisory": "[yellow]advisory[/]",
+                   "noise": "[yellow]within noise[/]"}.get(r["verdict"], "ok")
+        t.add_row(r["stage"], r["metric"], f"{r['baseline']:.4g}", f"{r['current']:.4g}", change, interval,
+                  thr, reps, verdict)
     console.print(t)
-    console.print("[red]regression[/]" if regressed else "[green]no regression[/]")
-    return 1 if regressed else 0
+    if regressed:
+        bad = sorted({f"{r['metric']} at {r['stage']}" for r in rows if r["verdict"] == "REGRESSED"})
+        console.print("[red]REGRESSION:[/] " + "; ".join(bad), highlight=False, soft_wrap=True)
+        return 1
+    console.print("[green]no regression[/]")
+    return 0

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .engine import StageRun
+from .slo import goodput
 
 CPU_BOTTLENECK = 0.85  # share of one core
 LAG_BOTTLENECK_MS = 20.0
@@ -26,7 +27,7 @@ def _dist(prefix: str, values: list[float], scale: float = 1000.0) -> dict[str, 
             f"max_{prefix}_ms": round(float(a.max()), 3)}
 
 
-def summarize(run: StageRun) -> dict[str, Any]:
+def summarize(run: StageRun, slo: dict[str, float] | None = None) -> dict[str, Any]:
     results = run.results
     ok = [r for r in results if r.ok]
     duration = max(run.window_end - run.window_start, 1e-9)
@@ -59,6 +60,8 @@ def summarize(run: StageRun) -> dict[str, Any]:
                                     else out_tokens) / duration, 3),
         "total_output_tokens": out_tokens,
     }
+    if slo:
+        m.update(goodput(results, m["request_throughput"], slo))
     m.update(_dist("e2el", [r.latency for r in ok]))
     m.update(_dist("ttft", [r.ttft for r in ok if r.ttft is not None]))
     m.update(_dist("tpot", tpot))

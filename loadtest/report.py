@@ -41,12 +41,17 @@ def table(stages: Sequence[dict[str, Any]], knee: dict[str, Any], mode: str,
     t = Table(title="nomyo loadtest", show_lines=False)
     for head, _, _ in COLUMNS:
         t.add_column("rate" if head == "conc" and mode == "open" else head, justify="right")
+    slo = any("goodput" in s for s in stages)
+    if slo:
+        t.add_column("good/s", justify="right")
     if direct:
         t.add_column("+p50ms", justify="right")
         t.add_column("thr ratio", justify="right")
     t.add_column("note")
     for i, s in enumerate(stages):
         row = [_fmt(fmt, s.get(key)) for _, key, fmt in COLUMNS]
+        if slo:
+            row.append(_fmt("{:.1f}", s.get("goodput")))
         if direct:
             d = direct[i]
             add = (s["median_e2el_ms"] - d["median_e2el_ms"]) if s["median_e2el_ms"] is not None \
