@@ -18,6 +18,7 @@ from rich.console import Console
 from mock.config import MockConfig, add_arguments, from_namespace
 
 from . import compare as compare_mod
+from . import dataset as dataset_mod
 from . import search as search_mod
 from . import slo as slo_mod
 from .drive import drive
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--context-tokens", type=int, default=0, help="history size of a conversation's first turn")
     conv.add_argument("--session-header", default=None, help="send the conversation id in this header")
     prefix_mod.add_arguments(p)
+    dataset_mod.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="PATH", help="write the nomyo-loadtest/1 JSON here")
     out.add_argument("--html", default=None, metavar="PATH", help="write the self-contained HTML report here")
@@ -130,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def stages_from(args: argparse.Namespace) -> list[Stage]:
+def stages_from(args: argparse.Namespace, trace: Any = None) -> list[Stage]:
+    if trace is not None:  # one stage: the whole trace, every request measured
+        return [Stage(mode="trace", load=round(trace.mean_rate, 3), duration=None, warmup=0.0, seed=args.seed)]
     open_loop = args.rate is not None
     if args.ramp:
         loads = args.ramp
@@ -158,19 +162,26 @@ def run(args: argparse.Namespace) -> int:
     if args.direct and not args.mock_backend:
         console.print("[red]loadtest:[/] --direct needs --mock-backend")
         return 2
-    stages = stages_from(args)
+    try:
+        dataset, trace = dataset_mod.load(args)
+    except ValueError as e:
+        console.print(f"[red]loadtest:[/] {e}", highlight=False, soft_wrap=True)
+        return 2
+    stages = stages_from(args, trace)
     model = args.model or (mock_cfg.models[0] if args.mock_backend else "llama3")
     spec = WorkloadSpec(api=args.api, endpoint=args.endpoint, stream=args.stream, model=model,
                         prompt=args.prompt, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
                         turns=args.turns, context_tokens=args.context_tokens,
                         session_header=args.session_header, headers=dict(args.header),
                         prefixes=prefix_mod.Prefixes(args.prefix_groups, args.prefix_tokens, args.prefix_skew,
-                                                     args.seed) if args.prefix_groups > 0 else None)
+                                                     args.seed) if args.prefix_groups > 0 else None,
+                        dataset=dataset, trace=trace)
     if args.repeat < 1:
         console.print("[red]loadtest:[/] --repeat must be >= 1")
         return 2
     config: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("header",)}
-    config["workload"] = {"api": spec.api, "endpoint": spec.endpoint, "stream": spec.stream, "model": spec.model}
+    config["workload"] = {"api": spec.api, "endpoint": spec.endpoint, "stream": spec.stream, "model": spec.model,
+                          "dataset": args.dataset, "trace": args.trace}
     config["stages"] = [vars(s) for s in stages]
     fleet: Fleet | None = None
     if args.mock_backend:

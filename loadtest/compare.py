@@ -36,7 +36,7 @@ METRICS: dict[str, tuple[str, int]] = {
 }
 DEFAULT_THRESHOLDS = {"throughput": 0.10, "goodput": 0.10, "p50": 0.15, "p99": 0.30, "ttft": 0.15,
                       "ttft_p99": 0.30}
-WORKLOAD_KEYS = ("api", "endpoint", "stream", "model")
+WORKLOAD_KEYS = ("api", "endpoint", "stream", "model", "dataset", "trace")
 
 
 def parse_percent(text: str) -> float:

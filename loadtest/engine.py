@@ -10,7 +10,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from .client import Result, send
 from .http import Client
@@ -19,7 +19,7 @@ from .workload import Conversation, WorkloadSpec
 
 @dataclass
 class Stage:
-    mode: str  # "closed" | "open"
+    mode: str  # "closed" | "open" | "trace" (arrivals from spec.trace)
     load: float  # concurrency or rate
     duration: float | None = 10.0
     requests: int | None = None
@@ -147,15 +147,30 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
         prog.started += 1
         return True
 
+    picked = 0
+
+    def next_item() -> int:  # dataset lines are taken in order, cycling
+        nonlocal picked
+        picked += 1
+        return picked - 1
+
+    def new_conv(uid: int, number: int) -> Conversation:
+        return Conversation(spec, uid, number, spec.dataset.item(next_item()) if spec.dataset else None)
+
+    def one_body() -> bytes:
+        if spec.dataset is None:
+            return single
+        return client.build(spec.path, spec.dataset.body(spec, next_item()), spec.headers)
+
     async def user(uid: int) -> None:
         number = 0
-        conv = Conversation(spec, uid, number) if spec.conversational else None
+        conv = new_conv(uid, number) if spec.conversational else None
         while True:
             now = time.perf_counter()
             if not may_start(now):
                 return
             if conv is None:
-                r = await send(client, single, spec.api, spec.endpoint, spec.stream, timeout, now)
+                r = await send(client, one_body(), spec.api, spec.endpoint, spec.stream, timeout, now)
             else:
                 data = client.build(spec.path, conv.next_body(), conv.headers())
                 r = await send(client, data, spec.api, spec.endpoint, spec.stream, timeout, now,
@@ -165,15 +180,42 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
                     conv.record(r.answer)
                 if not r.ok or conv.finished:
                     number += 1
-                    conv = Conversation(spec, uid, number)
+                    conv = new_conv(uid, number)
             take(r, uid)
+
+    async def replay(k: int, e: Any, at: float) -> None:
+        """One trace arrival: --turns turns of its session, back to back."""
+        key = e.session or f"t{k}"
+        for turn in range(spec.turns):
+            messages = spec.trace.messages(e, key)
+            headers = {**spec.headers, spec.session_header: key} if spec.session_header else spec.headers
+            data = client.build(spec.path, spec.trace.body(spec, e, messages), headers)
+            start = at if turn == 0 else time.perf_counter()
+            r = await send(client, data, spec.api, spec.endpoint, spec.stream, timeout, start, keep_answer=True)
+            r.turn = turn + 1
+            take(r)
+            if not r.ok:
+                return
+            spec.trace.record(key, messages, r.answer)
 
     monitor.start()
     if stage.mode == "closed":
         await asyncio.gather(*(user(i) for i in range(int(stage.load))))
+    elif stage.mode == "trace":
+        tasks: set[asyncio.Task] = set()
+        for k, e in enumerate(spec.trace.entries):
+            t = t0 + e.at / spec.trace.speed
+            await _sleep_until(t)
+            if not may_start(t):
+                break
+            task = asyncio.ensure_future(replay(k, e, t))
+            task.add_done_callback(tasks.discard)
+            tasks.add(task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
     else:
         rng = random.Random(stage.seed)
-        tasks: set[asyncio.Task] = set()
+        tasks = set()
         t = t0
         while True:
             gap = rng.expovariate(stage.load) if stage.arrival == "poisson" else 1.0 / stage.load
@@ -181,7 +223,7 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
             await _sleep_until(t)
             if not may_start(t):
                 break
-            task = asyncio.ensure_future(send(client, single, spec.api, spec.endpoint, spec.stream, timeout, t))
+            task = asyncio.ensure_future(send(client, one_body(), spec.api, spec.endpoint, spec.stream, timeout, t))
             task.add_done_callback(lambda f: (tasks.discard(f), take(f.result())))
             tasks.add(task)
         if tasks:

@@ -44,7 +44,7 @@ def summarize(run: StageRun, slo: dict[str, float] | None = None) -> dict[str, A
         "target": run.target,
         "mode": stage.mode,
         "max_concurrency": int(stage.load) if stage.mode == "closed" else None,
-        "request_rate": stage.load if stage.mode == "open" else None,
+        "request_rate": stage.load if stage.mode != "closed" else None,
         "load": stage.load,
         "requests": len(results),
         "completed": len(ok),
@@ -82,6 +82,6 @@ def summarize(run: StageRun, slo: dict[str, float] | None = None) -> dict[str, A
         "loop_lag_p99_ms": round(float(lag_ms), 3),
         "send_lag_p99_ms": round(float(send_lag_ms), 3),
         "bottleneck": bool(cpu >= CPU_BOTTLENECK or lag_ms > LAG_BOTTLENECK_MS
-                           or (stage.mode == "open" and send_lag_ms > SEND_LAG_BOTTLENECK_MS)),
+                           or (stage.mode != "closed" and send_lag_ms > SEND_LAG_BOTTLENECK_MS)),
     }
     return m

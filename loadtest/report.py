@@ -40,7 +40,7 @@ def table(stages: Sequence[dict[str, Any]], knee: dict[str, Any], mode: str,
           direct: Sequence[dict[str, Any]] | None = None) -> Table:
     t = Table(title="nomyo loadtest", show_lines=False)
     for head, _, _ in COLUMNS:
-        t.add_column("rate" if head == "conc" and mode == "open" else head, justify="right")
+        t.add_column("rate" if head == "conc" and mode != "closed" else head, justify="right")
     slo = any("goodput" in s for s in stages)
     if slo:
         t.add_column("good/s", justify="right")

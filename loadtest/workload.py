@@ -48,6 +48,8 @@ class WorkloadSpec:
     session_header: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     prefixes: Any = None  # loadtest.prefix.Prefixes: shared system prompts across users
+    dataset: Any = None  # loadtest.dataset.Dataset: prompts or chat histories from a file
+    trace: Any = None  # loadtest.dataset.Trace: arrivals, sizes and sessions from a file
 
     @property
     def conversational(self) -> bool:
@@ -63,7 +65,8 @@ class WorkloadSpec:
             return filler_text(self.prompt_tokens)
         return self.prompt
 
-    def body(self, messages: list[dict[str, Any]] | None = None, prompt: str | None = None) -> bytes:
+    def body(self, messages: list[dict[str, Any]] | None = None, prompt: str | None = None,
+             max_tokens: int | None = None) -> bytes:
         b: dict[str, Any] = {"model": self.model}
         if self.endpoint == "embed":
             b["input"] = prompt if prompt is not None else self.user_text()
@@ -73,11 +76,12 @@ class WorkloadSpec:
             b["messages"] = messages if messages is not None else [{"role": "user", "content": self.user_text()}]
         else:
             b["prompt"] = prompt if prompt is not None else self.user_text()
-        if self.max_tokens is not None:
+        limit = max_tokens if max_tokens is not None else self.max_tokens
+        if limit is not None:
             if self.api == "ollama":
-                b["options"] = {"num_predict": self.max_tokens}
+                b["options"] = {"num_predict": limit}
             else:
-                b["max_tokens"] = self.max_tokens
+                b["max_tokens"] = limit
         if self.api == "openai" and self.stream:
             b["stream_options"] = {"include_usage": True}
         return json.dumps(b).encode()
@@ -86,10 +90,16 @@ class WorkloadSpec:
 class Conversation:
     """One virtual user's multi-turn chat. `next_body()` then `record(answer)` per turn."""
 
-    def __init__(self, spec: WorkloadSpec, user: int, number: int) -> None:
+    def __init__(self, spec: WorkloadSpec, user: int, number: int, item: Any = None) -> None:
         self.spec = spec
         self.id = f"u{user}-c{number}-{uuid.uuid4().hex[:8]}"
         self.turn = 0
+        self.max_tokens = None
+        if item is not None:  # a dataset line opens the conversation
+            self.messages = item.as_messages()
+            self.prompt = item.as_prompt()
+            self.max_tokens = item.output_tokens
+            return
         opening = filler_text(spec.context_tokens, f"[{self.id}] ") if spec.context_tokens else \
             f"[{self.id}] {spec.user_text()}"
         self.messages: list[dict[str, Any]] = []
@@ -106,8 +116,8 @@ class Conversation:
 
     def next_body(self) -> bytes:
         if self.spec.endpoint == "chat":
-            return self.spec.body(self.messages)
-        return self.spec.body(prompt=self.prompt)
+            return self.spec.body(self.messages, max_tokens=self.max_tokens)
+        return self.spec.body(prompt=self.prompt, max_tokens=self.max_tokens)
 
     def headers(self) -> dict[str, str]:
         if self.spec.session_header:
