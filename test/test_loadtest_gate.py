@@ -106,7 +106,8 @@ def test_repeat_records_repetitions_and_compare_reads_them(tmp_path):
     p = _run("--ramp", "2,4", "--duration", "0.6", "--warmup", "0.1", "--repeat", "3", "--json", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
-    assert doc["config"]["workload"] == {"api": "ollama", "endpoint": "chat", "stream": True, "model": "llama3"}
+    assert doc["config"]["workload"] == {"api": "ollama", "endpoint": "chat", "stream": True, "model": "llama3",
+                                         "dataset": None, "trace": None}
     for s in doc["stages"]:
         assert len(s["repetitions"]) == 3
         assert all(r["request_throughput"] > 0 for r in s["repetitions"])
