@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from . import noise
+from . import machine, noise
 from .engine import Progress, Stage, StageRun, run_stage
 from .metrics import summarize
 from .workload import WorkloadSpec
@@ -28,6 +28,7 @@ def merge(runs: list[StageRun]) -> StageRun:
     m.completed_in_window = sum(r.completed_in_window or 0.0 for r in runs) if timed else None
     m.tokens_in_window = sum(r.tokens_in_window for r in runs)
     m.cpu_s, m.wall_s = sum(r.cpu_s for r in runs), sum(r.wall_s for r in runs)
+    m.machine = machine.combine([r.machine for r in runs])
     for r in runs:
         m.results.extend(r.results)
         m.loop_lag.extend(r.loop_lag)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import machine
 from .client import Result, send
 from .http import Client
 from .workload import Conversation, WorkloadSpec
@@ -47,6 +48,7 @@ class StageRun:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     loop_lag: list[float] = field(default_factory=list)
+    machine: dict[str, float] | None = None  # /proc/stat and load average over the stage
     # Duration-based stages: the requests served inside [window_start, window_end], each
     # counted by the share of its time that fell inside the window (so a 8 s request that
     # straddles the window's edge counts in part, and synchronised waves of long requests
@@ -72,11 +74,13 @@ class LoopMonitor:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
         self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+        self.machine0 = machine.snapshot()
 
     async def stop(self) -> tuple[float, float]:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        self.machine = machine.delta(self.machine0, machine.snapshot())
         return time.process_time() - self.cpu0, time.perf_counter() - self.wall0
 
 
@@ -230,6 +234,7 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
             await asyncio.gather(*tasks, return_exceptions=True)
     run.cpu_s, run.wall_s = await monitor.stop()
     run.loop_lag = monitor.lags
+    run.machine = monitor.machine
     if measure_from == float("inf"):  # no user ever completed a request: nothing was measured
         measure_from = end = time.perf_counter()
     run.window_start = measure_from

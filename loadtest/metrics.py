@@ -8,12 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from . import machine
 from .engine import StageRun
 from .slo import goodput
 
-CPU_BOTTLENECK = 0.85  # share of one core
-LAG_BOTTLENECK_MS = 20.0
-SEND_LAG_BOTTLENECK_MS = 10.0
 
 
 def _dist(prefix: str, values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
@@ -38,7 +36,6 @@ def summarize(run: StageRun, slo: dict[str, float] | None = None) -> dict[str, A
     itl = [g for r in ok for g in r.itl]
     lag_ms = np.percentile(np.asarray(run.loop_lag) * 1000, 99) if run.loop_lag else 0.0
     send_lag_ms = np.percentile([r.send_lag * 1000 for r in results], 99) if results else 0.0
-    cpu = run.cpu_s / run.wall_s if run.wall_s else 0.0
     stage = run.stage
     m: dict[str, Any] = {
         "target": run.target,
@@ -77,11 +74,6 @@ def summarize(run: StageRun, slo: dict[str, float] | None = None) -> dict[str, A
         later = [r.ttft for r in ok if r.turn >= 2 and r.ttft is not None]
         m["affinity_turn2plus"] = dict(Counter(r.affinity for r in ok if r.turn >= 2 and r.affinity))
         m.update({k.replace("ttft", "ttft_turn2plus"): v for k, v in _dist("ttft", later).items()})
-    m["client"] = {
-        "cpu_share": round(cpu, 3),
-        "loop_lag_p99_ms": round(float(lag_ms), 3),
-        "send_lag_p99_ms": round(float(send_lag_ms), 3),
-        "bottleneck": bool(cpu >= CPU_BOTTLENECK or lag_ms > LAG_BOTTLENECK_MS
-                           or (stage.mode != "closed" and send_lag_ms > SEND_LAG_BOTTLENECK_MS)),
-    }
+    m["client"] = machine.assess(run.cpu_s, run.wall_s, float(lag_ms), float(send_lag_ms),
+                                 stage.mode != "closed", run.machine)
     return m

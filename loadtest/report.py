@@ -67,6 +67,8 @@ def table(stages: Sequence[dict[str, Any]], knee: dict[str, Any], mode: str,
             notes.append("saturates")
         if s["client"]["bottleneck"]:
             notes.append("CLIENT-BOUND")
+        elif s["client"].get("machine_bound"):
+            notes.append("MACHINE-BUSY")
         row.append(",".join(notes))
         t.add_row(*row)
     return t
@@ -86,11 +88,16 @@ def print_summary(console: Console, stages: Sequence[dict[str, Any]], knee: dict
             console.print(f"  load {s['load']:g}: endpoint split {split}")
         if set(s["affinity"]) - {"miss"}:  # single-turn load is all misses: nothing to say
             console.print(f"  load {s['load']:g}: affinity {s['affinity']}")
-    bound = [s for s in stages if s["client"]["bottleneck"]]
-    if bound:
-        console.print(f"[bold yellow]warning:[/] the load generator itself was near its limit in "
-                      f"{len(bound)} stage(s) (CPU share, loop lag or send lag); those numbers measure "
-                      f"the client as much as the server. Lower the load or run the client elsewhere.")
+    for s in stages:
+        c = s["client"]
+        if c["bottleneck"]:
+            console.print(f"[bold yellow]CLIENT-BOUND[/] at load {s['load']:g}: {c['reason']}; these numbers "
+                          f"measure the load generator as much as the server. Lower the load or run the client "
+                          f"on another machine.", highlight=False)
+        elif c.get("machine_bound"):
+            console.print(f"[bold yellow]MACHINE-BUSY[/] at load {s['load']:g}: {c['reason']}; the client is "
+                          f"not the limit, the machine it shares is (latencies include that contention).",
+                          highlight=False)
 
 
 def environment() -> dict[str, Any]:
