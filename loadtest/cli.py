@@ -25,7 +25,8 @@ from .drive import drive
 from .engine import Stage
 from .knee import find_knee
 from .orchestrate import Fleet, install_sigterm_as_interrupt
-from .report import document, print_summary, write_html, write_json
+from .report import document, print_summary, write_json
+from .report_html import write_html
 from . import prefix as prefix_mod
 from .workload import WorkloadSpec
 
@@ -180,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
         console.print("[red]loadtest:[/] --repeat must be >= 1")
         return 2
     config: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("header",)}
+    defaults = {a.dest: a.default for a in build_parser()._actions}
+    config["changed"] = {k: v for k, v in vars(args).items()
+                         if k in defaults and v != defaults[k] and k not in ("help",)}
     config["workload"] = {"api": spec.api, "endpoint": spec.endpoint, "stream": spec.stream, "model": spec.model,
                           "dataset": args.dataset, "trace": args.trace}
     config["stages"] = [vars(s) for s in stages]

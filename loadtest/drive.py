@@ -21,6 +21,7 @@ from .workload import WorkloadSpec
 def merge(runs: list[StageRun]) -> StageRun:
     """The repetitions of a stage as one run: results pooled, windows laid end to end."""
     if len(runs) == 1:
+        runs[0].timeline_marks = [(runs[0].window_start - runs[0].t0, runs[0].window_end - runs[0].t0)]
         return runs[0]
     m = StageRun(runs[0].stage, runs[0].target)
     m.window_start, m.window_end = 0.0, sum(r.window_end - r.window_start for r in runs)
@@ -29,7 +30,11 @@ def merge(runs: list[StageRun]) -> StageRun:
     m.tokens_in_window = sum(r.tokens_in_window for r in runs)
     m.cpu_s, m.wall_s = sum(r.cpu_s for r in runs), sum(r.wall_s for r in runs)
     m.machine = machine.combine([r.machine for r in runs])
-    for r in runs:
+    offset = 0.0
+    for r in runs:  # the repetitions' timelines one after the other
+        m.events.extend((t + offset, lat, ok) for t, lat, ok in r.events)
+        m.timeline_marks.append((offset + r.window_start - r.t0, offset + r.window_end - r.t0))
+        offset += max(r.wall_s, max((t for t, _, _ in r.events), default=0.0))
         m.results.extend(r.results)
         m.loop_lag.extend(r.loop_lag)
     return m

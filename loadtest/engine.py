@@ -49,6 +49,10 @@ class StageRun:
     wall_s: float = 0.0
     loop_lag: list[float] = field(default_factory=list)
     machine: dict[str, float] | None = None  # /proc/stat and load average over the stage
+    t0: float = 0.0
+    # every request of the stage, warm-up included: (end - t0, latency, ok), for the timeline
+    events: list[tuple[float, float, bool]] = field(default_factory=list)
+    timeline_marks: list[tuple[float, float]] = field(default_factory=list)  # measured windows, from t0
     # Duration-based stages: the requests served inside [window_start, window_end], each
     # counted by the share of its time that fell inside the window (so a 8 s request that
     # straddles the window's edge counts in part, and synchronised waves of long requests
@@ -105,7 +109,7 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
     run = StageRun(stage, target)
     single = client.build(spec.path, spec.body(), spec.headers)
     monitor = LoopMonitor()
-    t0 = time.perf_counter()
+    t0 = run.t0 = time.perf_counter()
     prog.t0 = t0
     timed = stage.requests is None and bool(stage.duration)
     # Closed loop: the warm-up lasts at least until every virtual user has completed one
@@ -122,6 +126,7 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
         prog.done += 1
         if not r.ok:
             prog.errors += 1
+        run.events.append((r.end - t0, r.end - r.start, r.ok))
         if r.start >= measure_from:
             run.results.append(r)
         if timed and r.ok:

@@ -11,6 +11,7 @@ import numpy as np
 from . import machine
 from .engine import StageRun
 from .slo import goodput
+from .timeline import cdf, timeline
 
 
 
@@ -74,6 +75,8 @@ def summarize(run: StageRun, slo: dict[str, float] | None = None) -> dict[str, A
         later = [r.ttft for r in ok if r.turn >= 2 and r.ttft is not None]
         m["affinity_turn2plus"] = dict(Counter(r.affinity for r in ok if r.turn >= 2 and r.affinity))
         m.update({k.replace("ttft", "ttft_turn2plus"): v for k, v in _dist("ttft", later).items()})
+    m["timeline"] = timeline(run)
+    m["cdf"] = {"e2el_ms": cdf([r.latency for r in ok]), "ttft_ms": cdf([r.ttft for r in ok if r.ttft is not None])}
     m["client"] = machine.assess(run.cpu_s, run.wall_s, float(lag_ms), float(send_lag_ms),
                                  stage.mode != "closed", run.machine)
     return m

@@ -157,7 +157,7 @@ def test_cli_end_to_end_writes_json_and_html(tmp_path):
             assert key in s, key
         assert s["completed"] > 0 and s["endpoints"] == {"mock0": s["completed"]}
     assert [o["load"] for o in doc["overhead"]] == [2, 4]
-    assert page.read_text().count("<svg") == 2 and "knee" in page.read_text()
+    assert page.read_text().count("<svg") >= 2 and "knee" in page.read_text()
     assert _children_gone([mport, rport])
 
 
