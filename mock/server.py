@@ -18,40 +18,20 @@ from typing import Any, Awaitable, Callable
 
 from . import http as web  # Request, Response, StreamResponse
 
-from . import formats
+from . import fidelity, formats
+from .extra import Extra
+from .generation import BadRequest, Generation, _parse_generation
 from .manage import BadInput, Manage
 from .capacity import QueueFull, Slots
 from .config import MockConfig
 from .kvcache import PrefixCache
-from .continuation import answer_offset
-from .text import chat_prompt, count_tokens, embedding, output_tokens
+from .text import count_tokens, embedding, output_tokens
 
 OLLAMA_BUSY = "server busy, please try again.  maximum pending requests exceeded"
 JSON = "application/json"
 
 Reply = web.Response | web.StreamResponse
 Handler = Callable[[web.Request], Awaitable[Reply]]
-
-
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class Generation:
-    """What one generation request asks for, parsed from either API's body."""
-
-    __slots__ = ("api", "kind", "model", "stream", "max_tokens", "prompt_text",
-                 "include_usage", "inputs", "offset")
-
-    def __init__(self, api: str, kind: str, model: str, stream: bool, max_tokens: int | None,
-                 prompt_text: str, include_usage: bool = False, inputs: list[str] | None = None):
-        self.api, self.kind, self.model, self.stream = api, kind, model, stream
-        self.max_tokens, self.prompt_text = max_tokens, prompt_text
-        self.include_usage, self.inputs = include_usage, inputs or []
-        self.offset = 0  # answer tokens already given (continuing a trailing assistant message)
 
 
 class MockBackend:
@@ -91,6 +71,7 @@ class MockBackend:
         }
         self.manage = Manage(self)
         self.routes.update(self.manage.routes)
+        self.routes.update(Extra(self).routes)
         self._paths = {path for _, path in self.routes}
 
     # ---- knobs and counters -------------------------------------------------
@@ -318,13 +299,19 @@ class MockBackend:
             await _sleep_until(loop, t0 + max(ttft_s, first_byte_s))
             if drop:
                 _cut(request)
-            return _json(formats.embedding_body(gen, [embedding(t, c.embed_dim) for t in gen.inputs],
-                                                prompt_tokens))
+            out = formats.embedding_body(gen, [embedding(t, c.embed_dim) for t in gen.inputs], prompt_tokens)
+            if gen.b64:
+                for item in out["data"]:
+                    item["embedding"] = fidelity.b64_embedding(item["embedding"])
+            return _json(out)
 
         rest = c.tokens - gen.offset
         limit = rest if gen.max_tokens is None or gen.max_tokens < 0 else min(rest, gen.max_tokens)
         tokens = output_tokens(gen.offset + limit)[gen.offset:]
         done_reason = "length" if gen.max_tokens is not None and 0 <= gen.max_tokens < rest else "stop"
+        ex = gen.extras
+        if ex is not None and (ex.json_text is not None or ex.tool is not None):
+            tokens, done_reason = [ex.json_text or ""], "stop"
         timing = formats.Timing(prompt_tokens, len(tokens), ttft_s, tok_s)
         if gen.kind == "chat":
             self.kv.insert(gen.prompt_text + f"<assistant>{''.join(tokens)}\n")
@@ -338,26 +325,37 @@ class MockBackend:
                                    + tok_s * len(tokens) * self._slowdown())
             if drop:
                 _cut(request)
-            return _json(formats.complete_body(gen, tokens, done_reason, timing, rid))
+            body = formats.complete_body(gen, tokens, done_reason, timing, rid)
+            return _json(body if ex is None else fidelity.whole(body, gen.api, ex, rid))
 
         await _sleep_until(loop, t0 + first_byte_s)
         resp = web.StreamResponse(headers={"Content-Type": formats.stream_content_type(gen.api)})
         await resp.prepare(request)
         chunker = formats.Chunker(gen, rid)
+        n = 1 if ex is None else ex.n
         head = chunker.head()
         if head:
-            await resp.write(head)
+            await resp.write(fidelity.fan(head, n))
         deadline = t0 + ttft_s
         cut_at = len(tokens) // 2 if drop else -1
+        if ex is not None and ex.tool is not None:  # the call instead of text
+            tokens = []
+            for piece in fidelity.tool_chunks(gen.api, ex, gen.model, rid, chunker.created, formats.now_iso()):
+                await resp.write(piece)
         for i, tok in enumerate(tokens):
             if i == cut_at:
                 _cut(request)
                 return resp
             await _sleep_until(loop, deadline)
-            await resp.write(chunker.token(tok))
+            await resp.write(chunker.token(tok) if n == 1 else fidelity.fan(chunker.token(tok), n))
             deadline += tok_s * self._slowdown()
         await _sleep_until(loop, deadline)
-        await resp.write(chunker.tail(done_reason, timing))
+        tail = chunker.tail(done_reason, timing)
+        if ex is not None:
+            if ex.tool is not None and gen.api == "openai":
+                tail = tail.replace(b'"finish_reason": "stop"', b'"finish_reason": "tool_calls"', 1)
+            tail = fidelity.fan_tail(tail, n)
+        await resp.write(tail)
         await resp.write_eof()
         return resp
 
@@ -394,45 +392,3 @@ async def _read_json(request: web.Request) -> dict:
     if not isinstance(body, dict):
         raise BadRequest(400, "the JSON body must be an object")
     return body
-
-
-def _parse_generation(api: str, kind: str, body: dict) -> Generation:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest(400, "model is required")
-    stream = body.get("stream", api == "ollama" and kind in ("chat", "generate"))
-    if not isinstance(stream, bool):
-        raise BadRequest(400, "stream must be a boolean")
-    if kind in ("embed", "embeddings"):
-        raw = body.get("input", body.get("prompt", ""))
-        inputs = [raw] if isinstance(raw, str) else raw
-        if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
-            raise BadRequest(400, "input must be a string or a list of strings")
-        return Generation(api, kind, model, False, None, "".join(inputs), inputs=inputs)
-    if api == "ollama":
-        options = body.get("options") or {}
-        if not isinstance(options, dict):
-            raise BadRequest(400, "options must be an object")
-        max_tokens = options.get("num_predict")
-    else:
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
-        raise BadRequest(400, "the token limit must be an integer")
-    if kind == "chat":
-        messages = body.get("messages") or []
-        if not isinstance(messages, list):
-            raise BadRequest(400, "messages must be a list")
-        prompt_text = chat_prompt(messages)
-    else:
-        prompt = body.get("prompt", "")
-        if isinstance(prompt, list):
-            prompt = "".join(p for p in prompt if isinstance(p, str))
-        if not isinstance(prompt, str):
-            raise BadRequest(400, "prompt must be a string")
-        prompt_text = prompt
-    stream_options = body.get("stream_options") or {}
-    include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
-    gen = Generation(api, kind, model, stream, max_tokens, prompt_text, include_usage)
-    if kind == "chat":
-        gen.offset = answer_offset(body.get("messages") or [])
-    return gen

@@ -19,6 +19,7 @@ from typing import Awaitable, Callable
 import aiohttp
 
 from .api import access, listing, manage
+from .api import status as ollama_status
 from .api.asgi import (BodyTooLarge, ClientGone, Receive, Scope, Send, cancel_on_disconnect, header, read_body,
                        send_response, with_headers)
 from .api.errors import ApiError, error_body, render
@@ -346,6 +347,7 @@ ROUTES.update(dashboard.ROUTES)
 # `ROUTES.update(manage.ROUTES)`; a handler is `async def h(app: RouterApp, scope, receive, send, t0)`
 # and reaches the running router through `app.current()`.
 ROUTES.update(manage.ROUTES); PREFIX_ROUTES.extend(manage.PREFIX)  # noqa: E702
+ROUTES.update(ollama_status.ROUTES)
 
 
 def prefix_route(method: str, path: str) -> Handler | None:

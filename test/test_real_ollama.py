@@ -61,3 +61,33 @@ async def test_anthropic_messages_through_the_router_with_a_key(ollama_url):
         finally:
             await direct.close()
             await routed.close()
+
+
+async def test_newer_routes_direct_and_through_the_router(ollama_url):
+    """/v1/responses (stream and not), /api/status and /v1/models/{id}: the same answers; rerank,
+    which Ollama does not serve, is a 501 in OpenAI's shape instead of Ollama's 404."""
+    import aiohttp
+    import openai
+    async with run_router({"endpoints": [{"url": ollama_url, "name": "real"}]}) as r:
+        direct = openai.AsyncOpenAI(base_url=ollama_url + "/v1", api_key="unused", max_retries=0)
+        routed = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0)
+        try:
+            ask = dict(model="tiny", input="hi", max_output_tokens=4)
+            a, b = await direct.responses.create(**ask), await routed.responses.create(**ask)
+            assert (a.object, a.model, a.status, [o.type for o in a.output]) == \
+                   (b.object, b.model, b.status, [o.type for o in b.output])
+            assert b.usage.output_tokens == a.usage.output_tokens
+            kinds_a = [e.type async for e in await direct.responses.create(**ask, stream=True)]
+            kinds_b = [e.type async for e in await routed.responses.create(**ask, stream=True)]
+            assert kinds_a[0] == kinds_b[0] == "response.created" and kinds_a[-1] == kinds_b[-1]
+            assert set(kinds_a) == set(kinds_b)
+            with pytest.raises(openai.NotFoundError):
+                await routed.responses.create(**{**ask, "model": "no-such-model"})
+        finally:
+            await direct.close()
+            await routed.close()
+        async with aiohttp.ClientSession() as s:
+            async with s.get(ollama_url + "/api/status") as d, s.get(r.url + "/api/status") as via:
+                assert via.status == d.status == 200 and await via.json() == await d.json()
+            async with s.post(r.url + "/v1/rerank", json={"model": "tiny", "query": "q", "documents": ["a"]}) as resp:
+                assert resp.status == 501 and (await resp.json())["error"]["code"] == "not_implemented"

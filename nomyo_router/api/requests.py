@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from ..domain import model_key
+from . import newer
 from .errors import ApiError
 
 # (api, kind) for each generation route
@@ -18,13 +19,15 @@ GENERATION_ROUTES: dict[str, tuple[str, str]] = {
     "/v1/completions": ("openai", "generate"),
     "/v1/embeddings": ("openai", "embed"),
     "/v1/messages": ("anthropic", "chat"),  # passed through to Ollama backends (they serve it)
+    **newer.ROUTES,  # /v1/responses, rerank, images, audio transcriptions
 }
 
 
 class GenRequest:
     """One validated generation request. `raw` is forwarded untouched when APIs match."""
 
-    __slots__ = ("api", "kind", "path", "model", "key", "stream", "body", "raw", "t0", "session_id", "client")
+    __slots__ = ("api", "kind", "path", "model", "key", "stream", "body", "raw", "t0", "session_id", "client",
+                 "ctype")
 
     def __init__(self, api: str, kind: str, path: str, model: str, stream: bool,
                  body: dict[str, Any], raw: bytes, t0: float) -> None:
@@ -33,6 +36,7 @@ class GenRequest:
         self.body, self.raw, self.t0 = body, raw, t0
         self.session_id: str | None = None
         self.client: str | None = None  # the client key's name, when keys are configured
+        self.ctype: str | None = None  # a Content-Type to forward instead of JSON's (multipart)
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -87,6 +91,11 @@ def _encodable(obj: Any) -> bool:
 
 def parse(path: str, raw: bytes, t0: float) -> GenRequest:
     api, kind = GENERATION_ROUTES[path]
+    if kind == "transcription":
+        ctype, model, stream = newer.transcription(raw)
+        req = GenRequest(api, kind, path, model, stream, {"model": model}, raw, t0)
+        req.ctype = ctype
+        return req
     body = load_json(raw)
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
@@ -106,6 +115,8 @@ def parse(path: str, raw: bytes, t0: float) -> GenRequest:
         _check_embed_input(api, kind, body)
     elif kind == "chat":
         _check_messages(api, body)
+    elif kind in newer.KINDS:
+        newer.check(kind, body)
     else:
         prompt = body.get("prompt", None if api == "openai" else "")
         if api == "openai" and prompt is None:

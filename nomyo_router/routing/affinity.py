@@ -95,4 +95,9 @@ def request_keys(kind: str, model: str, body: dict[str, Any], session_id: str | 
         if isinstance(prompt, str):
             system = body.get("system")
             return prompt_keys(model, f"{system}\n\n{prompt}" if isinstance(system, str) else prompt)
+    if kind == "responses":  # the Responses API: `input` items are the conversation, as chat's messages
+        items = body.get("input")
+        if isinstance(items, list):
+            head = [{"role": "system", "content": body["instructions"]}] if isinstance(body.get("instructions"), str) else []
+            return chat_keys(model, head + [i for i in items if isinstance(i, dict) and "role" in i])
     return None

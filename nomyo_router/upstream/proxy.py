@@ -18,6 +18,8 @@ import aiohttp
 
 from ..api.asgi import Headers, Send
 from ..api.errors import ApiError, error_body
+from ..api import newer
+from ..api.newer import ONLY_ON
 from ..api.requests import GenRequest
 from ..config import RouterConfig
 from ..domain import Endpoint
@@ -92,7 +94,8 @@ class Proxy:
         ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys)
         if self._wants_prompt:
             ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
-        tried: list[str] = []
+        only = ONLY_ON.get(req.path)  # a route some backend types do not serve: they are never tried
+        tried = [] if only is None else newer.others(self.scheduler.endpoints, only, req.key, req.path, req.model)
         last: RetryableFailure | None = None
         attempts = min(self.config.max_attempts, self.scheduler.serving(req.key))
         for attempt in range(attempts):
@@ -107,7 +110,7 @@ class Proxy:
                 raise ApiError(503, f"no slot became free within queue_timeout "
                                     f"({self.config.queue_timeout:g}s)", code="queue_timeout",
                                retry_after=self.config.retry_after) from None
-            if tried:
+            if attempt:
                 if not self.budget.allow():
                     lease.release()
                     log.warning("retry budget spent: not retrying %s (%s)", req.key, last and last.reason)
@@ -151,14 +154,11 @@ class Proxy:
 
     def _plan(self, req: GenRequest, ep: Endpoint) -> tuple[str, bytes, bool]:
         """(path, body, translate) for sending `req` to `ep`."""
-        if req.api == "anthropic" and ep.type != "ollama":
-            raise ApiError(501, f"/v1/messages is passed through to Ollama backends only; '{req.model}' "
-                                f"was routed to {ep.name}, an OpenAI-type backend", code="not_implemented")
         if ep.type == "openai" and req.api == "ollama":
             body = translate.request_to_openai(req.kind, req.body, ep.models[req.key], req.stream)
             return translate.OPENAI_PATH[req.kind], body, True
         raw = req.raw
-        if ep.type == "openai" and req.model != ep.models[req.key]:
+        if ep.type == "openai" and req.model != ep.models[req.key] and req.ctype is None:
             raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
         if self._strips_usage(req):
             raw = usage.ask(raw, req.body)  # counted, then stripped again (resume.py)
@@ -196,9 +196,9 @@ class Proxy:
         try:
             async with asyncio.timeout(deadline):
                 if req.stream:
-                    resp, data, first = await self._call(ep, path, body, self._stream_timeout, translating)
+                    resp, data, first = await self._call(ep, path, body, self._stream_timeout, translating, req.ctype)
                 else:
-                    resp, data, first = await self._call(ep, path, body, self._whole_timeout, False)
+                    resp, data, first = await self._call(ep, path, body, self._whole_timeout, False, req.ctype)
         except UNREACHABLE as e:
             raise RetryableFailure(f"unreachable ({type(e).__name__})", unreachable=True) from None
         except TimeoutError:
@@ -266,9 +266,10 @@ class Proxy:
         return resp, first
 
     async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: aiohttp.ClientTimeout,
-                    line: bool) -> tuple[aiohttp.ClientResponse, bytes, bytes]:
+                    line: bool, ctype: str | None = None) -> tuple[aiohttp.ClientResponse, bytes, bytes]:
         """Send, and read either the whole body or the first chunk of a 200 stream."""
-        resp = await self.session.post(ep.url + path, data=body, headers=ep.headers, timeout=timeout)
+        headers = ep.headers if ctype is None else {**ep.headers, "Content-Type": ctype}
+        resp = await self.session.post(ep.url + path, data=body, headers=headers, timeout=timeout)
         try:
             if resp.status in RETRY_STATUSES:
                 raise RetryableFailure(f"HTTP {resp.status}", resp.status, await resp.read(),
