@@ -158,3 +158,23 @@ async def test_management_takes_no_generation_slot():
                     assert (await h.json())["endpoints"][0]["in_flight"] == 1
                 assert not gen.content.at_eof()
             assert "c2:latest" in await _models(a)
+
+
+async def test_management_needs_the_admin_key_when_one_is_set(mock):
+    admin, user = "admin-key-0123456789", "user-key-0123456789"
+    cfg = {"endpoints": endpoints(mock), "router_api_key": user, "admin_key": admin}
+    async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+        body = {"source": "llama3", "destination": "kept"}
+        async with s.post(r.url + "/api/copy", json=body, headers={"Authorization": f"Bearer {user}"}) as resp:
+            assert resp.status == 403 and "admin key" in (await resp.json())["error"]
+        async with s.post(r.url + "/api/copy", json=body) as resp:
+            assert resp.status == 401
+        async with s.post(r.url + "/api/copy", json=body, headers={"Authorization": f"Bearer {admin}"}) as resp:
+            assert resp.status == 200
+        assert "kept:latest" in await _models(mock)
+    limited = {"endpoints": endpoints(mock), "client_keys": [{"name": "app", "key": user, "models": ["llama3"]}]}
+    async with run_router(limited) as r, aiohttp.ClientSession() as s:
+        async with s.delete(r.url + "/api/delete", json={"model": "kept"},
+                            headers={"Authorization": f"Bearer {user}"}) as resp:
+            assert resp.status == 403 and "limited" in (await resp.json())["error"]
+        assert "kept:latest" in await _models(mock)

@@ -15,7 +15,8 @@ change every box. Each call goes to every Ollama-type endpoint (or only those na
   whole blob. `max_body_bytes` (a bound on JSON bodies the router reads into memory) does
   not apply: a multi-GB GGUF must pass. `body_idle_timeout` still closes a stalled upload.
 
-These calls take no generation slot; at most `manage_concurrency` run at once per router
+With `admin_key` configured these calls need it (403 otherwise); a client key limited to
+some models may never make them. They take no generation slot; at most `manage_concurrency` run at once per router
 process (more wait). When one finishes, the concerned endpoints' model lists are refreshed
 before the answer goes out, so a pulled or copied model is served at once.
 """
@@ -47,6 +48,17 @@ def _permits(router: Any) -> asyncio.Semaphore:
     if sem is None:
         sem = router._manage_permits = asyncio.Semaphore(router.config.manage_concurrency)
     return sem
+
+
+def authorize(router: Any, scope: Scope) -> None:
+    """Changing every backend's models is an operator's act: with `admin_key` set it needs
+    that key; a client key limited to some models never may."""
+    client = scope.get("nomyo.client")
+    if router.config.admin_key is not None:
+        if client is None or client.name != "admin":
+            raise ApiError(403, "model management needs the admin key (admin_key is set)")
+    elif client is not None and client.models is not None:
+        raise ApiError(403, "this API key is limited to some models and may not manage models")
 
 
 def targets(router: Any, scope: Scope) -> list[Endpoint]:
@@ -106,6 +118,7 @@ def _model(body: dict[str, Any], *fields: str) -> str:
 # ---- JSON routes -----------------------------------------------------------------------------
 async def manage(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
     router = app.current()
+    authorize(router, scope)
     path, method = scope["path"], scope["method"]
     raw = await read_body(scope, receive, router.config.max_body_bytes)
     body = _body(raw)
@@ -282,6 +295,7 @@ async def blob_head(app: Any, scope: Scope, receive: Receive, send: Send, t0: fl
 
 async def blob_post(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
     router = app.current()
+    authorize(router, scope)
     digest = _digest(scope)
     eps = targets(router, scope)
     async with _permits(router):
