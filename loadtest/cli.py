@@ -3,13 +3,17 @@
   python loadtest.py --mock-backend --ramp 8,32,64,128          # spawn mock + router, ramp
   python loadtest.py --url http://127.0.0.1:12434 --concurrency 32
   python loadtest.py --serve-mock --mock-port 11434              # only the mock
-  loadtest compare BASELINE.json CURRENT.json --max-regression 10%
+  python loadtest.py --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
+  python loadtest.py --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
+  python loadtest.py --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
+  loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -96,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     req.add_argument("--prompt", default="Why is the sky blue?", help="the user message or prompt")
     req.add_argument("--prompt-tokens", type=int, default=None, help="send a prompt of about N tokens")
     req.add_argument("--max-tokens", type=int, default=None, help="num_predict / max_tokens (default: the server's)")
+    req.add_argument("--request-option", type=_setting, action="append", default=[], metavar="KEY=VALUE",
+                     help="sampling option sent with every request: in Ollama's \"options\", at the top level "
+                          "for OpenAI, e.g. temperature=0 or seed=1 (default: none)")
     req.add_argument("--header", type=_header, action="append", default=[], metavar="K:V")
     load = p.add_argument_group("load shape")
     load.add_argument("--concurrency", type=int, default=32, help="closed loop: virtual users")
@@ -172,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or (mock_cfg.models[0] if args.mock_backend else "llama3")
     spec = WorkloadSpec(api=args.api, endpoint=args.endpoint, stream=args.stream, model=model,
                         prompt=args.prompt, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
+                        options=dict(args.request_option),
                         turns=args.turns, context_tokens=args.context_tokens,
                         session_header=args.session_header, headers=dict(args.header),
                         prefixes=prefix_mod.Prefixes(args.prefix_groups, args.prefix_tokens, args.prefix_skew,
@@ -185,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
     config["changed"] = {k: v for k, v in vars(args).items()
                          if k in defaults and v != defaults[k] and k not in ("help",)}
     config["workload"] = {"api": spec.api, "endpoint": spec.endpoint, "stream": spec.stream, "model": spec.model,
-                          "dataset": args.dataset, "trace": args.trace}
+                          # by file name: the same file in another checkout stays comparable
+                          "dataset": os.path.basename(args.dataset) if args.dataset else None,
+                          "trace": os.path.basename(args.trace) if args.trace else None}
     config["stages"] = [vars(s) for s in stages]
     fleet: Fleet | None = None
     if args.mock_backend:

@@ -47,6 +47,7 @@ class WorkloadSpec:
     system_prompt: str = "You are a helpful assistant."
     session_header: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # Ollama "options" / OpenAI top-level fields
     prefixes: Any = None  # loadtest.prefix.Prefixes: shared system prompts across users
     dataset: Any = None  # loadtest.dataset.Dataset: prompts or chat histories from a file
     trace: Any = None  # loadtest.dataset.Trace: arrivals, sizes and sessions from a file
@@ -76,10 +77,15 @@ class WorkloadSpec:
             b["messages"] = messages if messages is not None else [{"role": "user", "content": self.user_text()}]
         else:
             b["prompt"] = prompt if prompt is not None else self.user_text()
+        if self.options and self.endpoint != "embed":
+            if self.api == "ollama":
+                b["options"] = dict(self.options)
+            else:
+                b.update(self.options)
         limit = max_tokens if max_tokens is not None else self.max_tokens
         if limit is not None:
             if self.api == "ollama":
-                b["options"] = {"num_predict": limit}
+                b.setdefault("options", {})["num_predict"] = limit
             else:
                 b["max_tokens"] = limit
         if self.api == "openai" and self.stream:

@@ -108,3 +108,15 @@ def test_file_workload_errors_exit_2(tmp_path, args, msg):
     args = [a if a != "T" else _write(tmp_path / "t.jsonl", [{"arrival": 0}]) for a in args]
     p = subprocess.run([sys.executable, "loadtest.py", "--quiet", *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and msg in p.stdout
+
+
+def test_request_options_go_where_each_api_reads_them():
+    from loadtest.cli import build_parser
+    args = build_parser().parse_args(["--request-option", "temperature=0", "--request-option", "seed=7",
+                                      "--max-tokens", "5"])
+    opts = dict(args.request_option)
+    assert opts == {"temperature": 0, "seed": 7}
+    ollama = json.loads(WorkloadSpec(options=opts, max_tokens=5).body())
+    assert ollama["options"] == {"temperature": 0, "seed": 7, "num_predict": 5}
+    openai = json.loads(WorkloadSpec(api="openai", options=opts, max_tokens=5).body())
+    assert openai["temperature"] == 0 and openai["seed"] == 7 and openai["max_tokens"] == 5
