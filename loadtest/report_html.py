@@ -58,10 +58,10 @@ def chart(title: str, series: list[Series], xlabel: str, ylabel: str = "", marks
             f'transform="rotate(-90 12 {(pad_t + h - pad_b) / 2})">{esc(ylabel)}</text>']
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
         y = ymax / 1.1 * frac
-        out.append(f'<text x="{pad_l - 4}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.4g}</text>')
+        out.append(f'<text x="{pad_l - 4}" y="{py(y) + 4:.1f}" text-anchor="end">{_num(y)}</text>')
         out.append(f'<line x1="{pad_l}" y1="{py(y):.1f}" x2="{w - pad_r}" y2="{py(y):.1f}" stroke="#eee"/>')
     for x in xticks if xticks is not None else [xmin + span * f for f in (0, 0.25, 0.5, 0.75, 1.0)]:
-        out.append(f'<text x="{px(x):.1f}" y="{h - pad_b + 14}" text-anchor="middle">{x:.4g}</text>')
+        out.append(f'<text x="{px(x):.1f}" y="{h - pad_b + 14}" text-anchor="middle">{_num(x)}</text>')
     for m in marks:
         out.append(f'<line class="mark" x1="{px(m):.1f}" y1="{pad_t}" x2="{px(m):.1f}" y2="{h - pad_b}" '
                    f'stroke="#d33" stroke-dasharray="4 3"/><text x="{px(m) - 4:.1f}" y="{h - pad_b - 6}" '
@@ -77,6 +77,10 @@ def chart(title: str, series: list[Series], xlabel: str, ylabel: str = "", marks
                    f'{esc(name)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
@@ -150,7 +154,8 @@ def render(doc: dict[str, Any]) -> str:
             chart("Throughput (req/s)", thr, xlabel, "req/s", kx, xticks=xs),
             chart("Latency (ms)", lat, xlabel, "ms", kx, xticks=xs), "</div>"]
     body.append("<h2>Each stage over time</h2><p>Shaded: the measured window(s); before it, the warm-up. "
-                "Per time bucket: completed req/s, p50/p99 latency of the requests that ended in it, errors.</p>"
+                "Per time bucket: p50/p99 latency of the requests that ended in it, errors; req/s counts the "
+                "completions within a window of at least the median latency around the bucket.</p>"
                 "<div class='row'>")
     for s in stages + doc.get("direct", []):
         tl = s.get("timeline") or {}
@@ -176,7 +181,7 @@ def render(doc: dict[str, Any]) -> str:
     body.append("</div><h2>Stages</h2>")
     good = any("goodput" in s for s in stages)
     head = [h for h, _, _ in COLUMNS] + (["good/s"] if good else []) + ["note"]
-    rows = [[_fmt(f, s.get(k)) for _, k, f in COLUMNS] + ([_fmt("{:.1f}", s.get("goodput"))] if good else [])
+    rows = [[_fmt(f, s.get(k)) for _, k, f in COLUMNS] + ([_fmt("rate", s.get("goodput"))] if good else [])
             + [_notes(s, i, knee)] for i, s in enumerate(stages)]
     body.append(_table(head, rows))
     split = [[f"{s['load']:g}", k, v, f"{v * 100 / max(sum(s['endpoints'].values()), 1):.0f}%"]

@@ -33,17 +33,25 @@ def timeline(run: StageRun) -> dict[str, Any]:
     width = _nice(max(float(ends.max()) / BUCKETS, 0.1))
     idx = np.floor(ends / width).astype(int)
     n = int(idx.max()) + 1
-    out: dict[str, Any] = {"bucket_s": width, "t": [], "throughput": [], "errors": [], "p50_ms": [], "p99_ms": []}
+    out: dict[str, Any] = {"bucket_s": width, "throughput_window_s": None, "t": [], "throughput": [], "errors": [], "p50_ms": [], "p99_ms": []}
+    # throughput: completions in a window of at least the median latency around each bucket,
+    # so requests of many seconds give a rate, not a comb of single completions
+    span = max(width, float(np.median(lat[ok])) / 1000 if ok.any() else width)
+    good_ends = ends[ok]
     for b in range(n):
         sel = idx == b
         good = lat[sel & ok]
-        out["t"].append(round((b + 0.5) * width, 3))
-        out["throughput"].append(round(float(good.size) / width, 3))
+        mid = (b + 0.5) * width
+        lo, hi = max(mid - span / 2, 0.0), min(mid + span / 2, float(ends.max()))
+        inside = int(((good_ends >= lo) & (good_ends < hi)).sum()) if hi > lo else good.size
+        out["t"].append(round(mid, 3))
+        out["throughput"].append(round(float(inside) / max(hi - lo, width), 3))
         out["errors"].append(int((sel & ~ok).sum()))
         p50, p99 = (np.percentile(good, [50, 99]) if good.size else (None, None))
         out["p50_ms"].append(None if p50 is None else round(float(p50), 3))
         out["p99_ms"].append(None if p99 is None else round(float(p99), 3))
     out["windows"] = [[round(a, 3), round(b, 3)] for a, b in marks]
+    out["throughput_window_s"] = round(span, 3)
     return out
 
 
