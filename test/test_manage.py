@@ -178,3 +178,39 @@ async def test_management_needs_the_admin_key_when_one_is_set(mock):
                             headers={"Authorization": f"Bearer {user}"}) as resp:
             assert resp.status == 403 and "limited" in (await resp.json())["error"]
         assert "kept:latest" in await _models(mock)
+
+
+def _ollama_cli():
+    import os
+    from pathlib import Path
+    repo = Path(__file__).resolve().parent.parent
+    for shared in (repo.parent / "shared", Path("/work/shared")):
+        for cand in (shared / "real-backends" / ".bin" / "ollama",
+                     Path(os.environ.get("TMPDIR", "/tmp")) / "ollama-real-bin" / "ollama"):
+            if cand.exists():
+                return cand
+    return None
+
+
+async def test_the_real_ollama_cli_reads_the_merged_pull_stream(two):
+    """`ollama pull` (the real CLI) through the router over two mocks: it draws the merged
+    progress and exits 0 only on the final success; a failure on one endpoint is its error."""
+    import os
+    a, b, r = two
+    cli = _ollama_cli()
+    if cli is None:
+        pytest.skip("the real ollama CLI is absent (../shared/real-backends/.bin/ollama; start-ollama.sh unpacks it)")
+    env = {**os.environ, "OLLAMA_HOST": r.url.removeprefix("http://"), "HOME": "/tmp"}
+
+    async def run(*args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(str(cli), *args, env=env, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode, out.decode(errors="replace")
+    code, out = await run("pull", "clipulled")
+    assert code == 0 and "success" in out and "m0: pulling manifest" in out, out[-500:]
+    assert "clipulled:latest" in await _models(a) and "clipulled:latest" in await _models(b)
+    code, out = await run("pull", "missing-thing")
+    assert code != 0 and "m0 (pull model manifest: file does not exist)" in out, out[-500:]
+    code, out = await run("rm", "clipulled")
+    assert code == 0 and "clipulled:latest" not in await _models(b), out[-500:]
