@@ -6,6 +6,7 @@ Skipped, with the reason, where `../shared/real-backends` is absent."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -108,3 +109,45 @@ async def test_cli_cp_rm_create_change_both_servers(two_ollamas, tmp_path):
         # a copy of a model that does not exist: Ollama's 404, through the CLI's error path
         async with s.post(r.url + "/api/copy", json={"source": "nope", "destination": "x"}) as resp:
             assert resp.status == 404
+
+
+async def test_open_webui_calls_through_the_router(two_ollamas):
+    """What Open WebUI sends to an Ollama connection, against two real servers: version,
+    tags, ps, show, chat (stream), embed, pull (no registry here: the error names both
+    endpoints), delete of a copy (gone from both), unload (keep_alive 0: unloaded on both)."""
+    a, b = two_ollamas
+    cfg = {"endpoints": [{"url": a, "name": "a"}, {"url": b, "name": "b"}]}
+    async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+        for path in ("/api/version", "/api/tags", "/api/ps"):
+            async with s.get(r.url + path) as resp:
+                assert resp.status == 200, path
+        async with s.post(r.url + "/api/show", json={"model": "tiny"}) as resp:
+            assert resp.status == 200 and "template" in await resp.json()
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 3}}
+        async with s.post(r.url + "/api/chat", json=chat) as resp:
+            lines = [json.loads(x) for x in (await resp.read()).splitlines() if x.strip()]
+            assert resp.status == 200 and lines[-1]["done"] is True
+        async with s.post(r.url + "/api/embed", json={"model": "tiny", "input": ["a", "b"]}) as resp:
+            direct = await (await s.post(a + "/api/embed", json={"model": "tiny", "input": ["a", "b"]})).json()
+            assert resp.status == 200 and len((await resp.json())["embeddings"]) == len(direct["embeddings"]) == 2
+        async with s.post(r.url + "/api/pull", json={"model": "no-registry-here", "stream": True}) as resp:
+            lines = [json.loads(x) for x in (await resp.read()).splitlines() if x.strip()]
+            err = lines[-1].get("error", "") if lines else (await resp.json())["error"]
+            assert "a (" in err and "b (" in err and not any(x.get("status") == "success" for x in lines)
+        async with s.post(r.url + "/api/copy", json={"source": "tiny", "destination": "webui-copy"}) as resp:
+            assert resp.status == 200
+        async with s.delete(r.url + "/api/delete", json={"name": "webui-copy"}) as resp:  # Open WebUI sends name
+            assert resp.status == 200
+        assert "webui-copy:latest" not in await _tags(a) and "webui-copy:latest" not in await _tags(b)
+        for ep in (a, b):  # load it on both, then one unload through the router
+            await (await s.post(ep + "/api/generate", json={"model": "tiny", "prompt": "x",
+                                                            "options": {"num_predict": 1}, "stream": False})).read()
+        async with s.post(r.url + "/api/generate", json={"model": "tiny", "keep_alive": 0}) as resp:
+            assert resp.status == 200
+        for ep in (a, b):
+            for _ in range(50):  # the runner stops asynchronously
+                ps = await (await s.get(ep + "/api/ps")).json()
+                if not ps["models"]:
+                    break
+                await asyncio.sleep(0.1)
+            assert ps["models"] == [], ep
