@@ -140,24 +140,25 @@ def test_bad_slo_is_refused(bad):
 
 
 def test_find_max_rate_finds_the_slo_limited_rate_within_one_step(tmp_path):
-    """8 slots x 400 ms = 20 req/s. With e2el <= 600 ms a request may wait 200 ms; above
-    capacity the wait grows by (1/20 - 1/r) per request sent, so in a 2 s stage >= 95% of
-    requests meet the SLO while r <= 20 / (1 - 0.2 / (0.95 * 2)) = 22.4 req/s: the
-    SLO-limited rate. The search must bracket it and answer within one bisection step."""
+    """8 slots x 400 ms = 20 req/s. With e2el <= 700 ms a request may wait 300 ms (slack
+    for a scheduling hiccup of this shared machine); above capacity the wait grows by
+    (1/20 - 1/r) per request sent, so in a 2 s stage >= 95% of requests meet the SLO while
+    r <= 20 / (1 - 0.3 / (0.95 * 2)) = 23.75 req/s: the SLO-limited rate. The search must
+    bracket it and answer within one bisection step."""
     from mock import MockConfig, MockProcess
     out = tmp_path / "search.json"
     with MockProcess(MockConfig(ttft_ms=400.0, tokens=1, tok_ms=0.0, parallel=8, max_queue=10_000)) as m:
         p = subprocess.run([sys.executable, "loadtest.py", "--url", m.url, "--no-stream", "--quiet",
-                            "--slo", "e2el=600ms", "--find-max-rate", "10,40", "--search-stages", "6",
+                            "--slo", "e2el=700ms", "--find-max-rate", "10,40", "--search-stages", "6",
                             "--duration", "2", "--warmup", "0", "--json", str(out)],
                            capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(out.read_text())["max_rate"]
-    truth = 20 / (1 - 0.2 / (0.95 * 2))
+    truth = 20 / (1 - 0.3 / (0.95 * 2))
     good, bad = r["bracket"]
     assert r["stages"] <= 6 and r["max_rate"] == good
     probes = {q["rate"]: q["pass"] for q in r["probes"]}
     assert probes[10] and not probes[40]
     assert all(ok == (rate <= good) for rate, ok in probes.items())  # one consistent boundary
     assert abs(good - truth) <= (bad - good) + 0.5, r  # within one step of the SLO-limited rate
-    assert "max rate at SLO e2el=600ms" in p.stdout
+    assert "max rate at SLO e2el=700ms" in p.stdout
