@@ -147,7 +147,7 @@ async def test_a_failed_endpoint_is_named_and_there_is_no_success(clients):
 
 
 async def test_management_takes_no_generation_slot():
-    async with run_mock(**{**FAST, "tokens": 400, "tok_ms": 5.0}) as a:
+    async with run_mock(**{**FAST, "tokens": 4000, "tok_ms": 5.0}) as a:  # a 20 s stream holds the slot
         async with run_router({"endpoints": endpoints(a, slots=1)}) as r, aiohttp.ClientSession() as s:
             body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
             async with s.post(r.url + "/api/chat", json=body) as gen:
