@@ -4,6 +4,9 @@ backends only: 501 otherwise), image generation, multipart audio transcriptions.
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import aiohttp
 import openai
 import pytest
@@ -115,3 +118,26 @@ async def test_images_and_transcriptions(mixed, clients):
             assert resp.status == 400
         async with s.post(r.url + "/v1/images/generations", json={"model": "rr"}) as resp:
             assert resp.status == 400 and (await resp.json())["error"]["param"] == "prompt"
+
+
+async def test_previous_response_id_goes_where_the_response_was_made(mock, mock2):
+    async with run_router({"endpoints": endpoints(mock, mock2)}) as r, aiohttp.ClientSession() as s:
+        made = {}
+        for m in (mock, mock2):
+            m.update(ttft_ms=100.0)  # overlapping requests spread over both endpoints
+
+        async def start(n: int) -> None:
+            stream = n % 2 == 1
+            async with s.post(r.url + "/v1/responses", json={"model": "llama3", "input": f"start {n}",
+                                                            "stream": stream}) as resp:
+                text = await resp.text()
+                rid = json.loads(text)["id"] if not stream else \
+                    json.loads(text.split("data: ", 2)[1].split("\n")[0])["response"]["id"]
+                made[rid] = resp.headers["X-Router-Endpoint"]
+        await asyncio.gather(*(start(n) for n in range(6)))
+        assert len(set(made.values())) == 2
+        for rid, ep in made.items():
+            async with s.post(r.url + "/v1/responses", json={"model": "llama3", "input": "go on",
+                                                            "previous_response_id": rid}) as resp:
+                assert resp.status == 200
+                assert (resp.headers["X-Router-Endpoint"], resp.headers["X-Router-Affinity"]) == (ep, "hit")

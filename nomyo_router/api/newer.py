@@ -14,6 +14,7 @@ is read from the `model` form field without decoding the file part.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -30,7 +31,8 @@ KINDS = frozenset(kind for _, kind in ROUTES.values())
 # route -> the only backend type that serves it
 ONLY_ON: dict[str, str] = {"/v1/messages": "ollama", "/v1/rerank": "openai", "/rerank": "openai"}
 
-_MAX_FIELD = 4096  # a form field's value (the model name) is never longer
+_MAX_FIELD = 4096
+_ID = re.compile(rb'"id"\s*:\s*"([^"]{1,200})"')  # a form field's value (the model name) is never longer
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -120,3 +122,16 @@ def others(endpoints: Any, only: str, key: str, path: str, model: str) -> list[s
                             f"only; model '{model}' is only on {names}, which cannot serve it",
                        code="not_implemented")
     return [ep.name for ep in serving if ep.type != only]
+
+
+def response_key(response_id: str) -> str:
+    return "resp:" + hashlib.blake2b(response_id.encode(), digest_size=16).hexdigest()
+
+
+async def remember_response(store: Any, head: bytes, endpoint: str) -> None:
+    """Pin a Responses answer's id to the endpoint that produced (and may have stored) it,
+    so a request continuing it with `previous_response_id` goes there. The id is the first
+    `"id"` of the answer (a whole response) or of its `response.created` event (a stream)."""
+    m = _ID.search(head[:4096])
+    if m is not None:
+        await store.set_pin(response_key(m.group(1).decode("latin-1")), endpoint)

@@ -219,6 +219,8 @@ class Proxy:
                 if value:
                     headers.append((key, value.encode()))
         rec.status = resp.status
+        if req.kind == "responses" and resp.status == 200 and self.config.conversation_affinity:
+            await newer.remember_response(self.store, data or first, ep.name)  # for previous_response_id
         if not req.stream or resp.status != 200:
             resp.release()
             if resp.status == 200:
