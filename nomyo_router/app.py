@@ -101,6 +101,8 @@ class Router:
         await self.loop_lag.stop()
         if self.usage is not None:
             await self.usage.close()
+        if self.proxy:
+            self.proxy.upstream.close()
         if self.session:
             await self.session.close()
         await self.store.close()
@@ -257,10 +259,10 @@ class RouterApp:
         held: list[str] = []  # the client whose permit this request holds, once it has one
         try:
             if limits.capped(req.client):
-                await cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive)
+                await cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive, scope)
                 if not held:
                     return  # the client left while waiting for its permit
-            await cancel_on_disconnect(router.proxy.handle(req, send, rec), receive)
+            await cancel_on_disconnect(router.proxy.handle(req, send, rec), receive, scope)
         except ApiError as e:
             rec.status, rec.error = e.status, e.code or "error"
             raise

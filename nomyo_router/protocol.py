@@ -24,6 +24,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from .api.asgi import DISCONNECT_HOOK
+
 DEFAULTS = {"max_header_bytes": 64 * 1024, "header_timeout": 10.0, "body_idle_timeout": 30.0}
 
 
@@ -60,7 +62,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # the client left mid-request: tell the app
+            hook = cycle.scope.get(DISCONNECT_HOOK)
+            if hook is not None:
+                hook()
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
@@ -105,6 +112,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._stop_timer()
         self._timer = self.loop.call_later(self._body_timeout, self._expire, 0)
         super().on_headers_complete()
+        if self.cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
+            self.cycle.scope[DISCONNECT_HOOK] = None
 
     def on_message_complete(self) -> None:
         self._stop_timer()

@@ -198,8 +198,9 @@ async def _stream_text(s: aiohttp.ClientSession, url: str, api: str, body: dict)
 
 
 async def test_a_stream_cut_mid_way_is_resumed_elsewhere_with_identical_text():
-    async with run_mock(ttft_ms=0, tok_ms=0, tokens=40) as good, \
-            run_mock(ttft_ms=0, tok_ms=0, tokens=40, drop_rate=1.0) as dropping:
+    # 120 tokens: ~12 KB per stream, so cuts also fall after what `Sent` keeps compressed
+    async with run_mock(ttft_ms=0, tok_ms=0, tokens=120) as good, \
+            run_mock(ttft_ms=0, tok_ms=0, tokens=120, drop_rate=1.0) as dropping:
         cfg = {"endpoints": endpoints(dropping, good, slots=4), "routing": "least_busy", "eject_after": 1000}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             direct_ollama, _ = await _stream_text(s, good.url, "ollama", STREAM)
@@ -210,10 +211,10 @@ async def test_a_stream_cut_mid_way_is_resumed_elsewhere_with_identical_text():
             for _ in range(6):
                 text, recs = await _stream_text(s, r.url, "ollama", STREAM)
                 assert text == direct_ollama and not any("error" in x for x in recs)
-                assert sum(1 for x in recs if x.get("done")) == 1 and recs[-1]["eval_count"] == 40
+                assert sum(1 for x in recs if x.get("done")) == 1 and recs[-1]["eval_count"] == 120
                 text, recs = await _stream_text(s, r.url, "openai", body_oa)
                 assert text == direct_openai and not any("error" in x for x in recs)
                 roles = [c for c in recs if c.get("choices") and "role" in c["choices"][0]["delta"]]
-                assert len(roles) == 1 and recs[-1]["usage"]["completion_tokens"] == 40
+                assert len(roles) == 1 and recs[-1]["usage"]["completion_tokens"] == 120
             resumed = dropping.stats()["errors_injected"]["drop"]
             assert resumed >= 2  # the dropping backend was really used and cut streams

@@ -11,6 +11,10 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 
 JSON = b"application/json"
+# Set in the scope by nomyo_router.protocol (the server the CLI runs): the protocol calls the
+# function stored there when the client's connection is lost, so no task per request has
+# to sit in `receive()` to notice a disconnect.
+DISCONNECT_HOOK = "nomyo.on_disconnect"
 
 
 class BodyTooLarge(Exception):
@@ -71,13 +75,30 @@ def with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
     return wrapped
 
 
-async def cancel_on_disconnect(work: Awaitable[None], receive: Receive) -> None:
+async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: Scope | None = None) -> None:
     """Run `work`; if the client disconnects first, cancel it (which frees its slot or queue
     place and closes the upstream request). A disconnect is never a backend failure."""
     task = asyncio.current_task()
     assert task is not None
     finished = False
     gone = False
+    if scope is not None and DISCONNECT_HOOK in scope:  # told by the protocol: no watcher task
+        def lost() -> None:
+            nonlocal gone
+            if not finished:
+                gone = True
+                task.cancel()
+        scope[DISCONNECT_HOOK] = lost
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()
+        finally:
+            finished = True
+            scope[DISCONNECT_HOOK] = None
+        return
 
     async def watch() -> None:
         nonlocal gone

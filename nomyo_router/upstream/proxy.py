@@ -28,7 +28,7 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from . import translate, usage
+from . import h1, translate, usage
 from .deadline import Deadlines
 from .health import Health
 from .resume import Resumer, resumable
@@ -38,7 +38,7 @@ log = logging.getLogger("nomyo_router.proxy")
 
 _FORWARDED = (("Content-Type", b"content-type"), ("Content-Encoding", b"content-encoding"))
 # Errors meaning the backend could not be reached at all: it leaves rotation until a probe succeeds.
-UNREACHABLE = (aiohttp.ClientConnectorError,)
+UNREACHABLE = (aiohttp.ClientConnectorError, h1.Unreachable)
 
 
 class RetryableFailure(Exception):
@@ -64,6 +64,7 @@ class Proxy:
         self.resumer = Resumer(scheduler, health, events, self._start_continuation, config.max_attempts) \
             if config.resume_streams else None
         self.session = session
+        self.upstream = h1.Upstream()  # the hot path's client; aiohttp stays for the rest
         self.store = store
         self.config = config
         # Streams may idle for stream_idle_timeout between chunks; nothing of a whole
@@ -258,7 +259,7 @@ class Proxy:
             else:
                 resp.close()  # the client left: closing the connection stops the backend
 
-    async def _start_continuation(self, ep: Endpoint, path: str, body: bytes) -> tuple[aiohttp.ClientResponse, bytes]:
+    async def _start_continuation(self, ep: Endpoint, path: str, body: bytes) -> tuple[h1.Response, bytes]:
         deadline = self.deadlines.deadline(ep.name, "", True, len(body), False)
         async with asyncio.timeout(deadline):
             resp, _, first = await self._call(ep, path, body, self._stream_timeout, False)
@@ -268,10 +269,10 @@ class Proxy:
         return resp, first
 
     async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: aiohttp.ClientTimeout,
-                    line: bool, ctype: str | None = None) -> tuple[aiohttp.ClientResponse, bytes, bytes]:
-        """Send, and read either the whole body or the first chunk of a 200 stream."""
-        headers = ep.headers if ctype is None else {**ep.headers, "Content-Type": ctype}
-        resp = await self.session.post(ep.url + path, data=body, headers=headers, timeout=timeout)
+                    line: bool, ctype: str | None = None) -> tuple[h1.Response, bytes, bytes]:
+        """Send, and read either the whole body or the first chunk of a 200 stream. `ctype`:
+        the body's own content type (multipart uploads) instead of JSON."""
+        resp = await self.upstream.post(ep, path, body, timeout, ctype)
         try:
             if resp.status in RETRY_STATUSES:
                 raise RetryableFailure(f"HTTP {resp.status}", resp.status, await resp.read(),
@@ -287,7 +288,7 @@ class Proxy:
             resp.close()
             raise
 
-    async def _relay(self, resp: aiohttp.ClientResponse, first: bytes, headers: Headers,
+    async def _relay(self, resp: h1.Response, first: bytes, headers: Headers,
                      send: Send, rec: RequestRecord) -> bool:
         """Relay a stream; True when the backend cut it."""
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -306,7 +307,7 @@ class Proxy:
         await send({"type": "http.response.body", "body": b""})
         return cut
 
-    async def _relay_translated(self, req: GenRequest, resp: aiohttp.ClientResponse, first: bytes,
+    async def _relay_translated(self, req: GenRequest, resp: h1.Response, first: bytes,
                                 headers: Headers, send: Send, rec: RequestRecord) -> bool:
         conv = translate.SseToNdjson(req.kind, req.model, req.t0)
         headers.append((b"content-type", b"application/x-ndjson"))
@@ -354,7 +355,7 @@ async def _nothing() -> None:
     return None
 
 
-async def _first_chunk(resp: aiohttp.ClientResponse, line: bool) -> bytes:
+async def _first_chunk(resp: h1.Response, line: bool) -> bytes:
     """The first piece of a stream, read before the client gets a byte (so a failure here retries)."""
     chunk = await (resp.content.readline() if line else resp.content.readany())
     if not chunk:
@@ -377,7 +378,7 @@ def _ndjson_error(e: BaseException | None) -> bytes:
     return json.dumps({"error": f"backend stream failed: {why}"}).encode() + b"\n"
 
 
-def _stream_error(resp: aiohttp.ClientResponse, e: BaseException | None) -> bytes:
+def _stream_error(resp: h1.Response, e: BaseException | None) -> bytes:
     """A last chunk telling the client the stream broke, in the stream's own format."""
     if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
         why = type(e).__name__ if e is not None else "cut, and no other endpoint could continue it"

@@ -1,0 +1,346 @@
+"""The upstream HTTP/1.1 client of the hot path: keep-alive connections per endpoint on
+asyncio Protocols, `httptools` for parsing, bodies read as they arrive.
+
+Why not aiohttp here (it stays for discovery, probes and everything off the hot path): per
+request, aiohttp's client builds a request object, `request_info`, a multidict of headers, a
+stream reader with its own buffering, timer contexts and several tasks' worth of state; it
+was ~40% of a worker's CPU on short requests and most of the ~50 KB each open stream held
+(issues 15 and 16). This client writes each request as one pre-built head plus the body,
+parses the answer with httptools into a list of chunks, and wakes one future per read.
+
+What it does: POST with a content-length body; responses with content-length, chunked or
+close-delimited bodies; keep-alive reuse (a connection the backend closed while idle is
+noticed, and a request that finds its reused connection dead before any byte of the answer
+is sent once more on a fresh one); backpressure (reading pauses while 256 KiB are waiting);
+TLS through asyncio's `ssl`; connect and per-read timeouts (aiohttp's `sock_connect` and
+`sock_read`). What it does not: proxies from the environment (ignored by design, like the
+aiohttp session before it), redirects, compression (the router asks for identity), HTTP/2.
+Errors are aiohttp's exception types, so the proxy's handling is the same for both clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+import weakref
+from collections import deque
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import httptools
+
+HIGH_WATER = 256 * 1024  # buffered body bytes before reading pauses
+IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop them)
+
+
+class Unreachable(aiohttp.ClientConnectionError):
+    """Could not connect: the backend is not there."""
+
+
+class Disconnected(aiohttp.ServerDisconnectedError):
+    """The connection closed before the answer's status line."""
+
+
+class Cut(aiohttp.ClientPayloadError):
+    """The connection closed in the middle of the answer's body."""
+
+
+class Headers(dict):
+    """Response headers, names lower-cased; `get` is case-insensitive like aiohttp's."""
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return dict.get(self, name.lower(), default)
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
+        self.status = 0
+        self.headers: Headers = Headers()
+        self.head: asyncio.Future[None] | None = None  # resolved when the status and headers are in
+        self.waiter: asyncio.Future[None] | None = None  # a reader waiting for body bytes
+        self.eof = False  # the answer's body is complete
+        self.keep = False  # ... and the connection may carry another request
+        self.lost = False
+        self.error: BaseException | None = None
+        self.paused = False
+        self.got_bytes = False  # any byte of the answer arrived
+        self.idle_since = 0.0
+
+    # ---- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(Cut("unexpected protocol upgrade from the backend"))
+        except httptools.HttpParserError as e:
+            self._fail(Cut(f"bad HTTP answer from the backend: {e}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if not self.eof:
+            if self.head is not None and not self.head.done():
+                self._fail(Disconnected("the backend closed the connection before answering"))
+            elif "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", ""):
+                self.eof = True  # a body delimited by the connection's end: it ends here
+            else:
+                self._fail(Cut("the backend closed the connection mid-answer"))
+        self._wake()
+
+    # ---- httptools callbacks ------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.head is not None and not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.size += len(body)
+        if self.size > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.eof = True
+        self.keep = self.parser.should_keep_alive()
+        self._wake()
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        if self.head is not None and not self.head.done():
+            self.head.set_exception(exc)
+        self._wake()
+        if self.transport is not None:
+            self.transport.close()
+
+    def start(self, data: bytes) -> asyncio.Future[None]:
+        """Send one request; the future resolves when its status and headers are in."""
+        assert self.transport is not None
+        self.chunks.clear()
+        self.size, self.status, self.headers = 0, 0, Headers()
+        self.eof = self.keep = self.got_bytes = False
+        self.error = None
+        self.head = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return self.head
+
+    def close(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Response:
+    """One answer, read as it arrives: the subset of aiohttp's `ClientResponse` the proxy uses
+    (`status`, `headers`, `read`, `release`, `close`, and `content.readany/readline/iter_any`)."""
+
+    __slots__ = ("status", "headers", "content", "_conn", "_pool", "_read_s", "_line", "_done")
+
+    def __init__(self, conn: _Conn, pool: "Pool", read_s: float | None) -> None:
+        self.status = conn.status
+        self.headers = conn.headers
+        self.content = self  # aiohttp's `resp.content.readany()` spelling
+        self._conn = conn
+        self._pool = pool
+        self._read_s = read_s
+        self._line = b""  # what readline() read past the newline
+        self._done = False
+
+    async def _more(self) -> bool:
+        """Wait for body bytes; False at the end of the body."""
+        c = self._conn
+        while not c.chunks:
+            if c.eof:
+                return False
+            if c.error is not None:
+                raise c.error
+            loop = asyncio.get_running_loop()
+            c.waiter = w = loop.create_future()
+            timer = loop.call_later(self._read_s, _expire, w) if self._read_s else None
+            try:
+                await w
+            finally:
+                c.waiter = None
+                if timer is not None:
+                    timer.cancel()
+        return True
+
+    def _take(self) -> bytes:
+        c = self._conn
+        data = c.chunks.popleft() if len(c.chunks) == 1 else b"".join(c.chunks)
+        c.chunks.clear()
+        c.size = 0
+        if c.paused and c.transport is not None:
+            c.paused = False
+            c.transport.resume_reading()
+        return data
+
+    async def readany(self) -> bytes:
+        if self._line:
+            data, self._line = self._line, b""
+            return data
+        if not await self._more():
+            return b""
+        return self._take()
+
+    async def readline(self) -> bytes:
+        buf = self._line
+        self._line = b""
+        while True:
+            i = buf.find(b"\n")
+            if i >= 0:
+                self._line = buf[i + 1:]
+                return buf[:i + 1]
+            if not await self._more():
+                return buf
+            buf += self._take()
+
+    async def read(self) -> bytes:
+        parts = [self._line] if self._line else []
+        self._line = b""
+        while await self._more():
+            parts.append(self._take())
+        return b"".join(parts)
+
+    async def iter_any(self) -> Any:
+        while True:
+            data = await self.readany()
+            if not data:
+                return
+            yield data
+
+    def release(self) -> None:
+        """Back to the pool if the whole answer was read and the connection may be reused."""
+        if self._done:
+            return
+        self._done = True
+        c = self._conn
+        if c.eof and c.keep and not c.lost and not c.chunks and not self._line:
+            self._pool.put(c)
+        else:
+            c.close()
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._conn.close()
+
+
+def _expire(w: asyncio.Future[None]) -> None:
+    if not w.done():
+        w.set_exception(TimeoutError("no data from the backend within sock_read"))
+
+
+class Pool:
+    """Keep-alive connections to one endpoint."""
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.prefix = parts.path.rstrip("/")
+        own = {k.lower() for k in headers}
+        lines = [f"Host: {parts.netloc}"] if "host" not in own else []
+        lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("content-length", "content-type")]
+        self._head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+        ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), None)
+        self._ctype = b"Content-Type: %s\r\n" % ctype.encode("latin-1") if ctype else b""
+        self._idle: list[_Conn] = []
+
+    def put(self, conn: _Conn) -> None:
+        conn.idle_since = time.monotonic()
+        self._idle.append(conn)
+
+    def _reuse(self) -> _Conn | None:
+        now = time.monotonic()
+        while self._idle:
+            c = self._idle.pop()
+            if not c.lost and now - c.idle_since < IDLE_S:
+                return c
+            c.close()
+        return None
+
+    async def _connect(self, connect_s: float | None) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(connect_s):
+                _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=self.ssl)
+        except (OSError, TimeoutError) as e:
+            raise Unreachable(f"cannot connect to {self.host}:{self.port}: {type(e).__name__}: {e}") from None
+        return conn
+
+    async def post(self, path: str, body: bytes, connect_s: float | None, read_s: float | None,
+                   ctype: str | None = None) -> Response:
+        """`ctype`: the body's content type when it is not the endpoint's (JSON)."""
+        content_type = self._ctype if ctype is None else b"Content-Type: %s\r\n" % ctype.encode("latin-1")
+        data = b"".join((b"POST ", (self.prefix + path).encode("latin-1"), b" HTTP/1.1\r\n", self._head,
+                         content_type, b"Content-Length: %d\r\n\r\n" % len(body), body))
+        conn = self._reuse()
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = await self._connect(connect_s)
+            head = conn.start(data)
+            timer = asyncio.get_running_loop().call_later(read_s, _expire, head) if read_s else None
+            try:
+                await head
+            except Disconnected:
+                conn.close()
+                if reused and not conn.got_bytes:  # the backend had dropped the idle connection
+                    conn, reused = None, False
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            return Response(conn, self, read_s)
+
+    def close(self) -> None:
+        for c in self._idle:
+            c.close()
+        self._idle.clear()
+
+
+class Upstream:
+    """One per process: a `Pool` per endpoint, made on first use (keyed by the endpoint object,
+    so a reloaded endpoint with a new URL or key gets a new pool; a removed one's goes with it)."""
+
+    def __init__(self) -> None:
+        self._pools: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
+
+    async def post(self, ep: Any, path: str, body: bytes, timeout: aiohttp.ClientTimeout,
+                   ctype: str | None = None) -> Response:
+        """`ep`: an `Endpoint` (its `url` and `headers`)."""
+        pool = self._pools.get(ep)
+        if pool is None:
+            pool = self._pools[ep] = Pool(ep.url, ep.headers)
+        return await pool.post(path, body, timeout.sock_connect, timeout.sock_read, ctype)
+
+    def close(self) -> None:
+        for pool in list(self._pools.values()):
+            pool.close()
+        self._pools.clear()
