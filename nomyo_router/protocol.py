@@ -42,16 +42,74 @@ def _limits(app: Any) -> dict[str, float]:
     return dict(DEFAULTS)
 
 
+class _LeanEvent:
+    """What uvicorn asks of its two `asyncio.Event`s per connection (set, clear, wait), without
+    the `deque` each `asyncio.Event` allocates (~630 B, so ~1.3 KB per open stream, issue 16)."""
+
+    __slots__ = ("_value", "_waiters")
+
+    def __init__(self, value: bool = False) -> None:
+        self._value = value
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def is_set(self) -> bool:
+        return self._value
+
+    def set(self) -> None:
+        if not self._value:
+            self._value = True
+            waiters, self._waiters = self._waiters, None
+            for fut in waiters or ():
+                if not fut.done():
+                    fut.set_result(None)
+
+    def clear(self) -> None:
+        self._value = False
+
+    async def wait(self) -> bool:
+        if self._value:
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if self._waiters is not None and fut in self._waiters:
+                self._waiters.remove(fut)
+        return True
+
+
+def _lean(obj: object, name: str) -> None:
+    """Swap uvicorn's `asyncio.Event` attribute for a `_LeanEvent` in the same state."""
+    ev = getattr(obj, name, None)
+    if isinstance(ev, asyncio.Event):
+        setattr(obj, name, _LeanEvent(ev.is_set()))
+
+
+class _Guard:
+    """This connection's bounds and where it is. One attribute on the protocol: uvicorn's
+    protocol has 27; a 30th turns its shared-key `__dict__` (296 B) into a full one
+    (1,584 B), paid by every open connection (issue 16)."""
+
+    __slots__ = ("max_head", "head_timeout", "body_timeout", "head_bytes", "in_head", "timer")
+
+    def __init__(self, limits: dict[str, float]) -> None:
+        self.max_head = int(limits["max_header_bytes"])
+        self.head_timeout = limits["header_timeout"]
+        self.body_timeout = limits["body_idle_timeout"]
+        self.head_bytes = 0
+        self.in_head = True
+        self.timer: asyncio.TimerHandle | None = None
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        limits = _limits(self.app)
-        self._max_head = int(limits["max_header_bytes"])
-        self._head_timeout = limits["header_timeout"]
-        self._body_timeout = limits["body_idle_timeout"]
-        self._head_bytes = 0
-        self._in_head = True
-        self._timer: asyncio.TimerHandle | None = self.loop.call_later(self._head_timeout, self._expire, 408)
+        _lean(self.flow, "_is_writable_event")
+        g = self._g = _Guard(_limits(self.app))
+        g.timer = self.loop.call_later(g.head_timeout, self._expire, 408)
 
     def _unsupported_upgrade_warning(self) -> None:
         # `nomyo-router` serves with ws="none" (no WebSocket routes, ~2 MB less per worker): an
@@ -70,15 +128,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 hook()
 
     def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        g = self._g
+        if g.timer is not None:
+            g.timer.cancel()
+            g.timer = None
 
     def _expire(self, status: int) -> None:
-        self._timer = None
+        self._g.timer = None
         if self.transport.is_closing():
             return
-        if status == 408 and self._in_head:
+        if status == 408 and self._g.in_head:
             self._refuse(b"408 Request Timeout")
         elif status == 0:  # body idle: the app gets a disconnect
             self.transport.close()
@@ -88,32 +147,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        if not self._in_head:
-            if self._timer is not None:  # a body piece arrived: the idle clock restarts
-                self._timer.cancel()
-                self._timer = self.loop.call_later(self._body_timeout, self._expire, 0)
+        g = self._g
+        if not g.in_head:
+            if g.timer is not None:  # a body piece arrived: the idle clock restarts
+                g.timer.cancel()
+                g.timer = self.loop.call_later(g.body_timeout, self._expire, 0)
             return super().data_received(data)
-        self._head_bytes += len(data)
+        g.head_bytes += len(data)
         super().data_received(data)
-        if self._in_head and self._head_bytes > self._max_head and not self.transport.is_closing():
+        if g.in_head and g.head_bytes > g.max_head and not self.transport.is_closing():
             self._stop_timer()
             self._refuse(b"431 Request Header Fields Too Large")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if not self._in_head:  # the next request on a kept-alive connection
-            self._in_head = True
-            self._head_bytes = 0
+        g = self._g
+        if not g.in_head:  # the next request on a kept-alive connection
+            g.in_head = True
+            g.head_bytes = 0
             self._stop_timer()
-            self._timer = self.loop.call_later(self._head_timeout, self._expire, 408)
+            g.timer = self.loop.call_later(g.head_timeout, self._expire, 408)
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
+        g = self._g
+        g.in_head = False
         self._stop_timer()
-        self._timer = self.loop.call_later(self._body_timeout, self._expire, 0)
+        g.timer = self.loop.call_later(g.body_timeout, self._expire, 0)
         super().on_headers_complete()
         if self.cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
             self.cycle.scope[DISCONNECT_HOOK] = None
+            _lean(self.cycle, "message_event")
 
     def on_message_complete(self) -> None:
         self._stop_timer()

@@ -85,19 +85,24 @@ class Sent:
     10×, so a long stream costs little memory per open connection (issue 16), for under 1 µs
     of CPU per relayed record."""
 
-    __slots__ = ("blocks", "tail")
-    BLOCK = 4096  # compress once this much is pending
+    __slots__ = ("blocks", "tail", "whole")
+    BLOCK = 3072  # compress once this much is pending
     KEEP = 1024  # the last bytes stay raw (the final record's counts are read from there)
 
-    def __init__(self) -> None:
+    def __init__(self, whole: bool = True) -> None:
         self.blocks: list[bytes] = []
         self.tail = bytearray()
+        self.whole = whole  # False: only the tail is kept (no resumption possible)
 
     def add(self, data: bytes) -> None:
+        if not self.whole:  # only the last KiB matters
+            self.tail = (self.tail + data)[-self.KEEP:]
+            return
         self.tail += data
         if len(self.tail) > self.BLOCK:
             cut = len(self.tail) - self.KEEP
-            self.blocks.append(zlib.compress(self.tail[:cut], 1, -15))
+            if self.whole:
+                self.blocks.append(zlib.compress(self.tail[:cut], 1, -15))
             self.tail = self.tail[cut:]  # a new small buffer: `del` would keep the large one
 
     def last(self) -> bytes:
@@ -199,7 +204,8 @@ class Resumer:
         """Relay `resp` (already started) to the client; True when it ended broken. `strip`:
         take out the usage event the router asked for on the client's behalf."""
         sep = record_end(req.api == "openai")
-        sent = Sent()
+        # With no other endpoint for the model there is nowhere to resume: keep only the tail.
+        sent = Sent(whole=self.scheduler.serving(req.key) > 1)
         seam: Seam | None = None
         tried = [ep.name]
         leases = []
@@ -214,6 +220,8 @@ class Resumer:
                     return False
                 resp.close()
                 self.health.failure(ep, "stream cut by the backend")
+                if not sent.whole:
+                    return True
                 text, tokens = produced(req.api, req.kind, sent.all())
                 nxt = await self._next(req, ctx, tried, text, tokens)
                 if nxt is None:
