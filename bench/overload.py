@@ -81,6 +81,15 @@ def main() -> None:
             summary = summarize(results)
             with urllib.request.urlopen(url + "/health") as r:
                 health = json.load(r)
+            with urllib.request.urlopen(url + "/metrics") as r:  # what the router says it refused, and why
+                metrics = r.read().decode()
+            overloaded = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                             if line.startswith("nomyo_router_events_total{") and 'what="overloaded"' in line)
+            statuses: dict[str, float] = {}
+            for line in metrics.splitlines():
+                if line.startswith("nomyo_router_requests_total{"):
+                    status = line.split('status="', 1)[1].split('"', 1)[0]
+                    statuses[status] = statuses.get(status, 0) + float(line.rsplit(" ", 1)[1])
         finally:
             router.terminate()
             _, err = router.communicate(timeout=20)
@@ -91,6 +100,7 @@ def main() -> None:
         "completed": summary["completed"], "errors": summary["errors"],
         "ejections_in_health": health["endpoints"][0].get("health", {}).get("ejections"),
         "ejections_or_no_healthy_in_log": false_dead,
+        "router_statuses": statuses, "router_overloaded_503": overloaded,
         "router_cpu_share": round(cpu, 2), "rss_cold_mb": round(cold, 1), "rss_idle_mb": round(idle, 1), "rss_peak_mb": round(peak[0], 1),
         "bytes_per_stream": round((peak[0] - idle) * 1024 * 1024 / args.streams),
         "request_throughput": summary["request_throughput"]}, indent=1))

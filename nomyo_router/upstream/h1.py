@@ -342,6 +342,7 @@ class Pool:
             finally:
                 if timer is not None:
                     timer.cancel()
+            conn.head = None  # (a done future per open stream is memory for nothing)
             return Response(conn, self, read_s)
 
     def close(self) -> None:

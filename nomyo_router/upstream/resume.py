@@ -88,6 +88,7 @@ class Sent:
     __slots__ = ("blocks", "tail", "whole")
     BLOCK = 3072  # compress once this much is pending
     KEEP = 1024  # the last bytes stay raw (the final record's counts are read from there)
+    LAST = 640  # without resumption only this much is kept (a final record is ~400 B)
 
     def __init__(self, whole: bool = True) -> None:
         self.blocks: list[bytes] = []
@@ -95,8 +96,8 @@ class Sent:
         self.whole = whole  # False: only the tail is kept (no resumption possible)
 
     def add(self, data: bytes) -> None:
-        if not self.whole:  # only the last KiB matters
-            self.tail = (self.tail + data)[-self.KEEP:]
+        if not self.whole:  # only the final record matters (its counts)
+            self.tail = (self.tail + data)[-self.LAST:]
             return
         self.tail += data
         if len(self.tail) > self.BLOCK:
