@@ -26,14 +26,16 @@ class RunningRouter:
 
 
 @contextlib.asynccontextmanager
-async def run_router(config: RouterConfig | dict[str, Any]) -> AsyncIterator[RunningRouter]:
+async def run_router(config: RouterConfig | dict[str, Any],
+                     http: str = "nomyo_router.protocol:GuardedHttpToolsProtocol") -> AsyncIterator[RunningRouter]:
+    """`http`: uvicorn's protocol; ours by default (what `nomyo-router` serves with)."""
     if isinstance(config, dict):
         config = parse_config({"usage_db": TEST_USAGE_DB, **config})
     app = RouterApp(config)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
                                            log_level="warning", access_log=False,
-                                           http="nomyo_router.protocol:GuardedHttpToolsProtocol",
+                                           http=http,
                                            limit_concurrency=config.max_connections or None))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # tests own signals
     task = asyncio.create_task(server.serve())

@@ -77,40 +77,31 @@ def with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
 
 async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: Scope | None = None) -> None:
     """Run `work`; if the client disconnects first, cancel it (which frees its slot or queue
-    place and closes the upstream request). A disconnect is never a backend failure."""
+    place and closes the upstream request). A disconnect is never a backend failure. Our
+    protocol reports the disconnect through the scope's hook; under another server a
+    watcher task waits in `receive()` for it."""
     task = asyncio.current_task()
     assert task is not None
     finished = False
     gone = False
-    if scope is not None and DISCONNECT_HOOK in scope:  # told by the protocol: no watcher task
-        def lost() -> None:
-            nonlocal gone
-            if not finished:
-                gone = True
-                task.cancel()
-        scope[DISCONNECT_HOOK] = lost
-        try:
-            await work
-        except asyncio.CancelledError:
-            if not gone:
-                raise
-            task.uncancel()
-        finally:
-            finished = True
-            scope[DISCONNECT_HOOK] = None
-        return
+
+    def lost() -> None:
+        nonlocal gone
+        if not finished:
+            gone = True
+            task.cancel()
 
     async def watch() -> None:
-        nonlocal gone
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                if not finished:
-                    gone = True
-                    task.cancel()
-                return
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        lost()
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    hooked = scope is not None and DISCONNECT_HOOK in scope
+    watcher = None
+    if hooked:
+        scope[DISCONNECT_HOOK] = lost  # type: ignore[index]
+    else:
+        watcher = asyncio.get_running_loop().create_task(watch())
     try:
         await work
     except asyncio.CancelledError:
@@ -119,4 +110,7 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: S
         task.uncancel()
     finally:
         finished = True
-        watcher.cancel()
+        if watcher is not None:
+            watcher.cancel()
+        elif hooked:
+            scope[DISCONNECT_HOOK] = None  # type: ignore[index]
