@@ -344,8 +344,11 @@ def main() -> None:
     print("| idle RSS | – | " + " | ".join(f"{idle[n]:.1f} MB" for n in names[1:]) + " |")
     if "olla" in names and "nomyo-router" in names:
         for label, _, _ in scenarios:
-            ratio = table[label]["nomyo-router"]["rps"] / table[label]["olla"]["rps"]
-            print(f"nomyo-router / olla at {label}: {ratio:.2f}x req/s")
+            olla = table[label]["olla"]["rps"]
+            if olla:
+                print(f"nomyo-router / olla at {label}: {table[label]['nomyo-router']['rps'] / olla:.2f}x req/s")
+            else:
+                print(f"nomyo-router / olla at {label}: olla answered nothing with 2xx")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"pinned": pin, "reps": args.reps, "seconds": args.seconds, "idle_rss_mb": idle,
