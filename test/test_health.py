@@ -97,10 +97,14 @@ async def test_a_restarted_backend_is_back_in_traffic_within_a_second():
         router_cfg = {"endpoints": endpoints(a, b), "health_interval": 5, "connect_timeout": 0.5}
         async with run_router(router_cfg) as r, aiohttp.ClientSession() as s:
             b.kill()
-            for _ in range(4):  # requests find it dead and eject it
-                async with s.post(r.url + "/api/chat", json=CHAT) as resp:
-                    assert resp.status == 200
             ep_b = r.router.endpoints[1]
+            for i in range(40):  # requests find it dead and eject it; none of them fails
+                # distinct prompts: the cache-aware policy has no prefix to keep them all on `a`
+                body = {**CHAT, "messages": [{"role": "user", "content": f"hi {i}"}]}
+                async with s.post(r.url + "/api/chat", json=body) as resp:
+                    assert resp.status == 200
+                if not r.router.store.is_healthy(ep_b):
+                    break
             assert not r.router.store.is_healthy(ep_b)
             restarted = MockProcess(cfg, port=b.port).start()
             try:

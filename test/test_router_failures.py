@@ -38,8 +38,9 @@ async def test_sigkill_one_of_two_backends_mid_load_loses_nothing():
 async def test_backend_answering_503_is_routed_around():
     async with run_mock(**FAST) as good, run_mock(**FAST, busy_rate=1.0) as busy:
         async with run_router({"endpoints": endpoints(good, busy)}) as r, aiohttp.ClientSession() as s:
-            for _ in range(10):
-                async with s.post(r.url + "/api/chat", json=CHAT) as resp:
+            for i in range(20):  # distinct prompts: no cached prefix keeps them all on m0
+                body = {**CHAT, "messages": [{"role": "user", "content": f"hi {i}"}]}
+                async with s.post(r.url + "/api/chat", json=body) as resp:
                     assert resp.status == 200 and resp.headers["X-Router-Endpoint"] == "m0"
             assert busy.stats()["errors_injected"].get("busy", 0) >= 1
 
