@@ -33,6 +33,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", type=int, default=2000, help="concurrent streams (default 2000)")
     p.add_argument("--seconds", type=float, default=60.0, help="stage length (default 60)")
+    p.add_argument("--direct", action="store_true",
+                   help="also run the same stage against the mock directly and report the added TTFT")
     args = p.parse_args()
     cfg = MockConfig(ttft_ms=50.0, tok_ms=40.0, tokens=100, parallel=100_000, max_queue=100_000)
     os.sched_setaffinity(0, {1})  # this process (the load generator) and the mock: core 1
@@ -79,6 +81,11 @@ def main() -> None:
             wall = time.monotonic() - t0
             cpu = (_cpu(router.pid) - cpu0) / wall
             summary = summarize(results)
+            direct = None
+            if args.direct:  # the same stage, same cores, without the router: what it adds to TTFT
+                direct = summarize(asyncio.run(run_stage(
+                    m.url, WorkloadSpec(stream=True, max_tokens=100),
+                    Stage("closed", args.streams, duration=args.seconds, warmup=0.0), 120)))
             with urllib.request.urlopen(url + "/health") as r:
                 health = json.load(r)
             with urllib.request.urlopen(url + "/metrics") as r:  # what the router says it refused, and why
@@ -103,7 +110,12 @@ def main() -> None:
         "router_statuses": statuses, "router_overloaded_503": overloaded,
         "router_cpu_share": round(cpu, 2), "rss_cold_mb": round(cold, 1), "rss_idle_mb": round(idle, 1), "rss_peak_mb": round(peak[0], 1),
         "bytes_per_stream": round((peak[0] - idle) * 1024 * 1024 / args.streams),
-        "request_throughput": summary["request_throughput"]}, indent=1))
+        "request_throughput": summary["request_throughput"],
+        "ttft_ms": {"p50": summary["median_ttft_ms"], "p99": summary["p99_ttft_ms"]},
+        **({"direct": {"errors": direct["errors"], "request_throughput": direct["request_throughput"],
+                       "ttft_ms": {"p50": direct["median_ttft_ms"], "p99": direct["p99_ttft_ms"]}},
+            "added_ttft_p99_ms": round(summary["p99_ttft_ms"] - direct["p99_ttft_ms"], 1)} if direct else {})},
+        indent=1))
 
 
 def _cpu(pid: int) -> float:
