@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -17,11 +16,10 @@ from typing import Iterator
 import aiohttp
 import pytest
 
-from mock import free_port
+from test import real_backends
 from test.helpers import run_router
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = next((p for p in (REPO.parent / "shared", Path("/work/shared")) if (p / "real-backends").is_dir()), None)
+SHARED = real_backends.SHARED
 
 
 def _cli() -> Path:
@@ -32,19 +30,14 @@ def _cli() -> Path:
 
 @pytest.fixture(scope="module")
 def two_ollamas() -> Iterator[list[str]]:
-    if SHARED is None:
-        pytest.skip("../shared/real-backends is absent: no real Ollama servers to manage")
+    real_backends.require("no real Ollama servers to manage")
     urls, pids, dirs = [], [], []
     try:
         for _ in range(2):
-            port, data = free_port(), tempfile.mkdtemp(prefix="ollama-manage-")
-            dirs.append(data)
-            out = subprocess.run([str(SHARED / "real-backends" / "start-ollama.sh"), str(port), "1", data],
-                                 capture_output=True, text=True, timeout=180)
-            if out.returncode != 0:
-                pytest.fail(f"start-ollama.sh failed: {out.stderr[-500:]}")
-            pids.append(int(out.stdout.strip().splitlines()[-1]))
-            urls.append(f"http://127.0.0.1:{port}")
+            dirs.append(tempfile.mkdtemp(prefix="ollama-manage-"))
+            url, pid = real_backends.start("start-ollama.sh", "1", dirs[-1])
+            pids.append(pid)
+            urls.append(url)
         yield urls
     finally:
         for pid in pids:

@@ -4,35 +4,24 @@ same calls direct and through the router. Skipped, with the reason, where it is 
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
-from pathlib import Path
 from typing import Iterator
 
 import anthropic
 import pytest
 
-from mock import free_port
+from test import real_backends
 from test.helpers import run_router
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = next((p for p in (REPO.parent / "shared", Path("/work/shared")) if (p / "real-backends").is_dir()), None)
 KEY = "router-key-0123456789"
 
 
 @pytest.fixture(scope="module")
 def ollama_url() -> Iterator[str]:
-    if SHARED is None:
-        pytest.skip("../shared/real-backends is absent: no real Ollama to compare with")
-    port = free_port()
-    data = tempfile.mkdtemp(prefix="ollama-test-")
-    out = subprocess.run([str(SHARED / "real-backends" / "start-ollama.sh"), str(port), "2", data],
-                         capture_output=True, text=True, timeout=180)
-    if out.returncode != 0:
-        pytest.fail(f"start-ollama.sh failed: {out.stderr[-500:]}")
-    pid = int(out.stdout.strip().splitlines()[-1])
+    real_backends.require("no real Ollama to compare with")
+    url, pid = real_backends.start("start-ollama.sh", "2", tempfile.mkdtemp(prefix="ollama-test-"))
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
         os.kill(pid, 15)
 

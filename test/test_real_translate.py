@@ -6,17 +6,13 @@ with counts and durations filled. Skipped, with the reason, where it is absent."
 from __future__ import annotations
 
 import os
-import subprocess
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from mock import free_port
+from test import real_backends
 from test.helpers import run_router
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = next((p for p in (REPO.parent / "shared", Path("/work/shared")) if (p / "real-backends").is_dir()), None)
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}
 HISTORY = [{"role": "user", "content": "weather in Paris?"},
@@ -29,16 +25,10 @@ OPTIONS = {"num_predict": 4, "top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1, 
 
 @pytest.fixture(scope="module")
 def llamacpp_url() -> Iterator[str]:
-    if SHARED is None:
-        pytest.skip("../shared/real-backends is absent: no real OpenAI-only server to translate to")
-    port = free_port()
-    out = subprocess.run([str(SHARED / "real-backends" / "start-llamacpp.sh"), str(port)],
-                         capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        pytest.fail(f"start-llamacpp.sh failed: {out.stderr[-500:]}")
-    pid = int(out.stdout.strip().splitlines()[-1])
+    real_backends.require("no real OpenAI-only server to translate to")
+    url, pid = real_backends.start("start-llamacpp.sh", timeout=600)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
         os.kill(pid, 15)
 

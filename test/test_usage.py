@@ -29,8 +29,9 @@ async def reported(resp: aiohttp.ClientResponse, path: str, stream: bool) -> int
     return json.loads(body.splitlines()[-1])["eval_count"]
 
 
-async def usage(s: aiohttp.ClientSession, url: str, **params: str) -> dict[str, Any]:
-    async with s.get(url + "/api/usage", params=params) as resp:
+async def usage(s: aiohttp.ClientSession, url: str, key: str | None = None, **params: str) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with s.get(url + "/api/usage", params=params, headers=headers) as resp:
         assert resp.status == 200, await resp.text()
         return await resp.json()
 
@@ -93,19 +94,13 @@ async def test_each_client_key_sees_its_own_usage(mock, tmp_path):
                     assert resp.status == 200
         async with s.get(r.url + "/api/usage") as resp:
             assert resp.status == 401  # no key, no usage
-        mine = await usage_as(s, r.url, "alice-key-123456")
+        mine = await usage(s, r.url, "alice-key-123456")
         assert mine["totals"]["requests"] == 3 and set(mine["by_client"]) == {"alice"}
-        everyone = await usage_as(s, r.url, "admin-key-123456")
+        everyone = await usage(s, r.url, "admin-key-123456")
         assert everyone["by_client"]["alice"]["requests"] == 3 and everyone["by_client"]["bob"]["requests"] == 2
         async with s.get(r.url + "/api/usage", params={"since": "yesterday"},
                          headers={"Authorization": "Bearer admin-key-123456"}) as resp:
             assert resp.status == 400 and "YYYY-MM-DD" in (await resp.json())["error"]
-
-
-async def usage_as(s: aiohttp.ClientSession, url: str, key: str) -> dict[str, Any]:
-    async with s.get(url + "/api/usage", headers={"Authorization": f"Bearer {key}"}) as resp:
-        assert resp.status == 200
-        return await resp.json()
 
 
 async def test_usage_in_redis_adds_up_across_instances(mock, redis_url):

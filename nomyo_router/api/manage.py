@@ -31,6 +31,7 @@ from typing import Any, AsyncIterator, Sequence
 import aiohttp
 
 from ..domain import Endpoint, model_key
+from ..upstream import records
 from ..upstream.progress import ProgressMerge, describe, final
 from ..upstream.translate import error_message
 from .asgi import ClientGone, Receive, Scope, Send, cancel_on_disconnect, header, read_body, send_response
@@ -195,14 +196,8 @@ async def _stream(router: Any, eps: list[Endpoint], method: str, path: str, raw:
                     return
                 last = ""
                 async for line in r.content:
-                    line = line.strip()
-                    if not line:
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except ValueError:
-                        continue
-                    if not isinstance(obj, dict):
+                    obj = records.parse(line)
+                    if obj is None:
                         continue
                     if obj.get("error"):
                         await queue.put((ep.name, ("fail", str(obj["error"]), 200)))

@@ -153,15 +153,15 @@ class Proxy:
         raise ApiError(502, f"every endpoint failed for model '{req.model}': {last.reason}",
                        code="upstream_error")
 
-    def _plan(self, req: GenRequest, ep: Endpoint) -> tuple[str, bytes, bool]:
-        """(path, body, translate) for sending `req` to `ep`."""
+    def _plan(self, req: GenRequest, ep: Endpoint, strip: bool) -> tuple[str, bytes, bool]:
+        """(path, body, translate) for sending `req` to `ep`; `strip`: ask for usage (see below)."""
         if ep.type == "openai" and req.api == "ollama":
             body = translate.request_to_openai(req.kind, req.body, ep.models[req.key], req.stream)
             return translate.OPENAI_PATH[req.kind], body, True
         raw = req.raw
         if ep.type == "openai" and req.model != ep.models[req.key] and req.ctype is None:
             raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
-        if self._strips_usage(req):
+        if strip:
             raw = usage.ask(raw, req.body)  # counted, then stripped again (resume.py)
         return req.path, raw, False
 
@@ -174,7 +174,8 @@ class Proxy:
     async def _attempt(self, req: GenRequest, lease: Lease, send: Send, rec: RequestRecord,
                        ctx: RouteContext, last: bool) -> None:
         ep = lease.endpoint
-        path, body, translating = self._plan(req, ep)
+        strip = self._strips_usage(req)
+        path, body, translating = self._plan(req, ep, strip)
         t_up = time.perf_counter()
         rec.endpoint, rec.queue_s, rec.affinity = ep.name, lease.queued_s, lease.affinity
         rec.overhead_s = t_up - req.t0 - lease.queued_s
@@ -235,7 +236,7 @@ class Proxy:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             try:
                 cut = await self.resumer.relay(req, ctx, rec, ep, resp, first, send,
-                                               usage.Strip() if self._strips_usage(req) else None)
+                                               usage.Strip() if strip else None)
             finally:
                 resp.close()  # no-op when released; the client left: closing stops the backend
             if cut:

@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from ..state import NoEndpoint, QueueFull, QueueTimeout
-from . import usage
+from . import records, usage
 
 
 def resumable(api: str, kind: str, body: dict[str, Any]) -> bool:
@@ -44,24 +44,7 @@ def record_end(sse: bool) -> bytes:
 
 
 def _records(raw: bytes, sse: bool) -> list[dict[str, Any]]:
-    out = []
-    for line in raw.split(b"\n"):
-        line = line.strip()
-        if sse:
-            if not line.startswith(b"data:"):
-                continue
-            line = line[5:].strip()
-            if line == b"[DONE]":
-                continue
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
+    return [obj for obj in (records.parse(line, sse) for line in raw.split(b"\n")) if obj is not None]
 
 
 def _piece(api: str, kind: str, obj: dict[str, Any]) -> str:
@@ -153,15 +136,8 @@ class Seam:
     def record(self, rec: bytes) -> bytes:
         """One whole record (an NDJSON line or an SSE event) → what to send (maybe nothing)."""
         if self.sse:
-            data = rec.strip()
-            if not data.startswith(b"data:"):
-                return rec
-            payload = data[5:].strip()
-            if payload == b"[DONE]":
-                return rec
-            try:
-                obj = json.loads(payload)
-            except ValueError:
+            obj = records.parse(rec, sse=True)
+            if obj is None:
                 return rec
             choices = obj.get("choices") or []
             if choices and isinstance(choices[0], dict):
@@ -178,9 +154,8 @@ class Seam:
             return rec
         if b'"done":true' not in rec and b'"done": true' not in rec:
             return rec
-        try:
-            obj = json.loads(rec)
-        except ValueError:
+        obj = records.parse(rec)
+        if obj is None:
             return rec
         if isinstance(obj.get("eval_count"), int):
             obj["eval_count"] += self.tokens

@@ -15,6 +15,8 @@ import json
 import re
 from typing import Any
 
+from . import records
+
 _PROMPT = re.compile(rb'"(?:prompt_eval_count|prompt_tokens|input_tokens)"\s*:\s*(\d+)')
 _OUTPUT = re.compile(rb'"(?:eval_count|completion_tokens|output_tokens)"\s*:\s*(\d+)')
 TAIL = 4096
@@ -66,11 +68,5 @@ class Strip:
 
     @staticmethod
     def _usage_only(rec: bytes) -> bool:
-        data = rec.strip()
-        if not data.startswith(b"data:"):
-            return False
-        try:
-            obj = json.loads(data[5:])
-        except ValueError:
-            return False
-        return isinstance(obj, dict) and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
+        obj = records.parse(rec, sse=True)
+        return obj is not None and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)

@@ -1,0 +1,31 @@
+"""The real servers in ../shared/real-backends (a real Ollama, llama-cpp-python's OpenAI-only
+server), started by their own scripts, for the conformance tests."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mock import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = next((p for p in (REPO.parent / "shared", Path("/work/shared")) if (p / "real-backends").is_dir()), None)
+
+
+def require(what: str) -> Path:
+    """The real-backends directory, or a skip naming what the test would have used."""
+    if SHARED is None:
+        pytest.skip(f"../shared/real-backends is absent: {what}")
+    return SHARED / "real-backends"
+
+
+def start(script: str, *args: str, timeout: float = 180) -> tuple[str, int]:
+    """Run `script PORT *args` (it prints the server's pid last): (url, pid)."""
+    port = free_port()
+    out = subprocess.run([str(require("no real backend to start") / script), str(port), *args],
+                         capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        pytest.fail(f"{script} failed: {out.stderr[-500:]}")
+    return f"http://127.0.0.1:{port}", int(out.stdout.strip().splitlines()[-1])
