@@ -244,7 +244,7 @@ class RouterApp:
             req.client = client.name
         if is_unload(req.kind, req.api, req.body):  # `ollama stop`: every endpoint that has it loaded
             assert router.session is not None and router.discovery is not None
-            await router.discovery.fresh_ps()
+            await router.discovery.fresh_ps(max_age=0.0)  # a model loaded a moment ago must be unloaded too
             status, body = await unload(router.session, router.endpoints, req.path, req.key, raw)
             await send_response(send, status, body)
             return
