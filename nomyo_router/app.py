@@ -1,7 +1,7 @@
 """The ASGI application: where a request enters.
 
 `uvicorn nomyo_router.app:app` serves it; the config path comes from
-NOMYO_ROUTER_CONFIG (default ./config.yaml). Everything long-lived (config, session,
+NOMYO_ROUTER_CONFIG (default ./config.yaml). Everything long-lived (config, upstream client,
 state store, scheduler, discovery) is built in the lifespan and held by `Router`.
 """
 
@@ -15,8 +15,6 @@ import os
 import sys
 import time
 from typing import Awaitable, Callable
-
-import aiohttp
 
 from .api import access, listing, manage
 from .api import status as ollama_status
@@ -41,8 +39,9 @@ from .upstream.discovery import Discovery
 from .upstream.health import Health
 from .upstream.unload import is_unload, unload
 from .upstream.looplag import LoopLag
+from .upstream.h1 import Upstream
 from .upstream.proxy import Proxy
-from .upstream.session import create_session
+from .upstream.session import ManageSession
 
 log = logging.getLogger("nomyo_router")
 
@@ -69,7 +68,8 @@ class Router:
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state)
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
-        self.session: aiohttp.ClientSession | None = None
+        self.upstream = Upstream()  # the one client of every upstream call but model management
+        self.manage_session = ManageSession(config)  # aiohttp, made when first needed
         self.discovery: Discovery | None = None
         self.proxy: Proxy | None = None
         self.kv_tasks: list[asyncio.Task] = []  # precise mode: KV-event subscribers
@@ -79,10 +79,9 @@ class Router:
         await self.store.start()
         if self.usage is not None:
             await self.usage.start()
-        self.session = create_session(self.config)
         self.loop_lag.start()
-        self.proxy = Proxy(self.scheduler, self.session, self.store, self.config, self.events, self.health)
-        self.discovery = Discovery(self.endpoints, self.session, self.store, self.scheduler, self.config,
+        self.proxy = Proxy(self.scheduler, self.upstream, self.store, self.config, self.events, self.health)
+        self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, self.config,
                                    self.health)
         await self.discovery.start()
         self.proxy.rediscover = self.discovery.refresh_now
@@ -101,10 +100,8 @@ class Router:
         await self.loop_lag.stop()
         if self.usage is not None:
             await self.usage.close()
-        if self.proxy:
-            self.proxy.upstream.close()
-        if self.session:
-            await self.session.close()
+        self.upstream.close()
+        await self.manage_session.close()
         await self.store.close()
 
 
@@ -243,9 +240,9 @@ class RouterApp:
                 raise ApiError(403, f"this API key may not use model '{req.model}'")
             req.client = client.name
         if is_unload(req.kind, req.api, req.body):  # `ollama stop`: every endpoint that has it loaded
-            assert router.session is not None and router.discovery is not None
+            assert router.discovery is not None
             await router.discovery.fresh_ps(max_age=0.0)  # a model loaded a moment ago must be unloaded too
-            status, body = await unload(router.session, router.endpoints, req.path, req.key, raw)
+            status, body = await unload(router.upstream, router.endpoints, req.path, req.key, raw)
             await send_response(send, status, body)
             return
         sid = header(scope, router.session_header)
@@ -275,8 +272,7 @@ class RouterApp:
     async def show(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()
         raw = await read_body(scope, receive, router.config.max_body_bytes)
-        assert router.session is not None
-        status, body = await listing.show(raw, router.endpoints, router.store, router.session)
+        status, body = await listing.show(raw, router.endpoints, router.store, router.upstream)
         await send_response(send, status, body)
 
     async def listing(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:

@@ -6,10 +6,9 @@ import json
 from datetime import datetime
 from typing import Any, Sequence
 
-import aiohttp
-
 from ..domain import Endpoint, model_key
 from ..state import StateStore
+from ..upstream import h1
 from .errors import ApiError
 from .requests import load_json
 
@@ -136,7 +135,7 @@ async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any
 
 
 async def show(raw: bytes, endpoints: Sequence[Endpoint], store: StateStore,
-               session: aiohttp.ClientSession) -> tuple[int, bytes]:
+               upstream: h1.Upstream) -> tuple[int, bytes]:
     """/api/show from an Ollama endpoint that has the model (no slot: it is metadata)."""
     body = load_json(raw)
     if not isinstance(body, dict):
@@ -152,10 +151,9 @@ async def show(raw: bytes, endpoints: Sequence[Endpoint], store: StateStore,
         if ep.type != "ollama":
             continue
         try:
-            async with session.post(ep.url + "/api/show", data=raw, headers=ep.headers,
-                                    timeout=aiohttp.ClientTimeout(total=10)) as r:
-                return r.status, await r.read()
-        except (aiohttp.ClientError, TimeoutError):
+            status, _, data = await upstream.fetch(ep, "/api/show", raw, total=10)
+            return status, data
+        except (h1.ClientError, TimeoutError):
             continue
     # Only OpenAI-type backends serve it: describe what we know.
     return 200, json.dumps({"modelfile": "", "parameters": "", "template": "",

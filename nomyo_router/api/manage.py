@@ -26,9 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, AsyncIterator, Sequence
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from ..domain import Endpoint, model_key
 from ..upstream import records
@@ -37,6 +35,9 @@ from ..upstream.translate import error_message
 from .asgi import ClientGone, Receive, Scope, Send, cancel_on_disconnect, header, read_body, send_response
 from .errors import ApiError
 from .requests import load_json
+
+if TYPE_CHECKING:  # aiohttp is imported when model management is first used (upstream/session.py)
+    import aiohttp
 
 NDJSON = b"application/x-ndjson"
 _QUEUE = 8  # body pieces queued per endpoint ahead of its upload
@@ -142,8 +143,9 @@ async def manage(app: Any, scope: Scope, receive: Receive, send: Send, t0: float
         await cancel_on_disconnect(work, receive)
 
 
-def _timeout(router: Any, streamed: bool) -> aiohttp.ClientTimeout:
+def _timeout(router: Any, streamed: bool) -> "aiohttp.ClientTimeout":
     """Lines of progress come often; a whole answer (a non-stream pull) may take hours."""
+    import aiohttp
     cfg = router.config
     return aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout,
                                  sock_read=cfg.stream_idle_timeout if streamed else None)
@@ -160,8 +162,8 @@ async def _whole(router: Any, eps: list[Endpoint], method: str, path: str, raw: 
 
     async def one(ep: Endpoint) -> tuple[int, bytes, bytes]:
         try:
-            async with router.session.request(method, ep.url + path, data=raw, headers=ep.headers,
-                                              timeout=timeout) as r:
+            async with router.manage_session.get().request(method, ep.url + path, data=raw,
+                                                           headers=ep.headers, timeout=timeout) as r:
                 return r.status, await r.read(), r.headers.get("Content-Type", "").encode()
         except Exception as e:  # one endpoint's failure is reported, never the whole call's
             return 502, json.dumps({"error": _why(e)}).encode(), b"application/json"
@@ -189,8 +191,8 @@ async def _stream(router: Any, eps: list[Endpoint], method: str, path: str, raw:
 
     async def one(ep: Endpoint) -> None:
         try:
-            async with router.session.request(method, ep.url + path, data=raw, headers=ep.headers,
-                                              timeout=timeout) as r:
+            async with router.manage_session.get().request(method, ep.url + path, data=raw,
+                                                           headers=ep.headers, timeout=timeout) as r:
                 if r.status != 200:
                     await queue.put((ep.name, ("fail", f"HTTP {r.status}: {error_message(await r.read())}", r.status)))
                     return
@@ -252,6 +254,7 @@ async def _stream(router: Any, eps: list[Endpoint], method: str, path: str, raw:
 
 
 def _why(e: BaseException) -> str:
+    import aiohttp
     if isinstance(e, TimeoutError):
         return "timed out"
     if isinstance(e, aiohttp.ClientConnectorError):
@@ -268,11 +271,12 @@ def _digest(scope: Scope) -> str:
 
 
 async def _heads(router: Any, eps: list[Endpoint], digest: str) -> list[int]:
+    import aiohttp
     timeout = aiohttp.ClientTimeout(total=router.config.connect_timeout + router.config.health_timeout)
 
     async def one(ep: Endpoint) -> int:
         try:
-            async with router.session.head(ep.url + "/api/blobs/" + digest, headers=ep.headers,
+            async with router.manage_session.get().head(ep.url + "/api/blobs/" + digest, headers=ep.headers,
                                            timeout=timeout) as r:
                 return r.status
         except (aiohttp.ClientError, TimeoutError):
@@ -316,6 +320,7 @@ def _blob_answer(eps: list[Endpoint], need: list[Endpoint], results: list[tuple[
 async def _upload(router: Any, scope: Scope, receive: Receive, need: list[Endpoint],
                   digest: str) -> list[tuple[int, str]]:
     """Stream the request body to every endpoint in `need` at once (see the module doc)."""
+    import aiohttp
     length = header(scope, b"content-length")
     queues = [asyncio.Queue[bytes | None](_QUEUE) for _ in need]
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=router.config.connect_timeout,
@@ -330,7 +335,7 @@ async def _upload(router: Any, scope: Scope, receive: Receive, need: list[Endpoi
         if length is not None:
             headers["Content-Length"] = length.decode("latin-1")
         try:
-            async with router.session.post(ep.url + "/api/blobs/" + digest, data=pieces(q),
+            async with router.manage_session.get().post(ep.url + "/api/blobs/" + digest, data=pieces(q),
                                            headers=headers, timeout=timeout) as r:
                 body = await r.read()
                 return r.status, "" if r.status < 300 else f"HTTP {r.status}: {error_message(body)}"

@@ -11,9 +11,8 @@ import asyncio
 import json
 from typing import Any
 
-import aiohttp
-
 from ..domain import Endpoint
+from ..upstream.h1 import ClientError
 from .asgi import Receive, Scope, Send, send_response
 
 FALLBACK = json.dumps({"cloud": {"disabled": True, "source": "none"}}).encode()
@@ -21,14 +20,13 @@ FALLBACK = json.dumps({"cloud": {"disabled": True, "source": "none"}}).encode()
 
 async def status(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
     router = app.current()
-    timeout = aiohttp.ClientTimeout(total=router.config.health_timeout)
+    timeout = router.config.health_timeout
 
     async def one(ep: Endpoint) -> bytes | None:
         try:
-            async with router.session.get(ep.url + "/api/status", headers=ep.headers, timeout=timeout) as r:
-                data = await r.read()
-                return data if r.status == 200 and isinstance(json.loads(data), dict) else None
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            code, _, data = await router.upstream.fetch(ep, "/api/status", total=timeout)
+            return data if code == 200 and isinstance(json.loads(data), dict) else None
+        except (ClientError, TimeoutError, ValueError):
             return None
     eps = [ep for ep in router.endpoints if ep.type == "ollama" and router.store.is_healthy(ep)]
     answers = await asyncio.gather(*(one(ep) for ep in eps))

@@ -7,27 +7,35 @@ scheduler's model index and the state store.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any, Sequence
-
-import aiohttp
 
 from ..config import RouterConfig
 from ..domain import Endpoint, model_key
 from ..routing.scheduler import Scheduler
 from ..state import StateStore
+from . import h1
 from .health import Health
 
 log = logging.getLogger("nomyo_router.discovery")
 
 
+class StatusError(h1.ClientError):
+    """The backend answered, but not 200."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
 class Discovery:
-    def __init__(self, endpoints: Sequence[Endpoint], session: aiohttp.ClientSession,
+    def __init__(self, endpoints: Sequence[Endpoint], upstream: h1.Upstream,
                  store: StateStore, scheduler: Scheduler, config: RouterConfig, health: Health) -> None:
         self.endpoints = list(endpoints)
         self.health = health
-        self.session = session
+        self.upstream = upstream
         self.store = store
         self.scheduler = scheduler
         self.config = config
@@ -37,7 +45,7 @@ class Discovery:
         self._round_at = 0.0
         self._ps_round: asyncio.Future | None = None
         self._ps_at = 0.0
-        self._timeout = aiohttp.ClientTimeout(total=config.health_timeout)
+        self._timeout = config.health_timeout
 
     async def start(self) -> None:
         """One round before serving, so the first requests find their models; then loops."""
@@ -103,10 +111,10 @@ class Discovery:
         await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
 
     async def _get(self, ep: Endpoint, path: str) -> Any:
-        async with self.session.get(ep.url + path, headers=ep.headers, timeout=self._timeout) as r:
-            if r.status != 200:
-                raise aiohttp.ClientResponseError(r.request_info, (), status=r.status)
-            return await r.json(content_type=None)
+        status, _, body = await self.upstream.fetch(ep, path, total=self._timeout)
+        if status != 200:
+            raise StatusError(status)
+        return json.loads(body) if body.strip() else None  # (as aiohttp's `json()` did)
 
     async def _probe(self, ep: Endpoint) -> None:
         if ep in self._probing:
@@ -134,7 +142,7 @@ class Discovery:
             if isinstance(data, dict) and "version" in data:
                 ep.type, ep.version = "ollama", str(data["version"])
                 return
-        except aiohttp.ClientResponseError:
+        except StatusError:
             pass
         await self._get(ep, "/v1/models")
         ep.type = "openai"

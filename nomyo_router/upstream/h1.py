@@ -1,21 +1,26 @@
 """The upstream HTTP/1.1 client of the hot path: keep-alive connections per endpoint on
 asyncio Protocols, `httptools` for parsing, bodies read as they arrive.
 
-Why not aiohttp here (it stays for discovery, probes and everything off the hot path): per
+Why not aiohttp (it stays only for model management, imported when first used): per
 request, aiohttp's client builds a request object, `request_info`, a multidict of headers, a
 stream reader with its own buffering, timer contexts and several tasks' worth of state; it
 was ~40% of a worker's CPU on short requests and most of the ~50 KB each open stream held
 (issues 15 and 16). This client writes each request as one pre-built head plus the body,
 parses the answer with httptools into a list of chunks, and wakes one future per read.
 
-What it does: POST with a content-length body; responses with content-length, chunked or
+Discovery, health probes, /api/show, /api/status and unloading use it too (`fetch`: a
+whole answer within a total timeout), through the same pools: aiohttp and the ~10 MB it
+costs to import are not loaded by a worker that is not asked to manage models (issue 15).
+
+What it does: POST (and GET, DELETE) with a content-length body or none; responses with content-length, chunked or
 close-delimited bodies; keep-alive reuse (a connection the backend closed while idle is
 noticed, and a request that finds its reused connection dead before any byte of the answer
 is sent once more on a fresh one); backpressure (reading pauses while 256 KiB are waiting);
 TLS through asyncio's `ssl`; connect and per-read timeouts (aiohttp's `sock_connect` and
 `sock_read`). What it does not: proxies from the environment (ignored by design, like the
 aiohttp session before it), redirects, compression (the router asks for identity), HTTP/2.
-Errors are aiohttp's exception types, so the proxy's handling is the same for both clients.
+Errors derive from `ClientError`; `Timeout` has the field names of aiohttp's `ClientTimeout`
+(which is accepted too).
 """
 
 from __future__ import annotations
@@ -24,26 +29,35 @@ import asyncio
 import ssl
 import time
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-import aiohttp
 import httptools
 
 HIGH_WATER = 256 * 1024  # buffered body bytes before reading pauses
 IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop them)
 
 
-class Unreachable(aiohttp.ClientConnectionError):
+class ClientError(Exception):
+    """Any failure of an upstream call other than a timeout."""
+
+
+class Unreachable(ClientError):
     """Could not connect: the backend is not there."""
 
 
-class Disconnected(aiohttp.ServerDisconnectedError):
+class Disconnected(ClientError):
     """The connection closed before the answer's status line."""
 
 
-class Cut(aiohttp.ClientPayloadError):
+class Cut(ClientError):
     """The connection closed in the middle of the answer's body."""
+
+
+class Timeout(NamedTuple):
+    """Connect and per-read limits in seconds (None: none); the names of aiohttp's `ClientTimeout`."""
+    sock_connect: float | None = None
+    sock_read: float | None = None
 
 
 class Headers(dict):
@@ -315,12 +329,17 @@ class Pool:
             raise Unreachable(f"cannot connect to {self.host}:{self.port}: {type(e).__name__}: {e}") from None
         return conn
 
-    async def post(self, path: str, body: bytes, connect_s: float | None, read_s: float | None,
-                   ctype: str | None = None) -> Response:
-        """`ctype`: the body's content type when it is not the endpoint's (JSON)."""
-        content_type = self._ctype if ctype is None else b"Content-Type: %s\r\n" % ctype.encode("latin-1")
-        data = b"".join((b"POST ", (self.prefix + path).encode("latin-1"), b" HTTP/1.1\r\n", self._head,
-                         content_type, b"Content-Length: %d\r\n\r\n" % len(body), body))
+    async def request(self, method: bytes, path: str, body: bytes | None, connect_s: float | None,
+                      read_s: float | None, ctype: str | None = None) -> Response:
+        """`body` None: no body and no content headers (GET). `ctype`: the body's content type
+        when it is not the endpoint's (JSON)."""
+        target = (self.prefix + path).encode("latin-1")
+        if body is None:
+            data = b"".join((method, b" ", target, b" HTTP/1.1\r\n", self._head, b"\r\n"))
+        else:
+            content_type = self._ctype if ctype is None else b"Content-Type: %s\r\n" % ctype.encode("latin-1")
+            data = b"".join((method, b" ", target, b" HTTP/1.1\r\n", self._head,
+                             content_type, b"Content-Length: %d\r\n\r\n" % len(body), body))
         conn = self._reuse()
         reused = conn is not None
         while True:
@@ -358,13 +377,34 @@ class Upstream:
     def __init__(self) -> None:
         self._pools: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
 
-    async def post(self, ep: Any, path: str, body: bytes, timeout: aiohttp.ClientTimeout,
-                   ctype: str | None = None) -> Response:
+    def pool(self, ep: Any) -> Pool:
         """`ep`: an `Endpoint` (its `url` and `headers`)."""
         pool = self._pools.get(ep)
         if pool is None:
             pool = self._pools[ep] = Pool(ep.url, ep.headers)
-        return await pool.post(path, body, timeout.sock_connect, timeout.sock_read, ctype)
+        return pool
+
+    async def post(self, ep: Any, path: str, body: bytes, timeout: Any, ctype: str | None = None) -> Response:
+        """`timeout`: a `Timeout` (or anything with `sock_connect` and `sock_read`)."""
+        pool = self._pools.get(ep)
+        if pool is None:
+            pool = self.pool(ep)
+        return await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype)
+
+    async def fetch(self, ep: Any, path: str, body: bytes | None = None, *, total: float | None,
+                    method: str | None = None) -> tuple[int, Headers, bytes]:
+        """A whole answer (status, headers, body) within `total` seconds (TimeoutError after);
+        GET without a body, POST with one, unless `method` says otherwise."""
+        verb = (method or ("GET" if body is None else "POST")).encode("ascii")
+        async with asyncio.timeout(total):
+            resp = await self.pool(ep).request(verb, path, body, None, None)
+            try:
+                data = await resp.read()
+            except BaseException:
+                resp.close()
+                raise
+        resp.release()
+        return resp.status, resp.headers, data
 
     def close(self) -> None:
         for pool in list(self._pools.values()):

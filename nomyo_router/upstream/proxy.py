@@ -14,8 +14,6 @@ import os
 import time
 from typing import Awaitable, Callable
 
-import aiohttp
-
 from ..api.asgi import Headers, Send
 from ..api.errors import ApiError, error_body
 from ..api import newer
@@ -38,7 +36,7 @@ log = logging.getLogger("nomyo_router.proxy")
 
 _FORWARDED = (("Content-Type", b"content-type"), ("Content-Encoding", b"content-encoding"))
 # Errors meaning the backend could not be reached at all: it leaves rotation until a probe succeeds.
-UNREACHABLE = (aiohttp.ClientConnectorError, h1.Unreachable)
+UNREACHABLE = h1.Unreachable
 
 
 class RetryableFailure(Exception):
@@ -52,7 +50,7 @@ class RetryableFailure(Exception):
 
 
 class Proxy:
-    def __init__(self, scheduler: Scheduler, session: aiohttp.ClientSession, store: StateStore,
+    def __init__(self, scheduler: Scheduler, upstream: h1.Upstream, store: StateStore,
                  config: RouterConfig, events: Events, health: Health) -> None:
         self.scheduler = scheduler
         self.events = events
@@ -63,16 +61,15 @@ class Proxy:
         self.rediscover: Callable[[], Awaitable[None]] = _nothing  # set to Discovery.refresh_now
         self.resumer = Resumer(scheduler, health, events, self._start_continuation, config.max_attempts) \
             if config.resume_streams else None
-        self.session = session
-        self.upstream = h1.Upstream()  # the hot path's client; aiohttp stays for the rest
+        self.upstream = upstream  # the process's one client (discovery and probes use it too)
         self.store = store
         self.config = config
         # Streams may idle for stream_idle_timeout between chunks; nothing of a whole
         # (non-stream) answer arrives before it is complete, so first_byte_timeout bounds it.
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
-                                                     sock_read=config.stream_idle_timeout)
-        self._whole_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout,
-                                                    sock_read=config.first_byte_timeout)
+        self._stream_timeout = h1.Timeout(sock_connect=config.connect_timeout,
+                                          sock_read=config.stream_idle_timeout)
+        self._whole_timeout = h1.Timeout(sock_connect=config.connect_timeout,
+                                         sock_read=config.first_byte_timeout)
         self._worker = (b"x-router-worker", str(os.getpid()).encode())
         self._wants_prompt = bool(getattr(scheduler.policy, "wants_prompt", False))
 
@@ -205,7 +202,7 @@ class Proxy:
             raise RetryableFailure(f"unreachable ({type(e).__name__})", unreachable=True) from None
         except TimeoutError:
             raise RetryableFailure(f"no first byte within {deadline:.1f}s (hung?)") from None
-        except aiohttp.ClientError as e:  # disconnected or cut before we sent a byte
+        except h1.ClientError as e:  # disconnected or cut before we sent a byte
             raise RetryableFailure(f"{type(e).__name__}: {e}") from None
         now = time.perf_counter()
         took = now - t_up
@@ -269,7 +266,7 @@ class Proxy:
             raise RetryableFailure(f"HTTP {resp.status}")
         return resp, first
 
-    async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: aiohttp.ClientTimeout,
+    async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: h1.Timeout,
                     line: bool, ctype: str | None = None) -> tuple[h1.Response, bytes, bytes]:
         """Send, and read either the whole body or the first chunk of a 200 stream. `ctype`:
         the body's own content type (multipart uploads) instead of JSON."""
@@ -300,7 +297,7 @@ class Proxy:
             async for chunk in resp.content.iter_any():
                 before, last = last, chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (h1.ClientError, asyncio.TimeoutError) as e:
             cut = True
             await send({"type": "http.response.body", "body": _stream_error(resp, e), "more_body": True})
         else:
@@ -326,7 +323,7 @@ class Proxy:
                 pending = await resp.content.readline()
                 if not pending:
                     break
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (h1.ClientError, asyncio.TimeoutError) as e:
             await send({"type": "http.response.body", "body": _ndjson_error(e), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return True
@@ -360,7 +357,7 @@ async def _first_chunk(resp: h1.Response, line: bool) -> bytes:
     """The first piece of a stream, read before the client gets a byte (so a failure here retries)."""
     chunk = await (resp.content.readline() if line else resp.content.readany())
     if not chunk:
-        raise aiohttp.ClientPayloadError("backend closed the stream before the first chunk")
+        raise h1.Cut("backend closed the stream before the first chunk")
     return chunk
 
 

@@ -23,10 +23,8 @@ import json
 import zlib
 from typing import Any
 
-import aiohttp
-
 from ..state import NoEndpoint, QueueFull, QueueTimeout
-from . import records, usage
+from . import h1, records, usage
 
 
 def resumable(api: str, kind: str, body: dict[str, Any]) -> bool:
@@ -262,7 +260,7 @@ async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Se
                     sent.add(out)
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             chunk = await resp.content.readany()
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (h1.ClientError, asyncio.TimeoutError):
         return True
     if pending:  # a last record without its terminator
         await send({"type": "http.response.body", "body": pending, "more_body": True})

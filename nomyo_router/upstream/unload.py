@@ -13,11 +13,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
-import aiohttp
-
 from ..domain import Endpoint, model_key
+from . import h1
 
-TIMEOUT = aiohttp.ClientTimeout(total=30)
+TIMEOUT = 30.0
 
 
 def is_unload(kind: str, api: str, body: dict[str, Any]) -> bool:
@@ -28,18 +27,17 @@ def is_unload(kind: str, api: str, body: dict[str, Any]) -> bool:
     return not body.get("messages") and not body.get("prompt")
 
 
-async def unload(session: aiohttp.ClientSession, endpoints: Sequence[Endpoint], path: str, key: str,
+async def unload(upstream: h1.Upstream, endpoints: Sequence[Endpoint], path: str, key: str,
                  raw: bytes) -> tuple[int, bytes]:
     loaded = [ep for ep in endpoints if ep.type == "ollama" and key in ep.loaded]
     targets = loaded or [ep for ep in endpoints if ep.type == "ollama" and ep.serves(key)][:1]
 
     async def one(ep: Endpoint) -> tuple[int, bytes]:
-        async with session.post(ep.url + path, data=raw, headers=ep.headers, timeout=TIMEOUT) as r:
-            body = await r.read()
-        if r.status == 200:  # what /api/ps shows changes with it, without waiting for a refresh
+        status, _, body = await upstream.fetch(ep, path, raw, total=TIMEOUT)
+        if status == 200:  # what /api/ps shows changes with it, without waiting for a refresh
             ep.loaded = ep.loaded - {key}
             ep.ps = [m for m in ep.ps if model_key(str(m.get("model") or m.get("name") or "")) != key]
-        return r.status, body
+        return status, body
     results = await asyncio.gather(*(one(ep) for ep in targets), return_exceptions=True)
     answers = [r for r in results if isinstance(r, tuple)]
     ok = [a for a in answers if a[0] == 200]
