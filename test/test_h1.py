@@ -18,7 +18,8 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[
 
 async def read_request(r: asyncio.StreamReader) -> bytes:
     head = await r.readuntil(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length")), 0)  # a GET has none
     return head + await r.readexactly(length)
 
 
@@ -118,3 +119,38 @@ async def test_nothing_listening_is_unreachable():
     ep = Endpoint(name="none", url="http://127.0.0.1:9", slots=1)
     with pytest.raises(h1.Unreachable):
         await h1.Upstream().post(ep, "/x", b"{}", T)
+
+
+async def test_fetch_gets_a_whole_answer_on_the_pooled_connection_within_a_total_timeout():
+    heads: list[bytes] = []
+    conns: list[int] = []
+
+    async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append(1)
+        try:
+            while True:
+                heads.append(await r.readuntil(b"\r\n\r\n"))
+                if len(heads) != 3:
+                    w.write(OK)
+                else:  # the third: headers, then nothing more
+                    w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nab")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            w.close()
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    ep = Endpoint(name="raw", url=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/base", slots=1)
+    ep.headers = {"Content-Type": "application/json", "Authorization": "Bearer k"}
+    up = h1.Upstream()
+    assert await up.fetch(ep, "/api/tags", total=2) == (200, {"content-type": "application/json",
+                                                               "content-length": "2"}, b"{}")
+    status, _, body = await up.fetch(ep, "/api/show", b'{"model":"m"}', total=2)
+    assert (status, body) == (200, b"{}")
+    get = heads[0].decode().lower()
+    assert get.startswith("get /base/api/tags http/1.1\r\n") and "authorization: bearer k" in get
+    assert "content-length" not in get and "content-type" not in get  # no body, no content headers
+    assert heads[1].decode().lower().startswith("post /base/api/show ") and len(conns) == 1  # kept alive
+    with pytest.raises(TimeoutError):
+        await up.fetch(ep, "/api/ps", total=0.3)
+    assert (await up.fetch(ep, "/api/ps", total=2))[2] == b"{}"
+    assert len(conns) == 2  # the timed-out connection was closed, not reused with a half-read body
+    up.close()
+    server.close()

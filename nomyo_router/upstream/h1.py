@@ -1,5 +1,5 @@
-"""The upstream HTTP/1.1 client of the hot path: keep-alive connections per endpoint on
-asyncio Protocols, `httptools` for parsing, bodies read as they arrive.
+"""The process's upstream HTTP/1.1 client: keep-alive connections per endpoint on asyncio
+Protocols, `httptools` for parsing, bodies read as they arrive.
 
 Why not aiohttp (it stays only for model management, imported when first used): per
 request, aiohttp's client builds a request object, `request_info`, a multidict of headers, a
@@ -12,13 +12,13 @@ Discovery, health probes, /api/show, /api/status and unloading use it too (`fetc
 whole answer within a total timeout), through the same pools: aiohttp and the ~10 MB it
 costs to import are not loaded by a worker that is not asked to manage models (issue 15).
 
-What it does: POST (and GET, DELETE) with a content-length body or none; responses with content-length, chunked or
-close-delimited bodies; keep-alive reuse (a connection the backend closed while idle is
+What it does: requests with a content-length body (POST) or none (GET); responses with
+content-length, chunked or close-delimited bodies; keep-alive reuse (a connection the backend closed while idle is
 noticed, and a request that finds its reused connection dead before any byte of the answer
 is sent once more on a fresh one); backpressure (reading pauses while 256 KiB are waiting);
 TLS through asyncio's `ssl`; connect and per-read timeouts (aiohttp's `sock_connect` and
 `sock_read`). What it does not: proxies from the environment (ignored by design, like the
-aiohttp session before it), redirects, compression (the router asks for identity), HTTP/2.
+aiohttp session before it), redirects, HEAD, streamed request bodies, compression (the router asks for identity), HTTP/2.
 Errors derive from `ClientError`; `Timeout` has the field names of aiohttp's `ClientTimeout`
 (which is accepted too).
 """
@@ -386,18 +386,15 @@ class Upstream:
 
     async def post(self, ep: Any, path: str, body: bytes, timeout: Any, ctype: str | None = None) -> Response:
         """`timeout`: a `Timeout` (or anything with `sock_connect` and `sock_read`)."""
-        pool = self._pools.get(ep)
-        if pool is None:
-            pool = self.pool(ep)
+        pool = self._pools.get(ep) or self.pool(ep)
         return await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype)
 
-    async def fetch(self, ep: Any, path: str, body: bytes | None = None, *, total: float | None,
-                    method: str | None = None) -> tuple[int, Headers, bytes]:
-        """A whole answer (status, headers, body) within `total` seconds (TimeoutError after);
-        GET without a body, POST with one, unless `method` says otherwise."""
-        verb = (method or ("GET" if body is None else "POST")).encode("ascii")
+    async def fetch(self, ep: Any, path: str, body: bytes | None = None, *,
+                    total: float | None) -> tuple[int, Headers, bytes]:
+        """A whole answer (status, headers, body) within `total` seconds (TimeoutError after):
+        GET without a body, POST with one."""
         async with asyncio.timeout(total):
-            resp = await self.pool(ep).request(verb, path, body, None, None)
+            resp = await self.pool(ep).request(b"GET" if body is None else b"POST", path, body, None, None)
             try:
                 data = await resp.read()
             except BaseException:
