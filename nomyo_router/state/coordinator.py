@@ -5,21 +5,23 @@ file; the winner serves a `MemoryStore` (the same exact, FIFO, work-conserving c
 single worker) on a Unix socket, and every worker (the host too) talks to it through
 `SharedStore`. No extra service runs.
 
-Why this design: a lock-guarded shared-memory table or SQLite file could count slots,
-but the wait queue also needs cross-process wake-ups in FIFO order, which a single
-owner does naturally. The cost is one Unix-socket round trip per acquire (measured in
-`bench/state_ops.py`), paid only when several workers run.
+Why this design: a request that finds a free slot takes it in the slot table every
+worker maps (`slots.py`: shared memory under `flock`, a few microseconds, no message);
+the wait queue needs cross-process wake-ups in FIFO order, which a single owner does
+naturally, so only a request that must wait crosses the socket (measured in
+`bench/state_ops.py`). While anyone waits, new requests queue behind them here.
 
-Failure: leases belong to a connection. A worker that dies (even `kill -9`) drops its
-connection and its slots come back at once. If the host dies, the kernel releases its
-lock, a survivor takes over, and every worker reconnects and re-declares the slots it
-still holds before the new host grants new ones (a short grace period).
+Failure: every slot is counted in its worker's row of the table. A worker that dies
+(even `kill -9`) drops its connection, and the host zeroes its row at once. If the host
+dies, the kernel releases its lock, a survivor takes over, zeroes the rows of processes
+that are gone, and every worker re-sends the requests it still has waiting.
 
 Wire format: one JSON object per line. Worker -> host:
-  {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin"}  -> {"id", "ep", "queued_s", "load"} | {"id", "err", "order"}
-  {"op": "cancel", "id"}            {"op": "release", "ep"}        {"op": "reclaim", "ep", "n"}
+  {"op": "hello", "row", "pid"}  first: the worker's row in the slot table
+  {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
+  {"op": "cancel", "id"}            {"op": "poke", "ep"}  (a slot freed while somebody waits)
   {"op": "health", "ep", "ok"}      {"op": "find_pin", "id", "keys"} -> {"id", "pin"}
-  {"op": "usage", "ep", "model"}     {"op": "pub", "topic", "data"} -> relayed to the others as {"pub", "data"}
+  {"op": "usage", "ep", "model", "n"} {"op": "pub", "topic", "data"} -> relayed to the others as {"pub", "data"}
   {"op": "set_pin", "key", "ep"}    {"op": "drop_pin", "key"}      {"op": "snapshot", "id"} -> {"id", "snap"}
 """
 
@@ -28,28 +30,60 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import Counter
 from typing import Any, Sequence
 
 from ..domain import Endpoint
 from ..routing.policies import Policy, RouteContext
 from .base import Choose, NoEndpoint, QueueFull, QueueTimeout
 from .memory import MemoryStore
+from .slots import SlotTable
 
 log = logging.getLogger("nomyo_router.coordinator")
 
-GRACE_S = 0.3  # a new host waits this long for survivors to re-declare their slots
+
+class TableStore(MemoryStore):
+    """The host's queue, with the slot counts in the shared table: a grant is taken there
+    under its lock, in the row of the worker it is for (`owner`)."""
+
+    def __init__(self, table: SlotTable, max_queue: int, pin_ttl: float, max_pins: int) -> None:
+        super().__init__(max_queue, pin_ttl, max_pins)
+        self.table = table
+
+    def _free(self, ep: Endpoint) -> bool:
+        return ep.name not in self._unhealthy and self.table.in_flight(ep.name) < ep.slots
+
+    def _take(self, ep: Endpoint, owner: object = None) -> bool:
+        return self.table.try_take(ep.name, ep.slots, owner)  # type: ignore[arg-type]
+
+    def release(self, endpoint: Endpoint, token: object = None) -> None:
+        self.table.give_back(endpoint.name, token)  # type: ignore[arg-type]
+        self._dispatch(endpoint)
+
+    def in_flight(self, endpoint: Endpoint) -> int:
+        return self.table.in_flight(endpoint.name)
+
+    def set_healthy(self, endpoint: Endpoint, healthy: bool) -> None:
+        self.table.set_unhealthy(endpoint.name, not healthy)
+        super().set_healthy(endpoint, healthy)
+
+    async def snapshot(self) -> dict:
+        snap = await super().snapshot()
+        snap["in_flight"] = {name: self.table.in_flight(name) for name in self._endpoints_seen()}
+        return snap
+
+    def _endpoints_seen(self) -> list[str]:
+        return list(self.table._columns)
 
 
 class Coordinator:
     """Serves one MemoryStore to every worker over a Unix socket."""
 
-    def __init__(self, store: MemoryStore, endpoints: Sequence[Endpoint], policy: Policy) -> None:
+    def __init__(self, store: TableStore, endpoints: Sequence[Endpoint], policy: Policy) -> None:
         self.store = store
         self.endpoints = {e.name: e for e in endpoints}
         self.policy = policy
         self._server: asyncio.AbstractServer | None = None
-        self._ready = asyncio.Event()
+        self._closed = False
         self._writers: set[asyncio.StreamWriter] = set()  # for relaying `pub` messages
 
     def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
@@ -62,21 +96,24 @@ class Coordinator:
         return lambda free: policy.choose(ctx, free, in_flight)
 
     async def start(self, path: str, takeover: bool = False) -> None:
-        """`takeover`: an earlier host died; wait for survivors to re-declare their slots."""
-        self._server = await asyncio.start_unix_server(self._connection, path=path)
+        """`takeover`: an earlier host died; give back the slots of processes that are gone."""
         if takeover:
-            asyncio.get_running_loop().call_later(GRACE_S, self._ready.set)
-        else:
-            self._ready.set()
+            self.store.table.reclaim()
+        self._server = await asyncio.start_unix_server(self._connection, path=path)
+
+    def _dispatch_all(self) -> None:
+        for ep in self.endpoints.values():
+            self.store._dispatch(ep)
 
     async def close(self) -> None:
+        self._closed = True
         if self._server is not None:
             self._server.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held: Counter[str] = Counter()  # slots this worker holds, released if it vanishes
         pending: dict[int, asyncio.Task] = {}
-        granted: dict[int, str] = {}  # acquire id -> endpoint, until its release or cancel
+        who: list[int] = []  # [row, pid] in the slot table, from the worker's hello
+        store = self.store
 
         def send(msg: dict[str, Any]) -> None:
             if not writer.is_closing():
@@ -86,28 +123,18 @@ class Coordinator:
             rid = msg["id"]
             cands = [self.endpoints[n] for n in msg["cands"] if n in self.endpoints]
             try:
-                await self._ready.wait()
-                lease = await self.store.acquire(msg["model"], cands, self.choose_for(msg["model"]),
-                                                 msg["timeout"], msg.get("order"), msg.get("pin"))
+                lease = await store.acquire(msg["model"], cands, self.choose_for(msg["model"]),
+                                            msg["timeout"], msg.get("order"), msg.get("pin"), who[0])
             except QueueTimeout as e:
                 send({"id": rid, "err": "timeout", "order": e.order})
             except QueueFull:
                 send({"id": rid, "err": "full"})
             except NoEndpoint:
                 send({"id": rid, "err": "none"})
-            else:
-                held[lease.endpoint.name] += 1
-                granted[rid] = lease.endpoint.name
-                in_flight = self.store.in_flight
-                send({"id": rid, "ep": lease.endpoint.name, "queued_s": lease.queued_s,
-                      "load": {e.name: in_flight(e) for e in cands}})
+            else:  # counted in the worker's row; it gives the slot back itself
+                send({"id": rid, "ep": lease.endpoint.name, "queued_s": lease.queued_s})
             finally:
                 pending.pop(rid, None)
-
-        def release(name: str) -> None:
-            if held[name] > 0 and name in self.endpoints:
-                held[name] -= 1
-                self.store.release(self.endpoints[name])
 
         self._writers.add(writer)
         try:
@@ -122,44 +149,45 @@ class Coordinator:
                     continue
                 if op == "acquire":
                     pending[msg["id"]] = asyncio.create_task(acquire(msg))
-                elif op == "release":
-                    granted.pop(msg.get("id"), None)
-                    release(msg["ep"])
+                elif op == "poke":
+                    ep = self.endpoints.get(msg["ep"])
+                    if ep is not None:
+                        store._dispatch(ep)
                 elif op == "cancel":
                     task = pending.get(msg["id"])
                     if task is not None:
                         task.cancel()
-                    elif msg["id"] in granted:  # granted just as the worker gave up
-                        release(granted.pop(msg["id"]))
-                elif op == "reclaim":
-                    ep = self.endpoints.get(msg["ep"])
-                    if ep is not None:
-                        for _ in range(msg["n"]):
-                            self.store._take(ep)
-                            held[ep.name] += 1
+                elif op == "hello":
+                    who[:] = [msg["row"], msg["pid"]]
                 elif op == "health":
                     ep = self.endpoints.get(msg["ep"])
                     if ep is not None:
-                        self.store.set_healthy(ep, msg["ok"])
+                        store.set_healthy(ep, msg["ok"])
                 elif op == "find_pin":
-                    send({"id": msg["id"], "pin": await self.store.find_pin(msg["keys"])})
+                    send({"id": msg["id"], "pin": await store.find_pin(msg["keys"])})
                 elif op == "set_pin":
-                    await self.store.set_pin(msg["key"], msg["ep"])
+                    store._pin(msg["key"], msg["ep"])
                 elif op == "drop_pin":
-                    await self.store.drop_pin(msg["key"])
+                    await store.drop_pin(msg["key"])
                 elif op == "usage":
-                    self.store.record(msg["ep"], msg["model"])
+                    for _ in range(msg.get("n", 1)):
+                        store.record(msg["ep"], msg["model"])
                 elif op == "snapshot":
-                    send({"id": msg["id"], "snap": await self.store.snapshot()})
-                await writer.drain()
+                    send({"id": msg["id"], "snap": await store.snapshot()})
+                if writer.transport.get_write_buffer_size() > 65536:
+                    await writer.drain()
         except (ConnectionError, ValueError, KeyError) as e:
             log.warning("worker connection ended: %s", e)
+        except asyncio.CancelledError:
+            pass  # the host is shutting down
         finally:
             self._writers.discard(writer)
-            for task in list(pending.values()):
+            tasks = list(pending.values())
+            for task in tasks:
                 task.cancel()
-            for name, n in held.items():
-                for _ in range(n):
-                    self.store.release(self.endpoints[name])
-            held.clear()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if who and not self._closed:  # the worker is gone: so are its slots and its waits
+                store.table.reclaim(who[0], who[1])
+                self._dispatch_all()
             writer.close()

@@ -14,10 +14,10 @@ from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
 
 
 class _Waiter:
-    __slots__ = ("seq", "names", "future")
+    __slots__ = ("seq", "names", "future", "owner")
 
-    def __init__(self, seq: int, names: frozenset[str], future: asyncio.Future) -> None:
-        self.seq, self.names, self.future = seq, names, future
+    def __init__(self, seq: int, names: frozenset[str], future: asyncio.Future, owner: object) -> None:
+        self.seq, self.names, self.future, self.owner = seq, names, future, owner
 
 
 class MemoryStore(StateStore):
@@ -37,18 +37,25 @@ class MemoryStore(StateStore):
     def _free(self, ep: Endpoint) -> bool:
         return ep.name not in self._unhealthy and self._in_flight.get(ep.name, 0) < ep.slots
 
-    def _take(self, ep: Endpoint) -> None:
+    def _take(self, ep: Endpoint, owner: object = None) -> bool:
+        """Take a slot `_free` said is there (a subclass whose counts other processes share
+        re-checks, and may fail). `owner`: whose it is, for such a subclass."""
         self._in_flight[ep.name] = self._in_flight.get(ep.name, 0) + 1
+        return True
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None, pin: str | None = None) -> Lease:
+                      timeout: float, order: int | None = None, pin: str | None = None,
+                      owner: object = None) -> Lease:
         free = [e for e in candidates if self._free(e)]
-        if free:
+        while free:
             ep = free[0] if len(free) == 1 else choose(free)
-            self._take(ep)
-            if pin is not None:
-                self._pin(pin, ep.name)
-            return Lease(self, ep)
+            if self._take(ep, owner):
+                if pin is not None:
+                    self._pin(pin, ep.name)
+                lease = Lease(self, ep)
+                lease.token = owner
+                return lease
+            free.remove(ep)
         if all(e.name in self._unhealthy for e in candidates):
             raise NoEndpoint(model)
         if self._queued >= self.max_queue:
@@ -58,7 +65,7 @@ class MemoryStore(StateStore):
         t0 = time.monotonic()
         fut: asyncio.Future[Endpoint] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(next(self._seq) if order is None else order,
-                         frozenset(e.name for e in candidates), fut)
+                         frozenset(e.name for e in candidates), fut, owner)
         queue = self._queues.setdefault(model, deque())
         if queue and queue[-1].seq > waiter.seq:  # a request that already waited keeps its place
             i = len(queue)
@@ -73,7 +80,7 @@ class MemoryStore(StateStore):
                 ep = await fut
         except BaseException as exc:
             if fut.done() and not fut.cancelled():
-                self.release(fut.result())  # handed a slot just as we gave up: pass it on
+                self.release(fut.result(), owner)  # handed a slot just as we gave up: pass it on
             else:
                 fut.cancel()
                 if waiter in queue:
@@ -84,7 +91,9 @@ class MemoryStore(StateStore):
             raise
         if pin is not None:
             self._pin(pin, ep.name)
-        return Lease(self, ep, time.monotonic() - t0)
+        lease = Lease(self, ep, time.monotonic() - t0)
+        lease.token = owner
+        return lease
 
     def release(self, endpoint: Endpoint, token: object = None) -> None:
         self._in_flight[endpoint.name] -= 1
@@ -103,9 +112,10 @@ class MemoryStore(StateStore):
             if best is None:
                 return
             queue, w = best
+            if not self._take(ep, w.owner):
+                return  # another process took it first
             queue.remove(w)
             self._queued -= 1
-            self._take(ep)
             w.future.set_result(ep)
 
     def record(self, endpoint: str, model: str) -> None:

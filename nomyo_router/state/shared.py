@@ -1,4 +1,8 @@
-"""`SharedStore`: a worker's view of the embedded coordinator (see coordinator.py)."""
+"""`SharedStore`: a worker's view of the embedded coordinator (see coordinator.py).
+
+A free slot is taken in the shared slot table (slots.py) without a message; only a
+request that must wait asks the host. Messages that need no answer (pins, usage,
+prefix-index inserts) are written once per event-loop turn, together."""
 
 from __future__ import annotations
 
@@ -15,8 +19,8 @@ from ..domain import Endpoint
 from ..routing.policies import Policy
 from . import private
 from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from .coordinator import Coordinator
-from .memory import MemoryStore
+from .coordinator import Coordinator, TableStore
+from .slots import SlotTable
 
 log = logging.getLogger("nomyo_router.shared")
 
@@ -40,17 +44,20 @@ class SharedStore(StateStore):
         self._ids = itertools.count(1)
         self._replies: dict[int, asyncio.Future] = {}
         self._acquiring: dict[int, dict[str, Any]] = {}
-        self._held: Counter[str] = Counter()
         self._unhealthy: set[str] = set()
         self._closing = False
         self._subs: dict[str, Callable[[Any], None]] = {}
-        self._global: dict[str, int] = {}  # in-flight over all workers, as the host last told
+        self._table: SlotTable | None = None
+        self._out: list[bytes] = []  # messages written at the end of this loop turn
+        self._usage: Counter[tuple[str, str]] = Counter()
+        self._flushing = False
 
     @property
     def is_host(self) -> bool:
         return self._coordinator is not None
 
     async def start(self) -> None:
+        self._table = SlotTable(self.lock_path[:-len(".lock")] + ".slots")
         await self._connect()
         self._reader_task = asyncio.create_task(self._read_loop())
 
@@ -68,7 +75,7 @@ class SharedStore(StateStore):
         takeover = os.path.exists(self.sock_path)  # a clean shutdown removes it; a crash does not
         if takeover:
             os.unlink(self.sock_path)
-        store = MemoryStore(*self._store_args)
+        store = TableStore(self._table, *self._store_args)
         self._coordinator = Coordinator(store, list(self.endpoints.values()), self._policy)
         await self._coordinator.start(self.sock_path, takeover)
         os.chmod(self.sock_path, 0o600)  # (the directory is 0700 already; this is the second lock)
@@ -88,9 +95,8 @@ class SharedStore(StateStore):
                 await asyncio.sleep(0.05)  # a host is being elected; only at start or failover
         self._reader = reader
         self._writer = writer
-        for name, n in self._held.items():  # a new host learns the slots we still hold
-            if n:
-                self._send({"op": "reclaim", "ep": name, "n": n})
+        self._out.clear()  # (what the old host never got is lost with it: pins, usage)
+        self._send({"op": "hello", "row": self._table.row, "pid": os.getpid()})
         for name in self._unhealthy:
             self._send({"op": "health", "ep": name, "ok": False})
         for msg in self._acquiring.values():
@@ -126,11 +132,27 @@ class SharedStore(StateStore):
             fut = self._replies.pop(msg["id"], None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
-            # else: a grant nobody waits for; the host releases it when our cancel arrives
+            elif "ep" in msg and msg["ep"] in self.endpoints:  # granted as we gave up: pass it on
+                self.release(self.endpoints[msg["ep"]])
 
     def _send(self, msg: dict[str, Any]) -> None:
-        if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(json.dumps(msg).encode() + b"\n")
+        self._out.append(json.dumps(msg).encode() + b"\n")
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        if self._usage:
+            self._out.extend(json.dumps({"op": "usage", "ep": ep, "model": model, "n": n}).encode() + b"\n"
+                             for (ep, model), n in self._usage.items())
+            self._usage.clear()
+        if self._out and self._writer is not None and not self._writer.is_closing():
+            self._writer.write(b"".join(self._out))
+        self._out.clear()
 
     async def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
         await self._connected.wait()
@@ -145,7 +167,35 @@ class SharedStore(StateStore):
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
                       timeout: float, order: int | None = None, pin: str | None = None) -> Lease:
+        table = self._table
+        if not table.waiting():  # nobody waits at the host: take a free slot right here
+            unhealthy = self._unhealthy
+            free = [e for e in candidates if e.name not in unhealthy and not table.unhealthy(e.name)
+                    and table.in_flight(e.name) < e.slots]
+            while free:
+                ep = free[0] if len(free) == 1 else choose(free)
+                if table.try_take(ep.name, ep.slots, fast=True):
+                    if pin is not None:
+                        self._send({"op": "set_pin", "key": pin, "ep": ep.name})
+                    return Lease(self, ep)
+                free.remove(ep)
         await self._connected.wait()
+        table.wait_begin()  # counted before the host looks, so no release can miss us
+        try:
+            reply = await self._wait(model, candidates, timeout, order, pin)
+        finally:
+            table.wait_end()
+        err = reply.get("err")
+        if err == "timeout":
+            raise QueueTimeout(model, reply.get("order"))
+        if err == "full":
+            raise QueueFull(model)
+        if err == "none":
+            raise NoEndpoint(model)
+        return Lease(self, self.endpoints[reply["ep"]], reply.get("queued_s", 0.0))
+
+    async def _wait(self, model: str, candidates: Sequence[Endpoint], timeout: float,
+                    order: int | None, pin: str | None) -> dict[str, Any]:
         rid = next(self._ids)
         msg = {"op": "acquire", "id": rid, "model": model, "cands": [e.name for e in candidates],
                "timeout": timeout, "order": order, "pin": pin}
@@ -154,42 +204,28 @@ class SharedStore(StateStore):
         self._acquiring[rid] = msg
         self._send(msg)
         try:
-            reply = await fut
+            return await fut
         except BaseException:
             self._send({"op": "cancel", "id": rid})
             raise
         finally:
             self._replies.pop(rid, None)
             self._acquiring.pop(rid, None)
-        err = reply.get("err")
-        if err == "timeout":
-            raise QueueTimeout(model, reply.get("order"))
-        if err == "full":
-            raise QueueFull(model)
-        if err == "none":
-            raise NoEndpoint(model)
-        ep = self.endpoints[reply["ep"]]
-        self._held[ep.name] += 1
-        self._global.update(reply.get("load") or ())
-        lease = Lease(self, ep, reply.get("queued_s", 0.0))
-        lease.token = rid
-        return lease
 
-    def release(self, endpoint: Endpoint, token: int | None = None) -> None:
-        if self._held[endpoint.name] > 0:
-            self._held[endpoint.name] -= 1
-            n = self._global.get(endpoint.name, 0)
-            if n > 0:
-                self._global[endpoint.name] = n - 1
-            self._send({"op": "release", "ep": endpoint.name, "id": token})
+    def release(self, endpoint: Endpoint, token: Any = None) -> None:
+        if self._table.give_back(endpoint.name):  # somebody waits: the host hands it on
+            host = self._coordinator
+            if host is not None:
+                host.store._dispatch(host.endpoints.get(endpoint.name, endpoint))
+            else:
+                self._send({"op": "poke", "ep": endpoint.name})
 
     def record(self, endpoint: str, model: str) -> None:
-        self._send({"op": "usage", "ep": endpoint, "model": model})
+        self._usage[endpoint, model] += 1
+        self._flush_soon()
 
     def in_flight(self, endpoint: Endpoint) -> int:
-        # All workers' count as of our last grant from the host (minus our releases since),
-        # never below what this worker holds itself; /health asks the host.
-        return max(self._held[endpoint.name], self._global.get(endpoint.name, 0))
+        return self._table.in_flight(endpoint.name)
 
     def publish(self, topic: str, data: Any) -> None:
         self._send({"op": "pub", "topic": topic, "data": data})
@@ -243,3 +279,5 @@ class SharedStore(StateStore):
                 os.unlink(self.sock_path)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
+        if self._table is not None:
+            self._table.close()

@@ -1,0 +1,229 @@
+"""`SlotTable`: the workers' slot counts in one shared-memory file, guarded by `flock`.
+
+The embedded shared store (shared.py, coordinator.py) keeps one FIFO wait queue in the
+hosting worker, but a request that finds a free slot should not cross a socket for it.
+So the counts live here, where every worker of one host can take and give back a slot
+under a process-shared lock in a few microseconds; the socket is only for waiting and
+wake-ups.
+
+Layout (native int32 unless noted), one file `<base>.slots` mapped by every worker:
+
+    header     magic 8 bytes, endpoints E, rows W, rows in use
+    names      E x 64 bytes: endpoint name (utf-8), index = the endpoint's column
+    unhealthy  E bytes, written by the host (its verdict over every worker's reports)
+    pids       W: the worker that owns each row (0: free)
+    waiting    W: requests of that worker waiting at the host
+    held       E x W: slots each worker holds on each endpoint (endpoint-major)
+
+Exactness: a slot is taken only under the lock, when the endpoint's column sums below
+its slots. Nothing is counted anywhere else, so nothing can drift: a worker that dies
+(even `kill -9` in the middle of an update: every write is one aligned word) leaves its
+row, and the host — or whoever claims the row next — zeroes it. The lock is `flock`,
+which the kernel drops with the process that held it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+from . import private
+
+MAGIC = b"nomyoST1"
+ENDPOINTS = 256
+ROWS = 64
+NAME = 64
+_HEAD = struct.Struct("8siii")
+_NAMES = _HEAD.size + 4  # aligned
+_UNHEALTHY = _NAMES + ENDPOINTS * NAME
+_PIDS = _UNHEALTHY + ENDPOINTS
+_WAITING = _PIDS + ROWS * 4
+_HELD = _WAITING + ROWS * 4
+SIZE = _HELD + ENDPOINTS * ROWS * 4
+
+
+def _alive(pid: int) -> bool:
+    """A zombie (killed, not yet reaped by uvicorn's master) is gone too."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+class SlotTable:
+    """One process's handle on the table. `row` is this handle's own row (claimed at open)."""
+
+    def __init__(self, path: str) -> None:
+        private.check_file(path)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self._lock()
+        try:
+            if os.fstat(self.fd).st_size < SIZE:
+                os.ftruncate(self.fd, SIZE)
+            self._map = mmap.mmap(self.fd, SIZE)
+            magic, e, w, _ = _HEAD.unpack_from(self._map, 0)
+            if magic != MAGIC:
+                _HEAD.pack_into(self._map, 0, MAGIC, ENDPOINTS, ROWS, 0)
+            elif (e, w) != (ENDPOINTS, ROWS):
+                raise RuntimeError(f"{path}: a slot table of another layout")
+            mv = self._mv = memoryview(self._map)
+            self._meta = mv[8:20].cast("i")  # endpoints, rows, rows in use
+            self._pids = mv[_PIDS:_WAITING].cast("i")
+            self._waiting = mv[_WAITING:_HELD].cast("i")
+            self._held = mv[_HELD:SIZE].cast("i")
+            self._unhealthy = mv[_UNHEALTHY:_PIDS]
+            self._columns: dict[str, int] = {}
+            self.row = self._claim_row()
+        finally:
+            self._unlock()
+
+    # -- the lock ---------------------------------------------------------------------
+    def _lock(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def _unlock(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    # -- rows and columns (under the lock) --------------------------------------------
+    @property
+    def _rows(self) -> int:
+        return self._meta[2]
+
+    def _claim_row(self) -> int:
+        pid = os.getpid()
+        for r in range(ROWS):
+            other = self._pids[r]
+            if other == 0 or not _alive(other):
+                self._zero(r)
+                self._pids[r] = pid
+                if r >= self._meta[2]:
+                    self._meta[2] = r + 1
+                return r
+        raise RuntimeError(f"more than {ROWS} processes share one slot table")
+
+    def _zero(self, row: int) -> None:
+        held = self._held
+        for c in range(0, ENDPOINTS * ROWS, ROWS):
+            held[c + row] = 0
+        self._waiting[row] = 0
+        self._pids[row] = 0
+
+    def column(self, name: str) -> int:
+        c = self._columns.get(name)
+        if c is None:
+            self._lock()
+            try:
+                c = self._find_column(name)
+            finally:
+                self._unlock()
+        return c
+
+    def _find_column(self, name: str) -> int:
+        raw = name.encode()[:NAME - 1]
+        m = self._map
+        for i in range(ENDPOINTS):
+            at = _NAMES + i * NAME
+            if m[at] == 0:
+                m[at:at + len(raw) + 1] = raw + b"\x00"
+                break
+            if m[at:at + NAME].split(b"\x00", 1)[0] == raw:
+                break
+        else:
+            raise RuntimeError(f"more than {ENDPOINTS} endpoints in one slot table")
+        self._columns[name] = i
+        return i
+
+    # -- reads (no lock: a word read is atomic; decisions that matter re-check under it) --
+    def in_flight(self, name: str) -> int:
+        c = self.column(name) * ROWS
+        return sum(self._held[c:c + self._rows])
+
+    def waiting(self) -> int:
+        return sum(self._waiting[:self._rows])
+
+    def unhealthy(self, name: str) -> bool:
+        return self._unhealthy[self.column(name)] != 0
+
+    # -- writes ------------------------------------------------------------------------
+    def try_take(self, name: str, slots: int, row: int | None = None, fast: bool = False) -> bool:
+        """Take a slot on `name` for `row` (default: ours) if one is free. `fast`: only while
+        nobody waits at the host (a new request must not pass a waiting one)."""
+        c = self.column(name)
+        at = c * ROWS
+        held = self._held
+        self._lock()
+        try:
+            rows = self._rows
+            if fast and sum(self._waiting[:rows]):
+                return False
+            if self._unhealthy[c] or sum(held[at:at + rows]) >= slots:
+                return False
+            held[at + (self.row if row is None else row)] += 1
+            return True
+        finally:
+            self._unlock()
+
+    def give_back(self, name: str, row: int | None = None) -> bool:
+        """Give back one slot of `row` (default: ours). True when somebody waits at the host
+        (the caller then tells the host to hand the slot on)."""
+        at = self.column(name) * ROWS + (self.row if row is None else row)
+        self._lock()
+        try:
+            if self._held[at] > 0:
+                self._held[at] -= 1
+            return sum(self._waiting[:self._rows]) > 0
+        finally:
+            self._unlock()
+
+    def wait_begin(self) -> None:
+        """Count one of our requests as waiting at the host: from now on no new request takes
+        a slot past it, and whoever gives a slot back tells the host."""
+        self._lock()
+        try:
+            self._waiting[self.row] += 1
+        finally:
+            self._unlock()
+
+    def wait_end(self) -> None:
+        self._lock()
+        try:
+            if self._waiting[self.row] > 0:
+                self._waiting[self.row] -= 1
+        finally:
+            self._unlock()
+
+    def set_unhealthy(self, name: str, unhealthy: bool) -> None:
+        self._unhealthy[self.column(name)] = 1 if unhealthy else 0
+
+    def reclaim(self, row: int | None = None, pid: int | None = None) -> None:
+        """Zero `row` (a worker that left), or every row whose process is gone."""
+        self._lock()
+        try:
+            if row is not None:
+                if pid is None or self._pids[row] == pid:
+                    self._zero(row)
+                return
+            for r in range(self._rows):
+                p = self._pids[r]
+                if p and not _alive(p):
+                    self._zero(r)
+        finally:
+            self._unlock()
+
+    def close(self) -> None:
+        """Give our row back (its counts with it: we hold nothing once we close)."""
+        self.reclaim(self.row, os.getpid())
+        for view in (self._meta, self._pids, self._waiting, self._held, self._unhealthy, self._mv):
+            view.release()
+        self._map.close()
+        os.close(self.fd)
