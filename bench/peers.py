@@ -17,7 +17,10 @@ repetition so drift hits them alike, and the median is printed:
     (utime+stime of its process tree over the run / requests wrk completed);
   * 200-token streams at `--stream-conc`: req/s and the peer's CPU per relayed chunk (CPU per
     request / 200: one chunk per token);
-  * added p50 at c=1 over the direct mock, and idle RSS.
+  * added p50 at c=1 over the direct mock, and idle RSS;
+  * worker scaling (`--scaling 1,2`, bench/scaling.py): nomyo-router with 1 and 2 workers on
+    core 0, each worker's CPU per request and the state host's CPU per operation, and the
+    req/s projected for a core per worker.
 It is a benchmark, not a test: nothing is asserted.
 """
 
@@ -39,6 +42,7 @@ from typing import Iterator
 
 import yaml
 
+import scaling
 from common import MockConfig, free_port, mock_process, rss_mb, _children, wait_http, wait_tcp, wrk
 
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "nomyo-router", "peers")
@@ -163,6 +167,12 @@ def run_nomyo(mock: str, core: int | None, workers: int = 1) -> Iterator[Peer]:
 
 
 @contextmanager
+def _nomyo_at(mock: str, core: int | None, workers: int) -> Iterator[tuple[str, int]]:
+    with run_nomyo(mock, core, workers) as peer:
+        yield peer.url, peer.pid
+
+
+@contextmanager
 def run_floor(mock: str, core: int | None) -> Iterator[Peer]:
     port = free_port()
     proc = _spawn([sys.executable, "-m", "uvicorn", "minimal_passthrough:app", "--app-dir", HERE,
@@ -269,6 +279,7 @@ def main() -> None:
     p.add_argument("--olla-src", default=None, help="a checkout of github.com/thushan/olla to `go build`")
     p.add_argument("--vllm-router", default="vllm-router==0.1.17", help="pip requirement")
     p.add_argument("--no-pin", action="store_true", help="do not pin (peers and mock/wrk share all cores)")
+    p.add_argument("--scaling", default="1,2", help="worker counts for the scaling table ('' : none)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if shutil.which("wrk") is None:
@@ -302,6 +313,8 @@ def main() -> None:
             peers.append(stack.enter_context(run_vllm_router(vrouter, mock, core)))
         time.sleep(1.0)
         idle = {pe.name: rss_mb(pe.pid) for pe in peers}
+        scaled = scaling.measure(mock, [int(x) for x in args.scaling.split(",")], 32, args.seconds, args.reps,
+                                 lambda m, n: _nomyo_at(m, core, n)) if args.scaling and "nomyo" in wanted else []
         results: dict[tuple[str, str], list[dict[str, float]]] = {}
         order: list[Peer | None] = [None, *peers]
         for rep in range(args.reps):
@@ -349,10 +362,13 @@ def main() -> None:
                 print(f"nomyo-router / olla at {label}: {table[label]['nomyo-router']['rps'] / olla:.2f}x req/s")
             else:
                 print(f"nomyo-router / olla at {label}: olla answered nothing with 2xx")
+    if scaled:
+        print(f"\nworker scaling, c=32 non-stream (bench/scaling.py: every worker on core {core}; projected = a core each)")
+        scaling.print_table(scaled)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"pinned": pin, "reps": args.reps, "seconds": args.seconds, "idle_rss_mb": idle,
-                       "table": table}, f, indent=2)
+                       "table": table, "scaling": scaled}, f, indent=2)
 
 
 if __name__ == "__main__":

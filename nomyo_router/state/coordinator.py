@@ -136,44 +136,48 @@ class Coordinator:
             finally:
                 pending.pop(rid, None)
 
+        async def handle(msg: dict[str, Any]) -> None:
+            op = msg["op"]
+            if op == "acquire":
+                pending[msg["id"]] = asyncio.create_task(acquire(msg))
+            elif op == "set_pin":
+                store._pin(msg["key"], msg["ep"])
+            elif op == "usage":
+                for _ in range(msg.get("n", 1)):
+                    store.record(msg["ep"], msg["model"])
+            elif op == "pub":  # relay to every other worker as is
+                out = json.dumps({"pub": msg["topic"], "data": msg["data"]}).encode() + b"\n"
+                for w in self._writers:
+                    if w is not writer and not w.is_closing():
+                        w.write(out)
+            elif op == "batch":
+                for m in msg["ops"]:
+                    await handle(m)
+            elif op == "poke":
+                ep = self.endpoints.get(msg["ep"])
+                if ep is not None:
+                    store._dispatch(ep)
+            elif op == "cancel":
+                task = pending.get(msg["id"])
+                if task is not None:
+                    task.cancel()
+            elif op == "hello":
+                who[:] = [msg["row"], msg["pid"]]
+            elif op == "health":
+                ep = self.endpoints.get(msg["ep"])
+                if ep is not None:
+                    store.set_healthy(ep, msg["ok"])
+            elif op == "find_pin":
+                send({"id": msg["id"], "pin": await store.find_pin(msg["keys"])})
+            elif op == "drop_pin":
+                await store.drop_pin(msg["key"])
+            elif op == "snapshot":
+                send({"id": msg["id"], "snap": await store.snapshot()})
+
         self._writers.add(writer)
         try:
             while line := await reader.readline():
-                msg = json.loads(line)
-                op = msg["op"]
-                if op == "pub":  # relay to every other worker as is
-                    out = json.dumps({"pub": msg["topic"], "data": msg["data"]}).encode() + b"\n"
-                    for w in self._writers:
-                        if w is not writer and not w.is_closing():
-                            w.write(out)
-                    continue
-                if op == "acquire":
-                    pending[msg["id"]] = asyncio.create_task(acquire(msg))
-                elif op == "poke":
-                    ep = self.endpoints.get(msg["ep"])
-                    if ep is not None:
-                        store._dispatch(ep)
-                elif op == "cancel":
-                    task = pending.get(msg["id"])
-                    if task is not None:
-                        task.cancel()
-                elif op == "hello":
-                    who[:] = [msg["row"], msg["pid"]]
-                elif op == "health":
-                    ep = self.endpoints.get(msg["ep"])
-                    if ep is not None:
-                        store.set_healthy(ep, msg["ok"])
-                elif op == "find_pin":
-                    send({"id": msg["id"], "pin": await store.find_pin(msg["keys"])})
-                elif op == "set_pin":
-                    store._pin(msg["key"], msg["ep"])
-                elif op == "drop_pin":
-                    await store.drop_pin(msg["key"])
-                elif op == "usage":
-                    for _ in range(msg.get("n", 1)):
-                        store.record(msg["ep"], msg["model"])
-                elif op == "snapshot":
-                    send({"id": msg["id"], "snap": await store.snapshot()})
+                await handle(json.loads(line))
                 if writer.transport.get_write_buffer_size() > 65536:
                     await writer.drain()
         except (ConnectionError, ValueError, KeyError) as e:

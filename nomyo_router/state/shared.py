@@ -150,9 +150,13 @@ class SharedStore(StateStore):
             self._out.extend(json.dumps({"op": "usage", "ep": ep, "model": model, "n": n}).encode() + b"\n"
                              for (ep, model), n in self._usage.items())
             self._usage.clear()
-        if self._out and self._writer is not None and not self._writer.is_closing():
-            self._writer.write(b"".join(self._out))
-        self._out.clear()
+        out = self._out
+        if out and self._writer is not None and not self._writer.is_closing():
+            if len(out) == 1:
+                self._writer.write(out[0])
+            else:  # one line for the host to read and parse
+                self._writer.write(b'{"op": "batch", "ops": [' + b",".join(m[:-1] for m in out) + b"]}\n")
+        out.clear()
 
     async def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
         await self._connected.wait()
