@@ -1,0 +1,110 @@
+"""The shared-memory slot table under the embedded shared store: a free slot is taken
+without a message, nobody passes a waiting request, a slot given back wakes a waiter in
+another worker, and a dead process's slots come back."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+from nomyo_router.domain import Endpoint
+from nomyo_router.routing.policies import LeastBusy
+from nomyo_router.state import QueueTimeout, SharedStore
+from nomyo_router.state.slots import SlotTable
+
+EP = Endpoint(name="one", url="http://127.0.0.1:9", slots=2)
+first = lambda free: free[0]  # noqa: E731
+
+
+async def two_workers(tmp_path) -> tuple[SharedStore, SharedStore]:
+    base = str(tmp_path / "state")
+    host = SharedStore(base, [EP], 100, 600, 1000, LeastBusy())
+    await host.start()
+    worker = SharedStore(base, [EP], 100, 600, 1000, LeastBusy())
+    await worker.start()
+    assert host.is_host and not worker.is_host
+    return host, worker
+
+
+async def test_free_slots_are_taken_in_the_table_and_limits_hold_across_workers(tmp_path):
+    host, worker = await two_workers(tmp_path)
+    try:
+        a = await worker.acquire("m", [EP], first, 1.0)
+        b = await host.acquire("m", [EP], first, 1.0)
+        assert worker.in_flight(EP) == host.in_flight(EP) == 2
+        with_timeout = asyncio.create_task(worker.acquire("m", [EP], first, 0.2))
+        try:
+            await with_timeout
+            raise AssertionError("a third slot was granted on a 2-slot endpoint")
+        except QueueTimeout:
+            pass
+        waiter = asyncio.create_task(worker.acquire("m", [EP], first, 5.0))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        b.release()  # given back in the host's row: the worker's waiter gets it
+        c = await asyncio.wait_for(waiter, 1.0)
+        assert c.endpoint is EP and worker.in_flight(EP) == 2
+        for lease in (a, c):
+            lease.release()
+        assert host.in_flight(EP) == 0
+    finally:
+        await worker.close()
+        await host.close()
+
+
+async def test_a_new_request_does_not_pass_one_that_waits(tmp_path):
+    host, worker = await two_workers(tmp_path)
+    try:
+        held = [await host.acquire("m", [EP], first, 1.0) for _ in range(2)]
+        order: list[str] = []
+
+        async def take(store: SharedStore, name: str) -> None:
+            lease = await store.acquire("m", [EP], first, 5.0)
+            order.append(name)
+            await asyncio.sleep(0.05)
+            lease.release()
+
+        early = asyncio.create_task(take(worker, "early"))
+        await asyncio.sleep(0.05)  # it waits at the host now
+        held[0].release()  # a slot is free in the table, but "early" waits for it
+        late = asyncio.create_task(take(host, "late"))
+        await asyncio.gather(early, late)
+        held[1].release()
+        assert order == ["early", "late"]
+    finally:
+        await worker.close()
+        await host.close()
+
+
+async def test_slots_of_a_dead_process_come_back(tmp_path):
+    path = str(tmp_path / "t.slots")
+    code = (f"from nomyo_router.state.slots import SlotTable; t = SlotTable({path!r}); "
+            f"assert t.try_take('one', 2) and t.try_take('one', 2); import os; os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+    table = SlotTable(path)  # claims the dead process's row, zeroing it
+    try:
+        assert table.in_flight("one") == 0
+        assert table.try_take("one", 2)
+    finally:
+        table.close()
+    # and a survivor that finds a dead row next to it reclaims it
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+    code2 = code.replace("os._exit(0)", "import time; time.sleep(30)")
+    holder = subprocess.Popen([sys.executable, "-c", code2])
+    try:
+        table = SlotTable(path)
+        try:
+            for _ in range(100):
+                if table.in_flight("one") >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert table.in_flight("one") == 2  # the live holder's slots count
+            holder.kill()
+            holder.wait()
+            table.reclaim()
+            assert table.in_flight("one") == 0
+        finally:
+            table.close()
+    finally:
+        holder.kill()
