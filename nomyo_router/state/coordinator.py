@@ -66,14 +66,6 @@ class TableStore(MemoryStore):
         self.table.set_unhealthy(endpoint.name, not healthy)
         super().set_healthy(endpoint, healthy)
 
-    async def snapshot(self) -> dict:
-        snap = await super().snapshot()
-        snap["in_flight"] = {name: self.table.in_flight(name) for name in self._endpoints_seen()}
-        return snap
-
-    def _endpoints_seen(self) -> list[str]:
-        return list(self.table._columns)
-
 
 class Coordinator:
     """Serves one MemoryStore to every worker over a Unix socket."""
@@ -172,7 +164,9 @@ class Coordinator:
             elif op == "drop_pin":
                 await store.drop_pin(msg["key"])
             elif op == "snapshot":
-                send({"id": msg["id"], "snap": await store.snapshot()})
+                snap = await store.snapshot()
+                snap["in_flight"] = {name: store.table.in_flight(name) for name in self.endpoints}
+                send({"id": msg["id"], "snap": snap})
 
         self._writers.add(writer)
         try:
