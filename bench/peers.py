@@ -38,7 +38,7 @@ import time
 import venv
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import yaml
 
@@ -59,6 +59,7 @@ class Peer:
     url: str  # base URL; requests go to url + PATH (or `path`)
     pid: int
     path: str = PATH
+    restart: Callable[["Peer"], "Peer"] | None = None  # a fresh process, after runs that leave it broken
 
 
 def log(msg: str) -> None:
@@ -189,36 +190,48 @@ def run_floor(mock: str, core: int | None) -> Iterator[Peer]:
 
 @contextmanager
 def run_olla(binary: str, mock: str, core: int | None) -> Iterator[Peer]:
-    port = free_port()
-    cfg = {
-        "server": {"host": "127.0.0.1", "port": port, "request_logging": False,
-                   "rate_limits": {"global_requests_per_minute": 0, "per_ip_requests_per_minute": 0,
-                                   "health_requests_per_minute": 0}},
-        "proxy": {"engine": "olla", "profile": "auto", "load_balancer": "least-connections"},
-        "discovery": {"type": "static", "static": {"endpoints": [{
-            "url": mock, "name": "mock", "type": "openai-compatible", "priority": 100,
-            "model_url": "/v1/models", "health_check_url": "/v1/models",
-            # generous, so that a check timing out on a saturated core plays no part; Olla's
-            # circuit breaker (5 consecutive failures, open 30 s) is not configurable and also
-            # counts the requests wrk cancels when a run ends: a run answered with its 502s
-            # is flagged in the output and counts 0 answered req/s (medians keep it out)
-            "check_interval": "30s", "check_timeout": "10s"}]},
-            "model_discovery": {"enabled": True, "interval": "5m", "timeout": "10s"}},
-        "logging": {"level": "error", "format": "text", "output": "stdout"},
-        "dashboard": {"enabled": False},
-    }
     work = tempfile.mkdtemp(prefix="olla-")
-    path = os.path.join(work, "config.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg, f)
-    proc = _spawn([binary, "--config", path], core, cwd=work)
-    try:
+    procs: list[subprocess.Popen] = []
+
+    def start(peer: Peer | None = None) -> Peer:
+        """A fresh Olla (after a stream run: wrk cuts the streams in flight when it stops,
+        Olla's circuit breaker — 5 consecutive failures, open 30 s, not configurable —
+        counts them, and the next run would measure its 502s)."""
+        if procs:
+            _stop(procs.pop())
+        port = free_port()
+        cfg = {
+            "server": {"host": "127.0.0.1", "port": port, "request_logging": False,
+                       "rate_limits": {"global_requests_per_minute": 0, "per_ip_requests_per_minute": 0,
+                                       "health_requests_per_minute": 0}},
+            "proxy": {"engine": "olla", "profile": "auto", "load_balancer": "least-connections"},
+            "discovery": {"type": "static", "static": {"endpoints": [{
+                "url": mock, "name": "mock", "type": "openai-compatible", "priority": 100,
+                "model_url": "/v1/models", "health_check_url": "/v1/models",
+                # generous, so that a check timing out on a saturated core plays no part
+                "check_interval": "30s", "check_timeout": "10s"}]},
+                "model_discovery": {"enabled": True, "interval": "5m", "timeout": "10s"}},
+            "logging": {"level": "error", "format": "text", "output": "stdout"},
+            "dashboard": {"enabled": False},
+        }
+        path = os.path.join(work, "config.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(cfg, f)
+        proc = _spawn([binary, "--config", path], core, cwd=work)
+        procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         wait_tcp(port, 30)
         _served(url + "/olla/proxy" + PATH, proc)
-        yield Peer("olla", url, proc.pid, "/olla/proxy" + PATH)
+        if peer is None:
+            return Peer("olla", url, proc.pid, "/olla/proxy" + PATH, restart=start)
+        peer.url, peer.pid = url, proc.pid
+        return peer
+
+    try:
+        yield start()
     finally:
-        _stop(proc)
+        if procs:
+            _stop(procs.pop())
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -323,6 +336,8 @@ def main() -> None:
                     name = peer.name if peer else "direct"
                     r = measure(peer, mock, body, conc, args.seconds)
                     results.setdefault((name, label), []).append(r)
+                    if peer is not None and peer.restart is not None and label.startswith("stream"):
+                        peer.restart(peer)
                     log(f"rep {rep + 1}/{args.reps} {label:14} {name:13} {r['rps']:8.0f} req/s p50 "
                         f"{r['p50_ms']:7.3f} ms cpu {r['cpu_us_per_req']:6.0f} us/req"
                         + (f" non2xx {r['non2xx']}" if r["non2xx"] else ""))

@@ -47,7 +47,7 @@ class SharedStore(StateStore):
         self._unhealthy: set[str] = set()
         self._closing = False
         self._subs: dict[str, Callable[[Any], None]] = {}
-        self._table: SlotTable | None = None
+        self._table = SlotTable(base + ".slots")
         self._out: list[bytes] = []  # messages written at the end of this loop turn
         self._usage: Counter[tuple[str, str]] = Counter()
         self._flushing = False
@@ -57,7 +57,6 @@ class SharedStore(StateStore):
         return self._coordinator is not None
 
     async def start(self) -> None:
-        self._table = SlotTable(self.lock_path[:-len(".lock")] + ".slots")
         await self._connect()
         self._reader_task = asyncio.create_task(self._read_loop())
 
@@ -283,5 +282,4 @@ class SharedStore(StateStore):
                 os.unlink(self.sock_path)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
-        if self._table is not None:
-            self._table.close()
+        self._table.close()
