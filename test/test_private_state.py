@@ -37,10 +37,11 @@ def test_socket_and_lock_are_private_to_the_routers_user(mock_process_url, tmp_p
         assert r.returncode != 0 and "PermissionError" in r.stderr
         r = as_nobody(f"open({str(d / 'evil.lock')!r}, 'w')")
         assert r.returncode != 0 and "PermissionError" in r.stderr
-        slots = list(d.glob("*.slots"))  # the shared-memory slot table: nobody else may map it
-        assert slots and stat.S_IMODE(slots[0].stat().st_mode) == 0o600
-        r = as_nobody(f"open({str(slots[0])!r}, 'r+b')")
-        assert r.returncode != 0 and "PermissionError" in r.stderr
+        for kind in ("slots", "pins"):  # the shared-memory tables: nobody else may map them
+            table = list(d.glob(f"*.{kind}"))
+            assert table and stat.S_IMODE(table[0].stat().st_mode) == 0o600
+            r = as_nobody(f"open({str(table[0])!r}, 'r+b')")
+            assert r.returncode != 0 and "PermissionError" in r.stderr
 
 
 @needs_root

@@ -108,3 +108,37 @@ async def test_slots_of_a_dead_process_come_back(tmp_path):
             table.close()
     finally:
         holder.kill()
+
+
+async def test_pins_and_usage_are_shared_without_messages(tmp_path):
+    host, worker = await two_workers(tmp_path)
+    try:
+        lease = await worker.acquire("m", [EP], first, 1.0, pin="turn-1")
+        lease.release()
+        assert await host.find_pin(["nope", "turn-1"]) == ("turn-1", "one")
+        await host.drop_pin("turn-1")
+        assert await worker.find_pin(["turn-1"]) is None
+        for store in (host, worker, worker):
+            store.record("one", "llama3:latest")
+        host.record("one", "qwen:7b")
+        snap = await worker.snapshot()
+        assert snap["usage"] == {"one": {"llama3:latest": 3, "qwen:7b": 1}}
+    finally:
+        await worker.close()
+        await host.close()
+
+
+async def test_pins_expire_and_stay_bounded(tmp_path):
+    from nomyo_router.state.pins import PinTable
+    names = {"a": 0, "b": 1}
+    table = PinTable(str(tmp_path / "p.pins"), 16, 0.2, names.__getitem__, {0: "a", 1: "b"}.__getitem__)
+    try:
+        for i in range(500):
+            table.set(f"k{i}", "a" if i % 2 else "b")
+        assert table.count() <= table.entries < 500  # old pins made room for new ones
+        assert table.find(["k499"]) == ("k499", "a")  # the newest are there
+        table.set("fresh", "b")
+        await asyncio.sleep(0.3)
+        assert table.find(["fresh"]) is None  # idle longer than the ttl
+    finally:
+        table.close()

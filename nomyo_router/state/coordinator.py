@@ -20,9 +20,10 @@ Wire format: one JSON object per line. Worker -> host:
   {"op": "hello", "row", "pid"}  first: the worker's row in the slot table
   {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
   {"op": "cancel", "id"}            {"op": "poke", "ep"}  (a slot freed while somebody waits)
-  {"op": "health", "ep", "ok"}      {"op": "find_pin", "id", "keys"} -> {"id", "pin"}
-  {"op": "usage", "ep", "model", "n"} {"op": "pub", "topic", "data"} -> relayed to the others as {"pub", "data"}
-  {"op": "set_pin", "key", "ep"}    {"op": "drop_pin", "key"}      {"op": "snapshot", "id"} -> {"id", "snap"}
+  {"op": "health", "ep", "ok"}      {"op": "snapshot", "id"} -> {"id", "snap"}
+  {"op": "pub", "topic", "data"} -> relayed to the others as {"pub", "data"}
+  {"op": "batch", "ops": [...]}     several of the above, written in one loop turn
+(Pins and usage counts need no message: pins.py and slots.py.)
 """
 
 from __future__ import annotations
@@ -36,18 +37,36 @@ from ..domain import Endpoint
 from ..routing.policies import Policy, RouteContext
 from .base import Choose, NoEndpoint, QueueFull, QueueTimeout
 from .memory import MemoryStore
+from .pins import PinTable
 from .slots import SlotTable
 
 log = logging.getLogger("nomyo_router.coordinator")
 
 
 class TableStore(MemoryStore):
-    """The host's queue, with the slot counts in the shared table: a grant is taken there
-    under its lock, in the row of the worker it is for (`owner`)."""
+    """The host's queue, with the slot counts, pins and usage in the shared tables: a grant
+    is taken there under its lock, in the row of the worker it is for (`owner`)."""
 
-    def __init__(self, table: SlotTable, max_queue: int, pin_ttl: float, max_pins: int) -> None:
-        super().__init__(max_queue, pin_ttl, max_pins)
+    def __init__(self, table: SlotTable, pins: PinTable, max_queue: int) -> None:
+        super().__init__(max_queue)
         self.table = table
+        self.pins = pins
+
+    def _pin(self, key: str, endpoint: str) -> None:
+        self.pins.set(key, endpoint)
+
+    async def find_pin(self, keys: Sequence[str]) -> tuple[str, str] | None:
+        return self.pins.find(keys)
+
+    async def drop_pin(self, key: str) -> None:
+        self.pins.drop(key)
+
+    def pin_count(self) -> int:
+        return self.pins.count()
+
+    async def snapshot(self) -> dict:
+        return {"mode": "shared", "in_flight": {}, "queue_length": self._queued,
+                "pins": self.pins.count(), "usage": self.table.usage()}
 
     def _free(self, ep: Endpoint) -> bool:
         return ep.name not in self._unhealthy and self.table.in_flight(ep.name) < ep.slots
@@ -132,11 +151,6 @@ class Coordinator:
             op = msg["op"]
             if op == "acquire":
                 pending[msg["id"]] = asyncio.create_task(acquire(msg))
-            elif op == "set_pin":
-                store._pin(msg["key"], msg["ep"])
-            elif op == "usage":
-                for _ in range(msg.get("n", 1)):
-                    store.record(msg["ep"], msg["model"])
             elif op == "pub":  # relay to every other worker as is
                 out = json.dumps({"pub": msg["topic"], "data": msg["data"]}).encode() + b"\n"
                 for w in self._writers:
@@ -159,10 +173,6 @@ class Coordinator:
                 ep = self.endpoints.get(msg["ep"])
                 if ep is not None:
                     store.set_healthy(ep, msg["ok"])
-            elif op == "find_pin":
-                send({"id": msg["id"], "pin": await store.find_pin(msg["keys"])})
-            elif op == "drop_pin":
-                await store.drop_pin(msg["key"])
             elif op == "snapshot":
                 snap = await store.snapshot()
                 snap["in_flight"] = {name: store.table.in_flight(name) for name in self.endpoints}

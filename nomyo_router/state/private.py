@@ -62,10 +62,10 @@ def check_file(path: str) -> None:
 
 
 def remove_stale(directory: str) -> None:
-    """Files named `<master pid>-<tag>.(lock|sock|slots)` whose master is gone."""
+    """Files named `<master pid>-<tag>.(lock|sock|slots|pins)` whose master is gone."""
     for name in os.listdir(directory):
         pid, dash, _ = name.partition("-")
-        if not dash or not pid.isdigit() or not name.endswith((".lock", ".sock", ".slots")):
+        if not dash or not pid.isdigit() or not name.endswith((".lock", ".sock", ".slots", ".pins")):
             continue
         try:
             os.kill(int(pid), 0)

@@ -1,8 +1,10 @@
 """`SharedStore`: a worker's view of the embedded coordinator (see coordinator.py).
 
-A free slot is taken in the shared slot table (slots.py) without a message; only a
-request that must wait asks the host. Messages that need no answer (pins, usage,
-prefix-index inserts) are written once per event-loop turn, together."""
+A free slot is taken in the shared slot table (slots.py), a conversation pin is written
+and found in the shared pin table (pins.py), a request served is counted in the slot
+table's usage counters — none of it sends a message. Only a request that must wait asks
+the host. Messages that need no answer (prefix-index inserts, health) are written once
+per event-loop turn, together."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import itertools
 import json
 import logging
 import os
-from collections import Counter
 from typing import Any, Callable, Sequence
 
 from ..domain import Endpoint
@@ -20,6 +21,7 @@ from ..routing.policies import Policy
 from . import private
 from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
 from .coordinator import Coordinator, TableStore
+from .pins import PinTable
 from .slots import SlotTable
 
 log = logging.getLogger("nomyo_router.shared")
@@ -49,7 +51,7 @@ class SharedStore(StateStore):
         self._subs: dict[str, Callable[[Any], None]] = {}
         self._table = SlotTable(base + ".slots")
         self._out: list[bytes] = []  # messages written at the end of this loop turn
-        self._usage: Counter[tuple[str, str]] = Counter()
+        self._pins = PinTable(base + ".pins", max_pins, pin_ttl, self._table.column, self._table.name_of)
         self._flushing = False
 
     @property
@@ -74,7 +76,7 @@ class SharedStore(StateStore):
         takeover = os.path.exists(self.sock_path)  # a clean shutdown removes it; a crash does not
         if takeover:
             os.unlink(self.sock_path)
-        store = TableStore(self._table, *self._store_args)
+        store = TableStore(self._table, self._pins, self._store_args[0])
         self._coordinator = Coordinator(store, list(self.endpoints.values()), self._policy)
         await self._coordinator.start(self.sock_path, takeover)
         os.chmod(self.sock_path, 0o600)  # (the directory is 0700 already; this is the second lock)
@@ -145,10 +147,6 @@ class SharedStore(StateStore):
 
     def _flush(self) -> None:
         self._flushing = False
-        if self._usage:
-            self._out.extend(json.dumps({"op": "usage", "ep": ep, "model": model, "n": n}).encode() + b"\n"
-                             for (ep, model), n in self._usage.items())
-            self._usage.clear()
         out = self._out
         if out and self._writer is not None and not self._writer.is_closing():
             if len(out) == 1:
@@ -179,7 +177,7 @@ class SharedStore(StateStore):
                 ep = free[0] if len(free) == 1 else choose(free)
                 if table.try_take(ep.name, ep.slots, fast=True):
                     if pin is not None:
-                        self._send({"op": "set_pin", "key": pin, "ep": ep.name})
+                        self._pins.set(pin, ep.name)
                     return Lease(self, ep)
                 free.remove(ep)
         await self._connected.wait()
@@ -224,8 +222,7 @@ class SharedStore(StateStore):
                 self._send({"op": "poke", "ep": endpoint.name})
 
     def record(self, endpoint: str, model: str) -> None:
-        self._usage[endpoint, model] += 1
-        self._flush_soon()
+        self._table.record(endpoint, model)
 
     def in_flight(self, endpoint: Endpoint) -> int:
         return self._table.in_flight(endpoint.name)
@@ -261,14 +258,13 @@ class SharedStore(StateStore):
         self._send({"op": "health", "ep": endpoint.name, "ok": healthy})
 
     async def find_pin(self, keys: Sequence[str]) -> tuple[str, str] | None:
-        pin = (await self._call({"op": "find_pin", "keys": list(keys)}))["pin"]
-        return tuple(pin) if pin else None  # type: ignore[return-value]
+        return self._pins.find(keys)
 
     async def set_pin(self, key: str, endpoint: str) -> None:
-        self._send({"op": "set_pin", "key": key, "ep": endpoint})
+        self._pins.set(key, endpoint)
 
     async def drop_pin(self, key: str) -> None:
-        self._send({"op": "drop_pin", "key": key})
+        self._pins.drop(key)
 
     async def close(self) -> None:
         self._closing = True
@@ -283,3 +279,4 @@ class SharedStore(StateStore):
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         self._table.close()
+        self._pins.close()

@@ -14,6 +14,9 @@ Layout (native int32 unless noted), one file `<base>.slots` mapped by every work
     pids       W: the worker that owns each row (0: free)
     waiting    W: requests of that worker waiting at the host
     held       E x W: slots each worker holds on each endpoint (endpoint-major)
+    pairs      P x 128 bytes: (endpoint column int32, model name) for the usage counts
+    usage      P x W int64: requests each worker served per (endpoint, model); kept when
+               a row changes hands, so the sums are the host's history
 
 Exactness: a slot is taken only under the lock, when the endpoint's column sums below
 its slots. Nothing is counted anywhere else, so nothing can drift: a worker that dies
@@ -40,7 +43,11 @@ _UNHEALTHY = _NAMES + ENDPOINTS * NAME
 _PIDS = _UNHEALTHY + ENDPOINTS
 _WAITING = _PIDS + ROWS * 4
 _HELD = _WAITING + ROWS * 4
-SIZE = _HELD + ENDPOINTS * ROWS * 4
+PAIRS = 4096
+PAIR = 128
+_PAIRS = _HELD + ENDPOINTS * ROWS * 4
+_USAGE = _PAIRS + PAIRS * PAIR
+SIZE = _USAGE + PAIRS * ROWS * 8
 
 
 def _alive(pid: int) -> bool:
@@ -80,9 +87,12 @@ class SlotTable:
             self._meta = mv[8:20].cast("i")  # endpoints, rows, rows in use
             self._pids = mv[_PIDS:_WAITING].cast("i")
             self._waiting = mv[_WAITING:_HELD].cast("i")
-            self._held = mv[_HELD:SIZE].cast("i")
+            self._held = mv[_HELD:_PAIRS].cast("i")
             self._unhealthy = mv[_UNHEALTHY:_PIDS]
+            self._usage = mv[_USAGE:SIZE].cast("q")
             self._columns: dict[str, int] = {}
+            self._names: dict[int, str] = {}
+            self._pairs: dict[tuple[str, str], int] = {}
             self.row = self._claim_row()
         finally:
             self._unlock()
@@ -141,7 +151,58 @@ class SlotTable:
         else:
             raise RuntimeError(f"more than {ENDPOINTS} endpoints in one slot table")
         self._columns[name] = i
+        self._names[i] = name
         return i
+
+    def name_of(self, column: int) -> str:
+        name = self._names.get(column)
+        if name is None:
+            at = _NAMES + column * NAME
+            name = self._names[column] = self._map[at:at + NAME].split(b"\x00", 1)[0].decode()
+        return name
+
+    # -- usage counts ------------------------------------------------------------------
+    def record(self, endpoint: str, model: str) -> None:
+        """One request served; our row's counter only, so no lock."""
+        pair = self._pairs.get((endpoint, model))
+        if pair is None:
+            pair = self._pair(endpoint, model)
+        self._usage[pair * ROWS + self.row] += 1
+
+    def _pair(self, endpoint: str, model: str) -> int:
+        col = self.column(endpoint)
+        raw = struct.pack("i", col) + model.encode()[:PAIR - 5] + b"\x00"
+        m = self._map
+        self._lock()
+        try:
+            for i in range(PAIRS):
+                at = _PAIRS + i * PAIR
+                rec = m[at:at + PAIR]
+                if rec[4] == 0 or rec[:len(raw)] == raw:
+                    if rec[4] == 0:
+                        m[at:at + len(raw)] = raw
+                    break
+            else:
+                raise RuntimeError(f"more than {PAIRS} (endpoint, model) pairs in one slot table")
+        finally:
+            self._unlock()
+        self._pairs[endpoint, model] = i
+        return i
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        """{endpoint: {model: requests}} over every worker, past and present."""
+        out: dict[str, dict[str, int]] = {}
+        m, usage = self._map, self._usage
+        for i in range(PAIRS):
+            at = _PAIRS + i * PAIR
+            if m[at + 4] == 0:
+                break
+            col = struct.unpack_from("i", m, at)[0]
+            model = m[at + 4:at + PAIR].split(b"\x00", 1)[0].decode()
+            n = sum(usage[i * ROWS:(i + 1) * ROWS])
+            if n:
+                out.setdefault(self.name_of(col), {})[model] = n
+        return out
 
     # -- reads (no lock: a word read is atomic; decisions that matter re-check under it) --
     def in_flight(self, name: str) -> int:
@@ -223,7 +284,7 @@ class SlotTable:
     def close(self) -> None:
         """Give our row back (its counts with it: we hold nothing once we close)."""
         self.reclaim(self.row, os.getpid())
-        for view in (self._meta, self._pids, self._waiting, self._held, self._unhealthy, self._mv):
+        for view in (self._meta, self._pids, self._waiting, self._held, self._unhealthy, self._usage, self._mv):
             view.release()
         self._map.close()
         os.close(self.fd)

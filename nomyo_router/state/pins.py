@@ -1,0 +1,143 @@
+"""`PinTable`: conversation pins shared by the workers of one host, in shared memory.
+
+A pin (affinity key -> endpoint) is written by whichever worker served a turn and read by
+whichever worker gets the next one, so it must be visible to every worker at once; with
+it in a mapped file (`<base>.pins`, `flock`-guarded like the slot table) neither the write
+nor the lookup crosses a socket.
+
+Layout: a header (magic, entries, pins in use) and `entries` records of 32 bytes:
+16-byte key digest, expiry (float64, monotonic clock: the same for every process of one
+host), endpoint column (int32, the slot table's). A key lives in the 8 records from its
+hash on; a new key takes a free or expired one there, else the one idle longest — so the
+table is an LRU per neighbourhood, bounded by `affinity_max_pins` (entries = the next
+power of two at least 1.25× that). Pages are touched only as pins arrive.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import mmap
+import os
+import struct
+import time
+from typing import Callable, Sequence
+
+from . import private
+
+MAGIC = b"nomyoPT1"
+PROBE = 8
+_HEAD = struct.Struct("8sqq")  # magic, entries, in use
+_REC = struct.Struct("16sdi4x")
+_EMPTY = bytes(16)
+
+
+class PinTable:
+    def __init__(self, path: str, max_pins: int, ttl: float,
+                 column: Callable[[str], int], name_of: Callable[[int], str]) -> None:
+        self.ttl = ttl
+        self._column, self._name_of = column, name_of
+        n = 1
+        while n < max_pins * 1.25 or n < PROBE:
+            n *= 2
+        private.check_file(path)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            magic, entries, _ = _HEAD.unpack(os.pread(self.fd, _HEAD.size, 0).ljust(_HEAD.size, b"\0"))
+            if magic != MAGIC:
+                entries = n
+                os.ftruncate(self.fd, _HEAD.size + n * _REC.size)
+                os.pwrite(self.fd, _HEAD.pack(MAGIC, n, 0), 0)
+            self.entries = entries
+            self._map = mmap.mmap(self.fd, _HEAD.size + entries * _REC.size)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _slots(self, key: str) -> tuple[bytes, int]:
+        digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+        return digest, int.from_bytes(digest[:8], "little") & (self.entries - 1)
+
+    def _at(self, i: int) -> int:
+        return _HEAD.size + (i & (self.entries - 1)) * _REC.size
+
+    def _used(self, delta: int) -> None:
+        _, entries, used = _HEAD.unpack_from(self._map, 0)
+        _HEAD.pack_into(self._map, 0, MAGIC, entries, used + delta)
+
+    def find(self, keys: Sequence[str]) -> tuple[str, str] | None:
+        """The first of `keys` with a live pin, as (key, endpoint name); refreshes its timer."""
+        now = time.monotonic()
+        m = self._map
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            for key in keys:
+                digest, start = self._slots(key)
+                for i in range(start, start + PROBE):
+                    at = self._at(i)
+                    d, expiry, col = _REC.unpack_from(m, at)
+                    if d != digest:
+                        continue
+                    if expiry < now:
+                        _REC.pack_into(m, at, _EMPTY, 0.0, 0)
+                        self._used(-1)
+                        break
+                    _REC.pack_into(m, at, digest, now + self.ttl, col)
+                    return key, self._name_of(col)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        return None
+
+    def set(self, key: str, endpoint: str) -> None:
+        col = self._column(endpoint)
+        now = time.monotonic()
+        digest, start = self._slots(key)
+        m = self._map
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            same = free = oldest_at = None
+            free_was_empty = False
+            oldest = 0.0
+            for i in range(start, start + PROBE):
+                at = self._at(i)
+                d, expiry, _ = _REC.unpack_from(m, at)
+                if d == digest:
+                    same = at
+                    break
+                if free is None and (d == _EMPTY or expiry < now):
+                    free, free_was_empty = at, d == _EMPTY
+                elif oldest_at is None or expiry < oldest:
+                    oldest, oldest_at = expiry, at
+            if same is not None:
+                at = same
+            elif free is not None:
+                at = free
+                if free_was_empty:
+                    self._used(1)  # (an expired one was counted already)
+            else:
+                at = oldest_at  # the neighbourhood is full: the pin idle longest goes
+            _REC.pack_into(m, at, digest, now + self.ttl, col)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def drop(self, key: str) -> None:
+        digest, start = self._slots(key)
+        m = self._map
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            for i in range(start, start + PROBE):
+                at = self._at(i)
+                if _REC.unpack_from(m, at)[0] == digest:
+                    _REC.pack_into(m, at, _EMPTY, 0.0, 0)
+                    self._used(-1)
+                    return
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def count(self) -> int:
+        """Pins held (expired ones count until a lookup or a new pin clears them)."""
+        return _HEAD.unpack_from(self._map, 0)[2]
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self.fd)
