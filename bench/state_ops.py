@@ -67,6 +67,58 @@ async def op_cost(store, ep: Endpoint, n: int) -> tuple[float, float]:
     return slot, pin
 
 
+HOST = """
+import asyncio, sys
+from nomyo_router.domain import Endpoint
+from nomyo_router.routing.policies import LeastBusy
+from nomyo_router.state import SharedStore
+async def main():
+    s = SharedStore(sys.argv[1], [Endpoint(name="e", url="http://127.0.0.1:1", slots=1)], 1000, 600, 1000, LeastBusy())
+    await s.start()
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+def cpu_of(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def waits_cost(n: int) -> None:
+    """A request that must wait: the host's CPU per wait (it queues the request, takes the
+    slot when the holder gives it back, answers) and the round trip, with the host in its
+    own process and a 1-slot endpoint that two tasks of one worker take turns on."""
+    base = os.path.join(tempfile.mkdtemp(), "bench")
+    host = subprocess.Popen([sys.executable, "-c", HOST, base])
+    try:
+        await asyncio.sleep(1.0)
+        ep = Endpoint(name="e", url="http://127.0.0.1:1", slots=1)
+        worker = SharedStore(base, [ep], 1000, 600, 1000, LeastBusy())
+        await worker.start()
+        choose = lambda free: free[0]  # noqa: E731
+        lease = await worker.acquire("m", [ep], choose, 5.0)
+
+        async def other() -> None:
+            nonlocal lease
+            for _ in range(n):
+                nxt = asyncio.create_task(worker.acquire("m", [ep], choose, 5.0))
+                await asyncio.sleep(0)  # it finds the slot taken and asks the host
+                lease.release()
+                lease = await nxt
+
+        c0, w0, t0 = cpu_of(host.pid), time.process_time(), time.perf_counter()
+        await other()
+        wall = (time.perf_counter() - t0) / n * 1e6
+        print(f"  a request that waits (embedded): host CPU {(cpu_of(host.pid) - c0) / n * 1e6:.1f} µs, "
+              f"worker CPU {(time.process_time() - w0) / n * 1e6:.1f} µs, {wall:.0f} µs from release to grant")
+        lease.release()
+        await worker.close()
+    finally:
+        host.kill()
+
+
 async def costs(n: int, redis_url: str) -> None:
     cfg = parse_config({"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 4}],
                         "state": redis_url})
@@ -108,6 +160,7 @@ def main() -> None:
     redis_proc, redis_url = start_redis()
     try:
         asyncio.run(costs(args.ops, redis_url))
+        asyncio.run(waits_cost(args.ops))
         print("router req/s, zero-delay mock, non-stream, c=32 (wrk):")
         with mock_process() as m:
             for workers in (1, 2):
