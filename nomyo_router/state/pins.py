@@ -8,7 +8,7 @@ nor the lookup crosses a socket.
 Layout: a header (magic, entries, pins in use) and `entries` records of 32 bytes:
 16-byte key digest, expiry (float64, monotonic clock: the same for every process of one
 host), endpoint column (int32, the slot table's). A key lives in the 8 records from its
-hash on; a new key takes a free or expired one there, else the one idle longest — so the
+hash on; a new key takes a free one there, else the one idle longest (expired or not) — so the
 table is an LRU per neighbourhood, bounded by `affinity_max_pins` (entries = the next
 power of two at least 1.25× that). Pages are touched only as pins arrive.
 """
@@ -30,6 +30,7 @@ PROBE = 8
 _HEAD = struct.Struct("8sqq")  # magic, entries, in use
 _REC = struct.Struct("16sdi4x")
 _EMPTY = bytes(16)
+_WINDOW = PROBE * _REC.size
 
 
 class PinTable:
@@ -55,11 +56,19 @@ class PinTable:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def _slots(self, key: str) -> tuple[bytes, int]:
+        """(digest, offset of the first of its records). The last neighbourhood would wrap
+        around the end, so it starts PROBE records earlier instead."""
         digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
-        return digest, int.from_bytes(digest[:8], "little") & (self.entries - 1)
+        first = min(int.from_bytes(digest[:8], "little") & (self.entries - 1), self.entries - PROBE)
+        return digest, _HEAD.size + first * _REC.size
 
-    def _at(self, i: int) -> int:
-        return _HEAD.size + (i & (self.entries - 1)) * _REC.size
+    def _locate(self, digest: bytes, at0: int) -> int:
+        """The offset of `digest`'s record in the neighbourhood at `at0`, or -1 (locked)."""
+        window = self._map[at0:at0 + _WINDOW]
+        i = window.find(digest)
+        while i > 0 and i % _REC.size:  # (16 random bytes across two records: never, but exact)
+            i = window.find(digest, i + 1)
+        return -1 if i < 0 else at0 + i
 
     def _used(self, delta: int) -> None:
         _, entries, used = _HEAD.unpack_from(self._map, 0)
@@ -72,18 +81,17 @@ class PinTable:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             for key in keys:
-                digest, start = self._slots(key)
-                for i in range(start, start + PROBE):
-                    at = self._at(i)
-                    d, expiry, col = _REC.unpack_from(m, at)
-                    if d != digest:
-                        continue
-                    if expiry < now:
-                        _REC.pack_into(m, at, _EMPTY, 0.0, 0)
-                        self._used(-1)
-                        break
-                    _REC.pack_into(m, at, digest, now + self.ttl, col)
-                    return key, self._name_of(col)
+                digest, at0 = self._slots(key)
+                at = self._locate(digest, at0)
+                if at < 0:
+                    continue
+                _, expiry, col = _REC.unpack_from(m, at)
+                if expiry < now:
+                    _REC.pack_into(m, at, _EMPTY, 0.0, 0)
+                    self._used(-1)
+                    continue
+                _REC.pack_into(m, at, digest, now + self.ttl, col)
+                return key, self._name_of(col)
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         return None
@@ -91,46 +99,31 @@ class PinTable:
     def set(self, key: str, endpoint: str) -> None:
         col = self._column(endpoint)
         now = time.monotonic()
-        digest, start = self._slots(key)
+        digest, at0 = self._slots(key)
         m = self._map
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
-            same = free = oldest_at = None
-            free_was_empty = False
-            oldest = 0.0
-            for i in range(start, start + PROBE):
-                at = self._at(i)
-                d, expiry, _ = _REC.unpack_from(m, at)
-                if d == digest:
-                    same = at
-                    break
-                if free is None and (d == _EMPTY or expiry < now):
-                    free, free_was_empty = at, d == _EMPTY
-                elif oldest_at is None or expiry < oldest:
-                    oldest, oldest_at = expiry, at
-            if same is not None:
-                at = same
-            elif free is not None:
-                at = free
-                if free_was_empty:
-                    self._used(1)  # (an expired one was counted already)
-            else:
-                at = oldest_at  # the neighbourhood is full: the pin idle longest goes
+            at = self._locate(digest, at0)
+            if at < 0:  # a free record, else an expired one, else the one idle longest
+                recs = list(_REC.iter_unpack(m[at0:at0 + _WINDOW]))
+                i = next((i for i, r in enumerate(recs) if r[0] == _EMPTY), -1)
+                if i >= 0:
+                    self._used(1)
+                else:
+                    i = min(range(PROBE), key=lambda j: recs[j][1])  # (an expired one is counted)
+                at = at0 + i * _REC.size
             _REC.pack_into(m, at, digest, now + self.ttl, col)
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def drop(self, key: str) -> None:
-        digest, start = self._slots(key)
-        m = self._map
+        digest, at0 = self._slots(key)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
-            for i in range(start, start + PROBE):
-                at = self._at(i)
-                if _REC.unpack_from(m, at)[0] == digest:
-                    _REC.pack_into(m, at, _EMPTY, 0.0, 0)
-                    self._used(-1)
-                    return
+            at = self._locate(digest, at0)
+            if at >= 0:
+                _REC.pack_into(self._map, at, _EMPTY, 0.0, 0)
+                self._used(-1)
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
