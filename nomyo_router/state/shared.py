@@ -36,7 +36,7 @@ class SharedStore(StateStore):
                  max_pins: int, policy: Policy) -> None:
         self.lock_path, self.sock_path = base + ".lock", base + ".sock"
         self.endpoints = {e.name: e for e in endpoints}
-        self._store_args = (max_queue, pin_ttl, max_pins)
+        self._max_queue = max_queue
         self._policy = policy
         self._lock_fd: int | None = None
         self._coordinator: Coordinator | None = None
@@ -76,7 +76,7 @@ class SharedStore(StateStore):
         takeover = os.path.exists(self.sock_path)  # a clean shutdown removes it; a crash does not
         if takeover:
             os.unlink(self.sock_path)
-        store = TableStore(self._table, self._pins, self._store_args[0])
+        store = TableStore(self._table, self._pins, self._max_queue)
         self._coordinator = Coordinator(store, list(self.endpoints.values()), self._policy)
         await self._coordinator.start(self.sock_path, takeover)
         os.chmod(self.sock_path, 0o600)  # (the directory is 0700 already; this is the second lock)
@@ -96,7 +96,7 @@ class SharedStore(StateStore):
                 await asyncio.sleep(0.05)  # a host is being elected; only at start or failover
         self._reader = reader
         self._writer = writer
-        self._out.clear()  # (what the old host never got is lost with it: pins, usage)
+        self._out.clear()  # (what the old host never got is lost with it)
         self._send({"op": "hello", "row": self._table.row, "pid": os.getpid()})
         for name in self._unhealthy:
             self._send({"op": "health", "ep": name, "ok": False})
