@@ -149,14 +149,18 @@ def _served(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def run_nomyo(mock: str, core: int | None, workers: int = 1) -> Iterator[Peer]:
+def run_nomyo(mock: str, core: int | None, workers: int = 1, shared: bool = False) -> Iterator[Peer]:
+    """`shared`: one worker exactly as each of N (the shared store, multiprocess metrics)."""
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump({"endpoints": [{"url": mock, "name": "mock", "max_concurrent": 4096}],
-                        "max_queue": 100_000}, f)
+                        "max_queue": 100_000, **({"state": "shared"} if shared else {})}, f)
     port = free_port()
+    env = dict(os.environ)
+    if shared:
+        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="nomyo-metrics-")
     proc = _spawn([sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
-                   "--workers", str(workers), "--log-level", "warning"], core)
+                   "--workers", str(workers), "--log-level", "warning"], core, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", 30, proc)
@@ -168,8 +172,8 @@ def run_nomyo(mock: str, core: int | None, workers: int = 1) -> Iterator[Peer]:
 
 
 @contextmanager
-def _nomyo_at(mock: str, core: int | None, workers: int) -> Iterator[tuple[str, int]]:
-    with run_nomyo(mock, core, workers) as peer:
+def _nomyo_at(mock: str, core: int | None, workers: int, shared: bool = False) -> Iterator[tuple[str, int]]:
+    with run_nomyo(mock, core, workers, shared) as peer:
         yield peer.url, peer.pid
 
 
@@ -327,7 +331,8 @@ def main() -> None:
         time.sleep(1.0)
         idle = {pe.name: rss_mb(pe.pid) for pe in peers}
         scaled = scaling.measure(mock, [int(x) for x in args.scaling.split(",")], 32, args.seconds, args.reps,
-                                 lambda m, n: _nomyo_at(m, core, n)) if args.scaling and "nomyo" in wanted else []
+                                 lambda m, n, shared=False: _nomyo_at(m, core, n, shared)) \
+            if args.scaling and "nomyo" in wanted else []
         results: dict[tuple[str, str], list[dict[str, float]]] = {}
         order: list[Peer | None] = [None, *peers]
         for rep in range(args.reps):

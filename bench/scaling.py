@@ -3,24 +3,26 @@
     python bench/scaling.py [--workers 1,2,4] [--seconds 4] [--reps 3] [--conc 32]
 
 A 2-core machine cannot give N workers a core each *and* run the mock and the load
-generator, so this measures what decides scaling and projects from it:
+generator, so this measures what decides scaling and projects from it. The router runs on
+core 0 (`taskset -c 0`), the zero-delay mock, wrk and this script on core 1; non-stream chat
+at `--conc`; CPU = utime+stime of the router's worker processes (from /proc) over the
+requests they answered (wrk tallies the `X-Router-Worker` header of every answer).
 
-  * every worker of the router on core 0 (`taskset -c 0`), the zero-delay mock, wrk and
-    this script on core 1; non-stream chat at `--conc`;
-  * per worker: its CPU (utime+stime from /proc) and the requests it answered (wrk tallies
-    the `X-Router-Worker` header of every answer), so its CPU per request `c`;
-  * the host's extra CPU per operation `h`: the hosting worker's CPU beyond what its own
-    requests cost at the other workers' `c`, over all requests of the run;
-  * projected req/s with a core per worker and the load spread evenly:
-    R(N) = N / (c + N·h) — each worker's core serves its share, the host's also serves
-    everybody's messages — and the host's own ceiling 1 / h.
-The scaling printed is R(N) against one worker's 1 / c. It is a benchmark, not a test.
+  * one worker with in-process state: CPU per request c1;
+  * one worker set up exactly as each worker of N (`state: shared`, prometheus-client's
+    multiprocess metrics): CPU per request cN — the per-request cost a worker pays for
+    sharing (the slot table, the pin table, shared metrics);
+  * with a core each, N workers serve N / cN req/s: while slots are free no request sends
+    the host a message (`bench/state_ops.py` measures the host's CPU for a request that
+    must wait), so nothing else grows with N. Scaling = N × c1 / cN;
+  * for reference, N workers measured together on core 0: they time-share it, and each
+    sees 1/N of the connections, so fewer requests per event-loop turn.
+It is a benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
@@ -65,17 +67,6 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def host_pid(master: int) -> int | None:
-    """The hosting worker, from the state lock file (`<state dir>/<master pid>-<hash>.lock`)."""
-    from nomyo_router.state import private
-    for path in glob.glob(os.path.join(private.state_dir(), f"{master}-*.lock")):
-        try:
-            return int(open(path).read().strip() or 0) or None
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def tallied_wrk(url: str, conc: int, seconds: float) -> tuple[float, dict[int, int]]:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(TALLY % BODY.replace("'", "\\'"))
@@ -95,50 +86,47 @@ def run_once(url: str, master: int, conc: int, seconds: float) -> dict[str, Any]
     pids = [master] + _children(master)  # one worker: the master serves itself
     before = {p: cpu_of(p) for p in pids}
     rps, tally = tallied_wrk(url, conc, seconds)
-    cpu = {p: cpu_of(p) - before[p] for p in pids if p in tally}
+    cpu = sum(cpu_of(p) - before[p] for p in pids if p in tally)
     total = sum(tally.values())
-    host = host_pid(master) if len(tally) > 1 else None
-    per_req = {p: cpu[p] / tally[p] for p in cpu if tally[p]}
-    others = [per_req[p] for p in per_req if p != host]
-    c = statistics.mean(others) if others else float("nan")
-    h = max(0.0, (cpu[host] - tally[host] * c) / total) if host in cpu and others else 0.0
-    return {"rps": rps, "requests": total, "c_us": c * 1e6, "h_us": h * 1e6,
-            "cpu_us_per_req": sum(cpu.values()) / total * 1e6 if total else float("nan"),
-            "workers": len(tally), "host": host}
+    return {"rps": rps, "cpu_us_per_req": cpu / total * 1e6 if total else float("nan"), "workers": len(tally)}
+
+
+def _runs(spawn, conc: int, seconds: float, reps: int) -> dict[str, Any]:
+    with spawn as (url, master):
+        time.sleep(1.0)
+        tallied_wrk(url + PATH, conc, 1)  # warm every worker's pool
+        runs = [run_once(url + PATH, master, conc, seconds) for _ in range(reps)]
+    return {k: statistics.median(r[k] for r in runs) for k in ("rps", "cpu_us_per_req")}
 
 
 def measure(mock_url: str, workers: list[int], conc: int, seconds: float, reps: int,
             spawn) -> list[dict[str, Any]]:
-    """`spawn(mock_url, workers)`: a context manager yielding (base url, master pid) of a router."""
-    rows = []
-    for n in workers:
-        with spawn(mock_url, n) as (url, master):
-            time.sleep(1.0)
-            tallied_wrk(url + PATH, conc, 1)  # warm every worker's pool
-            runs = [run_once(url + PATH, master, conc, seconds) for _ in range(reps)]
-        row = {k: statistics.median(r[k] for r in runs) for k in ("rps", "c_us", "h_us", "cpu_us_per_req")}
-        row["n"] = n
-        row["served_by"] = max(r["workers"] for r in runs)
-        rows.append(row)
-    one = next((r for r in rows if r["n"] == 1), None)
-    for r in rows:
-        c, h = r["c_us"] / 1e6, r["h_us"] / 1e6
-        r["projected_rps"] = r["n"] / (c + r["n"] * h)
-        r["host_ceiling_rps"] = 1 / h if h else float("inf")
-        r["scaling"] = r["projected_rps"] * one["c_us"] / 1e6 if one else float("nan")
+    """`spawn(mock_url, workers, shared=False)`: a context manager yielding (base url, master
+    pid) of a router; `shared`: one worker set up exactly as each of N."""
+    one = _runs(spawn(mock_url, 1), conc, seconds, reps)
+    each = _runs(spawn(mock_url, 1, shared=True), conc, seconds, reps)
+    c1, cs = one["cpu_us_per_req"], each["cpu_us_per_req"]
+    rows = [{"label": "1 worker (in-process state)", "rps": one["rps"], "cpu": c1, "projected": 1e6 / c1,
+             "scaling": 1.0},
+            {"label": "1 worker set up as one of N (shared store, multiprocess metrics)", "rps": each["rps"],
+             "cpu": cs, "projected": None, "scaling": None}]
+    for n in (w for w in workers if w > 1):
+        together = _runs(spawn(mock_url, n), conc, seconds, reps)
+        rows.append({"label": f"{n} workers, a core each (projected: {n} / CPU per request of one of N)",
+                     "rps": None, "cpu": cs, "projected": n * 1e6 / cs, "scaling": n * c1 / cs})
+        rows.append({"label": f"{n} workers sharing core 0 (measured)", "rps": together["rps"],
+                     "cpu": together["cpu_us_per_req"], "projected": None, "scaling": None})
     return rows
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| workers | measured req/s (all on core 0) | CPU/req per worker | host CPU per op | "
-          "projected req/s, a core each | host ceiling | scaling vs 1 worker |")
-    print("|---|---|---|---|---|---|---|")
+    print("| router | req/s on core 0 | CPU/req | req/s with a core per worker | scaling |")
+    print("|---|---|---|---|---|")
     for r in rows:
-        ceiling = "–" if r["n"] == 1 else (f"{r['host_ceiling_rps']:,.0f} req/s"
-                                           if r["host_ceiling_rps"] != float("inf") else "∞")
-        host = "–" if r["n"] == 1 else f"{r['h_us']:.1f} µs"
-        print(f"| {r['n']} | {r['rps']:,.0f} | {r['c_us']:.0f} µs | {host} | {r['projected_rps']:,.0f} | "
-              f"{ceiling} | {r['scaling']:.2f}× |")
+        rps = "–" if r["rps"] is None else f"{r['rps']:,.0f}"
+        proj = "–" if r["projected"] is None else f"{r['projected']:,.0f}"
+        scale = "–" if r["scaling"] is None else f"{r['scaling']:.2f}×"
+        print(f"| {r['label']} | {rps} | {r['cpu']:.0f} µs | {proj} | {scale} |")
 
 
 def main() -> None:
@@ -155,7 +143,7 @@ def main() -> None:
     cfg = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=8, parallel=100_000, max_queue=100_000)
     with mock_process(cfg) as m:
         rows = measure(m.url, [int(x) for x in args.workers.split(",")], args.conc, args.seconds, args.reps,
-                       lambda url, n: _nomyo_at(url, 0, n))
+                       lambda url, n, shared=False: _nomyo_at(url, 0, n, shared))
     print(f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs at c={args.conc}; router on core 0, mock+wrk on core 1")
     print_table(rows)
 
