@@ -58,8 +58,15 @@ class PinTable:
     def _slots(self, key: str) -> tuple[bytes, int]:
         """(digest, offset of the first of its records). The last neighbourhood would wrap
         around the end, so it starts PROBE records earlier instead."""
-        digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
-        first = min(int.from_bytes(digest[:8], "little") & (self.entries - 1), self.entries - PROBE)
+        try:  # the router's keys end in a 128-bit hex digest already (routing/affinity.py)
+            digest = bytes.fromhex(key[-32:]) if len(key) >= 32 else b""
+        except ValueError:
+            digest = b""
+        if len(digest) != 16:
+            digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+        first = int.from_bytes(digest[:8], "little") & (self.entries - 1)
+        if first > self.entries - PROBE:
+            first = self.entries - PROBE
         return digest, _HEAD.size + first * _REC.size
 
     def _locate(self, digest: bytes, at0: int) -> int:

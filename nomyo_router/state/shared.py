@@ -169,8 +169,14 @@ class SharedStore(StateStore):
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
                       timeout: float, order: int | None = None, pin: str | None = None) -> Lease:
         table = self._table
-        if not table.waiting():  # nobody waits at the host: take a free slot right here
-            unhealthy = self._unhealthy
+        unhealthy = self._unhealthy
+        if len(candidates) == 1:  # (the common case: straight to the locked check)
+            ep = candidates[0]
+            if ep.name not in unhealthy and table.try_take(ep.name, ep.slots, fast=True):
+                if pin is not None:
+                    self._pins.set(pin, ep.name)
+                return Lease(self, ep)
+        elif not table.waiting():  # nobody waits at the host: take a free slot right here
             free = [e for e in candidates if e.name not in unhealthy and not table.unhealthy(e.name)
                     and table.in_flight(e.name) < e.slots]
             while free:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import fcntl
 import mmap
+from fcntl import LOCK_EX, LOCK_UN, flock
 import os
 import struct
 from . import private
@@ -219,32 +220,37 @@ class SlotTable:
     def try_take(self, name: str, slots: int, row: int | None = None, fast: bool = False) -> bool:
         """Take a slot on `name` for `row` (default: ours) if one is free. `fast`: only while
         nobody waits at the host (a new request must not pass a waiting one)."""
-        c = self.column(name)
+        c = self._columns.get(name)
+        if c is None:
+            c = self.column(name)
         at = c * ROWS
         held = self._held
-        self._lock()
+        flock(self.fd, LOCK_EX)
         try:
-            rows = self._rows
-            if fast and sum(self._waiting[:rows]):
+            rows = self._meta[2]
+            if fast and any(self._waiting[:rows]):
                 return False
             if self._unhealthy[c] or sum(held[at:at + rows]) >= slots:
                 return False
             held[at + (self.row if row is None else row)] += 1
             return True
         finally:
-            self._unlock()
+            flock(self.fd, LOCK_UN)
 
     def give_back(self, name: str, row: int | None = None) -> bool:
         """Give back one slot of `row` (default: ours). True when somebody waits at the host
         (the caller then tells the host to hand the slot on)."""
-        at = self.column(name) * ROWS + (self.row if row is None else row)
-        self._lock()
+        c = self._columns.get(name)
+        if c is None:
+            c = self.column(name)
+        at = c * ROWS + (self.row if row is None else row)
+        flock(self.fd, LOCK_EX)
         try:
             if self._held[at] > 0:
                 self._held[at] -= 1
-            return sum(self._waiting[:self._rows]) > 0
+            return any(self._waiting[:self._meta[2]])
         finally:
-            self._unlock()
+            flock(self.fd, LOCK_UN)
 
     def wait_begin(self) -> None:
         """Count one of our requests as waiting at the host: from now on no new request takes
