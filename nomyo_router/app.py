@@ -93,6 +93,7 @@ class Router:
 
     async def close(self) -> None:
         reload.uninstall()
+        self.metrics.flush()  # (under several workers, counts wait up to 20 ms to be handed on)
         for task in self.kv_tasks:
             task.cancel()
         if self.discovery:
