@@ -3,8 +3,9 @@
     python bench/state_ops.py [--ops 5000] [--seconds 4]
 
 1. Per-request cost of state operations (acquire + release, and the affinity pin lookup
-   and pin write) for the in-memory, embedded (shared, Unix socket) and Redis stores,
-   measured in one process with no contention.
+   and pin write) for the in-memory, embedded (shared memory; the host in-process and a
+   second worker) and Redis stores, measured in one process with no contention; and for
+   the embedded store, the cost of a request that must wait (host and worker CPU).
 2. Router req/s with 1 and with 2 workers (wrk, zero-delay mock, non-stream, c=32).
 3. The maximum in-flight a backend with 2 slots sees under 20x oversubscription (40
    concurrent clients), with 4 workers (embedded store) and with 2 instances (Redis).
@@ -132,8 +133,8 @@ async def costs(n: int, redis_url: str) -> None:
         "embedded, worker": SharedStore(base, [ep], 1000, 600, 1000, LeastBusy()),
         "redis": RedisStore(redis_url, [ep], cfg, LeastBusy()),
     }
-    print("per-request state cost (one process, no contention; a free slot: the shared store's")
-    print("worker takes it in the shared-memory table, only a pin lookup crosses the socket):")
+    print("per-request state cost (one process, no contention; the shared store's worker takes a")
+    print("free slot, writes and finds pins in shared-memory tables: no message to the host):")
     for name, store in stores.items():
         if store is not host:
             await store.start()
