@@ -41,7 +41,7 @@ from common import MockConfig, MockProcess, router_process  # noqa: E402
 SLOTS = 4
 MOCKS = 4
 USERS = MOCKS * SLOTS
-KV_TOKENS = 24_000
+KV_TOKENS = 36_000
 PREFIX_TOKENS = 6_000
 DOC_TOKENS = 4_000
 GROUPS = 8
@@ -198,13 +198,15 @@ def main() -> None:
     p.add_argument("--policies", default="least_busy,affinity,sglang,cache_aware",
                    help=f"of {', '.join(POLICIES)}")
     p.add_argument("--workers", default="1", help="router workers, e.g. 1,4")
-    p.add_argument("--router-kv-tokens", type=int, default=KV_TOKENS,
-                   help="kv_cache_tokens the router is told per endpoint")
+    p.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="each mock's KV cache, in tokens")
+    p.add_argument("--router-kv-tokens", type=int, default=None,
+                   help="kv_cache_tokens the router is told per endpoint (default: --kv-tokens)")
     p.add_argument("--users", type=int, default=USERS, help=f"closed-loop users (default {USERS} = all slots)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     cfg = MockConfig(models=["llama3"], ttft_ms=20.0, tokens=32, tok_ms=3.0, parallel=SLOTS,
-                     prefill_ms_per_1k_tokens=25.0, kv_cache_tokens=KV_TOKENS)
+                     prefill_ms_per_1k_tokens=25.0, kv_cache_tokens=args.kv_tokens)
+    router_kv = args.kv_tokens if args.router_kv_tokens is None else args.router_kv_tokens
     mocks = [MockProcess(cfg).start() for _ in range(MOCKS)]
     rows = []
     try:
@@ -213,7 +215,7 @@ def main() -> None:
         for kind in args.workloads.split(","):
             for workers in [int(w) for w in args.workers.split(",")]:
                 for policy in args.policies.split(","):
-                    r = run_one(mocks, policy, kind, args.requests, args.warmup, workers, args.router_kv_tokens, args.users)
+                    r = run_one(mocks, policy, kind, args.requests, args.warmup, workers, router_kv, args.users)
                     rows.append(r)
                     print(f"{kind:8} {policy:12} {workers:>2} {r['ttft_mean_ms']:7.1f}ms {r['ttft_p50_ms']:5.1f}ms "
                           f"{r['ttft_p90_ms']:5.1f}ms {r['rps']:6.1f} {r['kv_hit']:6.1%} {r['imbalance']:7.2f}  "

@@ -73,14 +73,14 @@ def test_cost_policy_follows_the_cache_until_waiting_costs_more_than_prefill():
     pol.routed(first, b)
     ctx = chat_ctx(SYSTEM, "another user's question")
     load = {"e0": 0, "e1": 1, "e2": 0}
-    target, wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
-    assert (target, wait) == (b, 0.0) and ctx.cached_tokens > 2000
+    targets, wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
+    assert (targets, wait) == ([b], 0.0) and ctx.cached_tokens > 2000
     # b is full and one request waits for it (~0.5 s each at the 1 s prior hold): still worth it
     load["e1"] = 2
-    target, wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
-    assert target is b and 1.0 < wait < 1.25  # worth waiting while wait + its prefill < 1.2 s
+    targets, wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
+    assert targets == [b] and 1.0 < wait < 1.25  # worth waiting while wait + its prefill < 1.2 s
     load["e1"] = 6  # a long queue: prefilling elsewhere is faster, the prefix replicates
-    target, wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
+    (target,), wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
     assert target in (a, c) and wait == 0.0
     # unique prompts: nothing to gain, the store's least-busy choice decides
     assert pol.pick(chat_ctx("x" * 5000, "u"), [a, b, c], lambda e: load[e.name]) is None
@@ -105,17 +105,17 @@ def test_sglang_reference_thresholds():
     pol = SGLangCacheAware(cache_threshold=0.5, balance_abs_threshold=4, balance_rel_threshold=1.5)
     ctx = chat_ctx(SYSTEM, "q1")
     load = {"e0": 0, "e1": 0}
-    first, _ = pol.pick(ctx, [a, b], lambda e: load[e.name])
+    (first,), _ = pol.pick(ctx, [a, b], lambda e: load[e.name])
     assert first is a  # a miss goes to the smallest tree (both empty: the first)
     pol.routed(ctx, a)
     ctx2 = chat_ctx(SYSTEM, "q2")
-    assert pol.pick(ctx2, [a, b], lambda e: load[e.name])[0] is a  # match rate > threshold
+    assert pol.pick(ctx2, [a, b], lambda e: load[e.name])[0] == [a]  # match rate > threshold
     load = {"e0": 3, "e1": 0}
-    assert pol.pick(ctx2, [a, b], lambda e: load[e.name])[0] is a  # below abs threshold: still a
+    assert pol.pick(ctx2, [a, b], lambda e: load[e.name])[0] == [a]  # below abs threshold: still a
     load = {"e0": 9, "e1": 2}
-    assert pol.pick(ctx2, [a, b], lambda e: load[e.name])[0] is b  # imbalanced: least loaded
+    assert pol.pick(ctx2, [a, b], lambda e: load[e.name])[0] == [b]  # imbalanced: least loaded
     other = chat_ctx("z" * 9000, "q")
-    assert pol.pick(other, [a, b], lambda e: {"e0": 0, "e1": 0}[e.name])[0] is b  # smaller tree
+    assert pol.pick(other, [a, b], lambda e: {"e0": 0, "e1": 0}[e.name])[0] == [b]  # smaller tree
 
 
 def test_config_routing_and_endpoint_cache_keys():

@@ -12,7 +12,9 @@ block (~100 µs for a 32k-token prompt against ~500 µs for chained blake2b). A 
 needs a 32-bit collision at the same block position and only costs a worse route.
 
 Each endpoint keeps its blocks in LRU order, bounded by its KV cache size
-(`kv_cache_tokens`), so the index forgets what the backend has likely evicted. A
+(`kv_cache_tokens`), so the index forgets what the backend has likely evicted, and
+counts its shared blocks (sent more than once, or held by another endpoint too: prefixes,
+as opposed to requests' own tails): the room left for another prefix without evicting one. A
 reverse map (key -> bitmask of endpoints) answers "how long is the cached prefix of this
 prompt on every endpoint" in one walk of the prompt's keys, whatever the endpoint count.
 """
@@ -99,7 +101,8 @@ class PrefixIndex:
         self._capacity = {n: max(t // BLOCK_TOKENS, 0) for n, t in (capacity_tokens or {}).items()}
         self._bit: dict[str, int] = {}
         self._names: list[str] = []
-        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._lru: dict[str, OrderedDict[int, bool]] = {}  # key -> served more than once
+        self._hot: dict[str, int] = {}  # blocks served more than once, per endpoint
         self._owners: dict[int, int] = {}  # block key -> bitmask of endpoints holding it
         self.publish: Callable[[str, list[int]], None] | None = None
 
@@ -109,6 +112,7 @@ class PrefixIndex:
             bit = self._bit[endpoint] = 1 << len(self._names)
             self._names.append(endpoint)
             self._lru[endpoint] = OrderedDict()
+            self._hot[endpoint] = 0
         return bit
 
     def set_capacity(self, endpoint: str, tokens: int) -> None:
@@ -161,12 +165,21 @@ class PrefixIndex:
         cap = self.capacity_blocks(endpoint)
         if cap <= 0:
             return
+        reused = 0
         for key in keys:
-            if key in lru:
-                lru.move_to_end(key)
+            seen = lru.get(key)
+            if seen is None:
+                held = owners.get(key, 0)
+                owners[key] = held | bit
+                lru[key] = held != 0  # held elsewhere too: a shared prefix, not a tail
+                reused += held != 0
             else:
-                lru[key] = None
-                owners[key] = owners.get(key, 0) | bit
+                if not seen:
+                    lru[key] = True
+                    reused += 1
+                lru.move_to_end(key)
+        if reused:
+            self._hot[endpoint] += reused
         self.evict(endpoint, len(lru) - cap)
 
     def evict(self, endpoint: str, blocks: int) -> None:
@@ -175,13 +188,16 @@ class PrefixIndex:
         if not lru or blocks <= 0:
             return
         bit, owners = self._bit[endpoint], self._owners
+        hot = 0
         for _ in range(min(blocks, len(lru))):
-            key, _ = lru.popitem(last=False)
+            key, reused = lru.popitem(last=False)
+            hot += reused
             left = owners.get(key, 0) & ~bit
             if left:
                 owners[key] = left
             else:
                 owners.pop(key, None)
+        self._hot[endpoint] -= hot
 
     def remove(self, endpoint: str, keys: Iterable[int]) -> None:
         lru = self._lru.get(endpoint)
@@ -189,7 +205,9 @@ class PrefixIndex:
             return
         bit, owners = self._bit[endpoint], self._owners
         for key in keys:
-            if lru.pop(key, 1) is None:
+            reused = lru.pop(key, None)
+            if reused is not None:
+                self._hot[endpoint] -= reused
                 left = owners.get(key, 0) & ~bit
                 if left:
                     owners[key] = left
@@ -204,3 +222,9 @@ class PrefixIndex:
     def blocks(self, endpoint: str) -> int:
         lru = self._lru.get(endpoint)
         return len(lru) if lru else 0
+
+    def shared_blocks(self, endpoint: str) -> int:
+        """Blocks `endpoint` was sent more than once, or that another endpoint holds too:
+        shared prefixes, as opposed to one request's own tail, which only takes room until
+        the LRU drops it."""
+        return self._hot.get(endpoint, 0)

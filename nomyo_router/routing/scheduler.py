@@ -28,7 +28,7 @@ class Scheduler:
         self._pick = getattr(policy, "pick", None)
         self._routed = getattr(policy, "routed", None)
         self._observe = getattr(policy, "observe", None)
-        self._waiting: Counter[str] = Counter()  # requests waiting for one endpoint (picked)
+        self._waiting: Counter[str] = Counter()  # requests waiting for these endpoints (picked)
         self.reindex()
 
     def set_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
@@ -52,9 +52,10 @@ class Scheduler:
         """How many endpoints serve `model` (healthy or not)."""
         return len(self._by_model.get(model, ()))
 
-    def load(self, ep: Endpoint) -> int:
-        """Requests holding a slot on `ep` or waiting for it in particular."""
-        return self.store.in_flight(ep) + self._waiting[ep.name]
+    def load(self, ep: Endpoint) -> float:
+        """Requests holding a slot on `ep` or waiting for it in particular (one waiting for
+        any of k endpoints counts 1/k on each)."""
+        return self.store.in_flight(ep) + round(self._waiting[ep.name], 6)
 
     def observe(self, ctx: RouteContext, ep: Endpoint, first_s: float | None, held_s: float) -> None:
         if self._observe is not None:
@@ -111,17 +112,21 @@ class Scheduler:
             healthy = [e for e in candidates if store.is_healthy(e)]
             picked = self._pick(ctx, healthy, self.load) if healthy else None
             if picked is not None:
-                target, wait = picked
-                self._waiting[target.name] += 1
+                targets, wait = picked
+                share = 1.0 / len(targets)  # one request, waiting for any of them
+                waiting = self._waiting
+                for t in targets:
+                    waiting[t.name] += share
                 try:
-                    lease = await store.acquire(ctx.model, [target], choose,
+                    lease = await store.acquire(ctx.model, targets, choose,
                                                 min(wait, self.queue_timeout), order, pin)
                 except QueueTimeout as e:
                     order = e.order  # waited for it in vain: keep the place for the common queue
                 except (QueueFull, NoEndpoint):
                     pass
                 finally:
-                    self._waiting[target.name] -= 1
+                    for t in targets:
+                        waiting[t.name] -= share
         if lease is None:
             lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order, pin)
         if self._routed is not None and ctx.prompt is not None:

@@ -1,9 +1,10 @@
 """The policy interface: pick one endpoint among those with a free slot. Synchronous, no I/O.
 
 A policy may also implement, all optional:
-- `pick(ctx, candidates, load) -> (endpoint, wait_s) | None`: asked *before* the store, so
-  it can decide to wait up to `wait_s` for an endpoint that is full (its cache is worth
-  it) instead of taking any free slot. None: let the store pick among free slots.
+- `pick(ctx, candidates, load) -> (endpoints, wait_s) | None`: asked *before* the store, so
+  it can decide to wait up to `wait_s` for a slot on any of `endpoints` when they are full
+  (their cache is worth it) instead of taking any free slot. None: let the store pick
+  among free slots.
 - `routed(ctx, endpoint)`: the request got a slot there (learn where prefixes live).
 - `observe(ctx, endpoint, first_s, held_s)`: the backend's time to first byte (streams,
   else None) and how long the request held its slot.

@@ -35,6 +35,7 @@ TIE_S = 0.005
 DECAY = 0.995  # the fit forgets with a half-life of ~140 samples
 MIN_SAMPLES = 8
 MIN_SPREAD_TOKENS = 128.0  # a fit needs samples with and without cache hits
+REPLICA_SLACK = 0.125  # a replica must leave this share of the cache for requests' own tails
 
 
 class _Fit:
@@ -78,6 +79,7 @@ class CacheAware:
         self._all_whole = _Fit()
         self._hold: dict[str, float] = {}
         self._placed: dict[str, float] = {}  # recent new prompts placed per endpoint (decayed)
+        self._debt: dict[int, float] = {}  # prefix key -> expected waits for its full homes
 
     # ---- the learned model ---------------------------------------------------------
     def rate(self, endpoint: str) -> float:
@@ -143,7 +145,7 @@ class CacheAware:
         return out
 
     def pick(self, ctx: RouteContext, candidates: Sequence[Endpoint],
-             load: Callable[[Endpoint], int]) -> tuple[Endpoint, float] | None:
+             load: Callable[[Endpoint], int]) -> tuple[list[Endpoint], float] | None:
         matched = self._matched(ctx, candidates)
         if not matched:
             return None  # nothing cached anywhere: the store's least-busy choice is ours
@@ -151,16 +153,52 @@ class CacheAware:
         _, best, cost, prefill = ranked[0]
         if load(best) < best.slots:
             ctx.cached_tokens = matched.get(best.name, 0)
-            return best, 0.0
-        others = ranked[1:]
+            return [best], 0.0
+        # The cheapest is full. Its homes: every endpoint holding as much of the prompt
+        # (as cheap to prefill); the request waits for whichever frees a slot first.
+        home_prefill = min(r[3] for r in ranked)
+        homes = [r for r in ranked if r[3] <= home_prefill + TIE_S]
+        others = [r for r in ranked if r[3] > home_prefill + TIE_S]
         if not others:
-            return None
-        saving = min(r[3] for r in others) - prefill
-        if saving <= TIE_S:
-            return None  # waiting for it buys nothing: first free slot anywhere
-        ctx.cached_tokens = matched.get(best.name, 0)
-        # Worth waiting while the wait plus our prefill beats the best alternative.
-        return best, max(min(r[2] for r in others) - prefill, 0.0)
+            return None  # it is cached everywhere it could go: first free slot anywhere
+        alt = min(others, key=lambda r: r[2])
+        budget = alt[2] - home_prefill  # worth waiting while wait + prefill beats it
+        if budget <= TIE_S:
+            return None  # waiting buys nothing: first free slot anywhere
+        home_cost = min(r[2] for r in homes)
+        if self._replicate(ctx, homes, alt, home_cost - home_prefill, load):
+            ctx.cached_tokens = matched.get(alt[1].name, 0)
+            return [alt[1]], 0.0
+        ctx.cached_tokens = matched.get(homes[0][1].name, 0)
+        return [r[1] for r in homes], budget
+
+    def _replicate(self, ctx: RouteContext, homes: list, alt: tuple, wait: float,
+                   load: Callable[[Endpoint], int]) -> bool:
+        """Rent or buy: requests that wait for a prefix's full homes add their expected wait
+        to its debt; once the debt pays for one prefill elsewhere, the prefix gets another
+        home on a free endpoint whose cache has room for it without evicting a prefix in
+        use (2-competitive, like renting skis until the rent paid would have bought them).
+        A replica pays for itself only if the prefix keeps coming, which is what the debt
+        measures."""
+        target = alt[1]
+        if load(target) >= target.slots:
+            return False
+        p = ctx.prompt
+        shared = max(self.index.match(p.keys, [homes[0][1].name]).values())
+        if shared < 1:
+            return False
+        key = p.keys[shared - 1]  # names the whole shared prefix
+        cap = self.index.capacity_blocks(target.name)
+        room = cap - self.index.shared_blocks(target.name) - shared
+        if room < cap * REPLICA_SLACK:
+            return False  # it would push out a prefix in use there: keep waiting
+        debt = self._debt.pop(key, 0.0) + wait
+        if debt >= alt[3] - homes[0][3]:
+            return True
+        if len(self._debt) >= 4096:
+            self._debt.clear()
+        self._debt[key] = debt
+        return False
 
     def choose(self, ctx: RouteContext, free: Sequence[Endpoint],
                in_flight: Callable[[Endpoint], int]) -> Endpoint:

@@ -43,11 +43,11 @@ class SGLangCacheAware:
         self._rng = rng or random.Random()
 
     def pick(self, ctx: RouteContext, candidates: Sequence[Endpoint],
-             load: Callable[[Endpoint], int]) -> tuple[Endpoint, float] | None:
+             load: Callable[[Endpoint], int]) -> tuple[list[Endpoint], float] | None:
         loads = [load(e) for e in candidates]
         lo, hi = min(loads), max(loads)
         if hi - lo > self.abs and hi > lo * self.rel:
-            return candidates[loads.index(lo)], math.inf
+            return [candidates[loads.index(lo)]], math.inf
         p = ctx.prompt
         if p is not None and p.keys:
             matched = self.index.match(p.keys, [e.name for e in candidates])
@@ -55,10 +55,10 @@ class SGLangCacheAware:
             chars = p.tokens * CHARS_PER_TOKEN
             if best and best * BLOCK_CHARS / chars > self.cache_threshold:
                 owners = [e for e in candidates if matched[e.name] == best]
-                return self._rng.choice(owners), math.inf
+                return [self._rng.choice(owners)], math.inf
         # A miss: the worker with the smallest tree.
         sizes = [self.index.blocks(e.name) for e in candidates]
-        return candidates[sizes.index(min(sizes))], math.inf
+        return [candidates[sizes.index(min(sizes))]], math.inf
 
     def choose(self, ctx: RouteContext, free: Sequence[Endpoint],
                in_flight: Callable[[Endpoint], int]) -> Endpoint:
