@@ -4,7 +4,9 @@
                                   [--policies least_busy,affinity,sglang,cache_aware] [--workers 1]
 
 Four mocks, 4 slots each, with the simulated KV prefix cache sized so that not every
-prefix fits everywhere (each holds 24k tokens; the 8 shared 6k-token prefixes need 48k),
+prefix fits everywhere (each holds 36k tokens, `--kv-tokens`; the 8 shared 6k-token
+prefixes need 48k; 36k holds a quarter of them twice over, with room left for the
+requests' own tails),
 prefill cost on (25 ms per 1k uncached tokens, as bench/affinity.py), a closed loop of 16
 users (= all slots: near capacity). Workloads:
 

@@ -56,7 +56,7 @@ def main() -> None:
         for prompt in prompts:
             ctx = RouteContext("llama3:latest", "ollama", "chat", prompt=prompt)
             picked = pick(ctx, eps, lambda e: load[e.name]) if pick else None
-            ep = picked[0] if picked else policy.choose(ctx, eps, lambda e: load[e.name])
+            ep = picked[0][0] if picked else policy.choose(ctx, eps, lambda e: load[e.name])
             if routed:
                 routed(ctx, ep)
         us = (time.perf_counter() - t0) / args.n * 1e6

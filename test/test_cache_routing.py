@@ -268,3 +268,59 @@ def test_whole_answers_teach_the_rate_when_no_stream_is_seen():
         uncached = ctx.prompt.tokens - ctx.cached_tokens
         pol.observe(ctx, a, None, 0.3 + rng.uniform(0, 0.05) + 25e-6 * uncached)  # + decode noise
     assert pol.rate("e0") == pytest.approx(25e-6, rel=0.25)
+
+
+def test_index_counts_shared_blocks_apart_from_tails():
+    idx = PrefixIndex({"a": 100 * BLOCK_TOKENS, "b": 100 * BLOCK_TOKENS})
+    first = prompt_keys("m", "p" * (3 * BLOCK_CHARS) + "tail 1")
+    second = prompt_keys("m", "p" * (3 * BLOCK_CHARS) + "tail 2")
+    idx.insert("a", first.keys)
+    assert idx.shared_blocks("a") == 0  # sent once: could be one request's own
+    idx.insert("a", second.keys)
+    assert idx.shared_blocks("a") == 3  # the common prefix, not the two tails
+    idx.insert("b", first.keys[:3])
+    assert idx.shared_blocks("b") == 3  # held by another endpoint too: a shared prefix
+    idx.remove("a", first.keys[:1])
+    idx.evict("b", 2)
+    assert idx.shared_blocks("a") == 2 and idx.shared_blocks("b") == 1
+    idx.clear("a")
+    assert idx.shared_blocks("a") == 0
+
+
+def test_full_homes_are_waited_for_together_until_the_waits_pay_for_a_replica():
+    a, b, c = eps(3, slots=2)
+    pol = CacheAware(PrefixIndex({e.name: 200 * BLOCK_TOKENS for e in (a, b, c)}), random.Random(1),
+                     prior_s_per_token=1e-4)  # SYSTEM: ~2.4k tokens, 0.24 s to prefill
+    for home in (a, b):
+        pol.routed(chat_ctx(SYSTEM, f"warm {home.name}"), home)
+    for e in (a, b, c):
+        pol.observe(chat_ctx("short", "q"), e, None, 0.2)  # a request holds a slot ~0.2 s
+    load = {"e0": 2, "e1": 2, "e2": 0}  # both homes full, one request each... none waiting yet
+    replicated = 0
+    for i in range(12):
+        ctx = chat_ctx(SYSTEM, f"question {i}")
+        targets, wait = pol.pick(ctx, [a, b, c], lambda e: load[e.name])
+        if targets == [c]:
+            replicated = i + 1
+            assert wait == 0.0 and ctx.cached_tokens == 0
+            break
+        # wait for whichever home frees first, as long as that beats prefilling on c
+        assert set(targets) == {a, b} and 0.2 < wait < 0.25
+    # each waiter expects 0.1 s (1 over 2 slots x 0.2 s): ~3 of them pay for the 0.24 s prefill
+    assert 2 <= replicated <= 4
+
+
+def test_no_replica_where_it_would_evict_a_prefix_in_use():
+    a, c = eps(2, slots=1)
+    other = "Another application's long instructions. " * 250
+    pol = CacheAware(PrefixIndex({"e0": 200 * BLOCK_TOKENS, "e1": 12 * BLOCK_TOKENS}),
+                     random.Random(1), prior_s_per_token=1e-4)
+    pol.routed(chat_ctx(SYSTEM, "warm"), a)
+    pol.routed(chat_ctx(other[:2 * BLOCK_CHARS], "x"), c)
+    pol.routed(chat_ctx(other[:2 * BLOCK_CHARS], "y"), c)  # c's cache: a small prefix in use
+    for e in (a, c):
+        pol.observe(chat_ctx("short", "q"), e, None, 0.2)  # waiting (0.2 s) beats prefill (0.24 s)
+    load = {"e0": 1, "e1": 0}
+    for i in range(20):
+        targets, _ = pol.pick(chat_ctx(SYSTEM, f"q{i}"), [a, c], lambda e: load[e.name])
+        assert targets == [a]  # SYSTEM (9 blocks) + c's shared 2 leave c under 1/8 free

@@ -17,6 +17,14 @@ costs more than prefilling it elsewhere, so it replicates to more backends exact
 one is busy; a miss costs the same everywhere, so it goes to the least loaded endpoint
 (the same choice as `least_busy`). Costs within `TIE_S` are ties, broken by load and then
 at random, so noise in the fitted rates never herds requests onto one endpoint.
+
+When every home of a prefix (each endpoint holding as much of it) is full, the request
+waits for whichever frees a slot first. Each such wait is short of a prefill, but together
+they are not: the expected waits are added to the prefix's debt, and once the debt pays
+for one prefill elsewhere (rent or buy), the prefix gets another home on a free endpoint,
+if that endpoint's cache has room beside the shared prefixes it already holds. Two homes
+per prefix let each request take the less busy one, which cuts the queueing at a single
+home that otherwise sets the tail.
 """
 
 from __future__ import annotations
