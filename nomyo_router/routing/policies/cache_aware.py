@@ -159,12 +159,11 @@ class CacheAware:
             return None  # nothing cached anywhere: the store's least-busy choice is ours
         ranked = self._rank(ctx, candidates, load, matched)
         _, best, cost, prefill = ranked[0]
-        if load(best) < best.slots:
-            ctx.cached_tokens = matched.get(best.name, 0)
-            return [best], 0.0
-        # The cheapest is full. Its homes: every endpoint holding as much of the prompt
-        # (as cheap to prefill); the request waits for whichever frees a slot first.
+        # The prefix's homes: every endpoint holding as much of it (as cheap to prefill).
         home_prefill = min(r[3] for r in ranked)
+        if prefill > home_prefill + TIE_S and load(best) < best.slots:
+            ctx.cached_tokens = matched.get(best.name, 0)
+            return [best], 0.0  # waiting at any home costs more than prefilling here
         homes = [r for r in ranked if r[3] <= home_prefill + TIE_S]
         others = [r for r in ranked if r[3] > home_prefill + TIE_S]
         if not others:
@@ -173,10 +172,11 @@ class CacheAware:
         budget = alt[2] - home_prefill  # worth waiting while wait + prefill beats it
         if budget <= TIE_S:
             return None  # waiting buys nothing: first free slot anywhere
-        home_cost = min(r[2] for r in homes)
-        if self._replicate(ctx, homes, alt, home_cost - home_prefill, load):
+        if load(best) >= best.slots and self._replicate(ctx, homes, alt, cost - prefill, load):
             ctx.cached_tokens = matched.get(alt[1].name, 0)
             return [alt[1]], 0.0
+        # A free home takes it at once; when all are full (or our view of their load is
+        # stale: another worker just took the slot), it waits for whichever frees first.
         ctx.cached_tokens = matched.get(homes[0][1].name, 0)
         return [r[1] for r in homes], budget
 
