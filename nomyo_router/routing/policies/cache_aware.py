@@ -185,9 +185,8 @@ class CacheAware:
         """Rent or buy: requests that wait for a prefix's full homes add their expected wait
         to its debt; once the debt pays for one prefill elsewhere, the prefix gets another
         home on a free endpoint whose cache has room for it without evicting a prefix in
-        use (2-competitive, like renting skis until the rent paid would have bought them).
-        A replica pays for itself only if the prefix keeps coming, which is what the debt
-        measures."""
+        use (the ski-rental rule: rent until the rent paid would have bought). A replica
+        pays for itself only if the prefix keeps coming, which is what the debt measures."""
         target = alt[1]
         if load(target) >= target.slots:
             return False
