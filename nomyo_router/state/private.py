@@ -5,7 +5,9 @@ directory that belongs to the router's user alone (mode 0700; the socket 0600), 
 local user can talk to the shared state, replace it, or point it at another file:
 
 - `$XDG_RUNTIME_DIR/nomyo-router` when XDG_RUNTIME_DIR is set (per-user, on tmpfs), else
-  `$TMPDIR/nomyo-router-<uid>`; `NOMYO_ROUTER_STATE_PATH` overrides the whole base path;
+  `/dev/shm/nomyo-router-<uid>` where /dev/shm exists (tmpfs: the shared-memory tables
+  mapped from there are never written back to a disk), else `$TMPDIR/nomyo-router-<uid>`;
+  `NOMYO_ROUTER_STATE_PATH` overrides the whole base path;
 - a directory that exists but is a symlink, is not owned by the router's user, or is group-
   or world-writable is refused with a clear message (no start);
 - lock and socket files that are symlinks or someone else's are refused the same way;
@@ -28,7 +30,8 @@ def state_dir() -> str:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
         return os.path.join(runtime, "nomyo-router")
-    return os.path.join(tempfile.gettempdir(), f"nomyo-router-{os.geteuid()}")
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(base, f"nomyo-router-{os.geteuid()}")
 
 
 def ensure_private_dir(path: str) -> str:
