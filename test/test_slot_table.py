@@ -115,6 +115,7 @@ async def test_pins_and_usage_are_shared_without_messages(tmp_path):
     try:
         lease = await worker.acquire("m", [EP], first, 1.0, pin="turn-1")
         lease.release()
+        await asyncio.sleep(0)  # a loop turn's pins are written together at its end
         assert await host.find_pin(["nope", "turn-1"]) == ("turn-1", "one")
         await host.drop_pin("turn-1")
         assert await worker.find_pin(["turn-1"]) is None

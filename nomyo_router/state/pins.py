@@ -104,22 +104,27 @@ class PinTable:
         return None
 
     def set(self, key: str, endpoint: str) -> None:
-        col = self._column(endpoint)
+        self.set_many([(key, endpoint)])
+
+    def set_many(self, pins: Sequence[tuple[str, str]]) -> None:
+        """Write pins (key, endpoint) under one lock."""
         now = time.monotonic()
-        digest, at0 = self._slots(key)
+        expiry = now + self.ttl
+        todo = [(self._slots(key), self._column(endpoint)) for key, endpoint in pins]
         m = self._map
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
-            at = self._locate(digest, at0)
-            if at < 0:  # a free record, else an expired one, else the one idle longest
-                recs = list(_REC.iter_unpack(m[at0:at0 + _WINDOW]))
-                i = next((i for i, r in enumerate(recs) if r[0] == _EMPTY), -1)
-                if i >= 0:
-                    self._used(1)
-                else:
-                    i = min(range(PROBE), key=lambda j: recs[j][1])  # (an expired one is counted)
-                at = at0 + i * _REC.size
-            _REC.pack_into(m, at, digest, now + self.ttl, col)
+            for (digest, at0), col in todo:
+                at = self._locate(digest, at0)
+                if at < 0:  # a free record, else the one idle longest (expired or not)
+                    recs = list(_REC.iter_unpack(m[at0:at0 + _WINDOW]))
+                    i = next((i for i, r in enumerate(recs) if r[0] == _EMPTY), -1)
+                    if i >= 0:
+                        self._used(1)
+                    else:
+                        i = min(range(PROBE), key=lambda j: recs[j][1])  # (an expired one is counted)
+                    at = at0 + i * _REC.size
+                _REC.pack_into(m, at, digest, expiry, col)
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 

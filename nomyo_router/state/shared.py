@@ -53,6 +53,7 @@ class SharedStore(StateStore):
         self._out: list[bytes] = []  # messages written at the end of this loop turn
         self._pins = PinTable(base + ".pins", max_pins, pin_ttl, self._table.column, self._table.name_of)
         self._flushing = False
+        self._new_pins: list[tuple[str, str]] = []  # written together at the end of this loop turn
 
     @property
     def is_host(self) -> bool:
@@ -174,7 +175,7 @@ class SharedStore(StateStore):
             ep = candidates[0]
             if ep.name not in unhealthy and table.try_take(ep.name, ep.slots, fast=True):
                 if pin is not None:
-                    self._pins.set(pin, ep.name)
+                    self._pin_soon(pin, ep.name)
                 return Lease(self, ep)
         elif not table.waiting():  # nobody waits at the host: take a free slot right here
             free = [e for e in candidates if e.name not in unhealthy and not table.unhealthy(e.name)
@@ -183,7 +184,7 @@ class SharedStore(StateStore):
                 ep = free[0] if len(free) == 1 else choose(free)
                 if table.try_take(ep.name, ep.slots, fast=True):
                     if pin is not None:
-                        self._pins.set(pin, ep.name)
+                        self._pin_soon(pin, ep.name)
                     return Lease(self, ep)
                 free.remove(ep)
         await self._connected.wait()
@@ -263,13 +264,28 @@ class SharedStore(StateStore):
         (self._unhealthy.discard if healthy else self._unhealthy.add)(endpoint.name)
         self._send({"op": "health", "ep": endpoint.name, "ok": healthy})
 
+    def _pin_soon(self, key: str, endpoint: str) -> None:
+        """Pins of one loop turn go into the table under one lock, before any other worker
+        can have seen the answer they are for."""
+        if not self._new_pins:
+            asyncio.get_running_loop().call_soon(self._write_pins)
+        self._new_pins.append((key, endpoint))
+
+    def _write_pins(self) -> None:
+        if self._new_pins:
+            self._pins.set_many(self._new_pins)
+            self._new_pins.clear()
+
     async def find_pin(self, keys: Sequence[str]) -> tuple[str, str] | None:
+        self._write_pins()
         return self._pins.find(keys)
 
     async def set_pin(self, key: str, endpoint: str) -> None:
+        self._write_pins()
         self._pins.set(key, endpoint)
 
     async def drop_pin(self, key: str) -> None:
+        self._write_pins()
         self._pins.drop(key)
 
     async def close(self) -> None:
@@ -284,5 +300,6 @@ class SharedStore(StateStore):
                 os.unlink(self.sock_path)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
+        self._write_pins()
         self._table.close()
         self._pins.close()
