@@ -32,6 +32,7 @@ class MockConfig:
     first_byte_delay_ms: float = 0.0
     seed: int = 0
     openai_busy_status: int = 503
+    stream_tick_ms: float = 0.0  # > 0: streams written by one shared timer per tick (mock.ticker)
     kv_events: str = ""  # bind a vLLM-style KV-event ZMQ publisher here (tcp://127.0.0.1:PORT)
 
     def validate(self) -> None:
@@ -40,7 +41,7 @@ class MockConfig:
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1, got {v!r}")
         for name in ("ttft_ms", "tok_ms", "jitter", "batch_slowdown",
-                     "prefill_ms_per_1k_tokens", "first_byte_delay_ms"):
+                     "prefill_ms_per_1k_tokens", "first_byte_delay_ms", "stream_tick_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.parallel < 1:
@@ -99,6 +100,8 @@ HELP = {
     "hang_rate": "share of requests accepted and never answered",
     "first_byte_delay_ms": "delay before the response headers",
     "seed": "seed of the fault dice and jitter",
+    "stream_tick_ms": "> 0: one shared timer per tick writes every open stream's due chunk "
+                      "(tokens delivered <= one tick late; TTFT exact); 0: one sleep per token",
     "kv_events": "publish vLLM-style KV-cache events on this ZMQ address (e.g. tcp://127.0.0.1:5557); empty: off",
 }
 

@@ -79,6 +79,23 @@ class StreamResponse:
     async def write_eof(self) -> None:
         await self._send(b"0\r\n\r\n")
 
+    # Without waiting (mock.ticker): the caller checks `writable()` first.
+    def writable(self) -> bool:
+        conn = self._conn
+        return conn is not None and conn.transport is not None and not conn.paused \
+            and not conn.transport.is_closing()
+
+    def gone(self) -> bool:
+        conn = self._conn
+        return conn is None or conn.transport is None or conn.transport.is_closing()
+
+    def write_nowait(self, data: bytes) -> None:
+        if data:
+            self._conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data))  # type: ignore[union-attr]
+
+    def write_eof_nowait(self) -> None:
+        self._conn.transport.write(b"0\r\n\r\n")  # type: ignore[union-attr]
+
     async def _send(self, data: bytes) -> None:
         conn = self._conn
         if conn is None or conn.transport is None or conn.transport.is_closing():

@@ -26,6 +26,7 @@ from .capacity import QueueFull, Slots
 from .config import MockConfig
 from .kvcache import PrefixCache
 from .text import count_tokens, embedding, output_tokens
+from .ticker import Ticker
 
 OLLAMA_BUSY = "server busy, please try again.  maximum pending requests exceeded"
 JSON = "application/json"
@@ -342,6 +343,10 @@ class MockBackend:
             tokens = []
             for piece in fidelity.tool_chunks(gen.api, ex, gen.model, rid, chunker.created, formats.now_iso()):
                 await resp.write(piece)
+        if c.stream_tick_ms > 0 and ex is None and cut_at < 0:  # thousands of slow streams
+            await Ticker.of(self).stream(resp, chunker.token, tokens, deadline, tok_s,
+                                         lambda: chunker.tail(done_reason, timing))
+            return resp
         for i, tok in enumerate(tokens):
             if i == cut_at:
                 _cut(request)

@@ -191,3 +191,66 @@ async def test_jitter_is_seeded():
     a, b = await ttfts(3), await ttfts(3)
     assert max(a) - min(a) > 0.010  # it varies
     assert all(abs(x - y) < 0.008 for x, y in zip(a, b))  # and the same seed replays it
+
+
+async def _stream_lines(session, url, body, path="/api/chat") -> list[bytes]:
+    async with session.post(url + path, json=body) as r:
+        assert r.status == 200
+        return [line async for line in r.content if line.strip()]
+
+
+def _without_clock(lines: list[bytes]) -> list[dict]:
+    out = []
+    for line in lines:
+        text = line.decode().strip()
+        if text == "data: [DONE]":
+            out.append({"done": "[DONE]"})
+            continue
+        d = json.loads(text.removeprefix("data: "))
+        for key in ("created_at", "created", "id", "total_duration", "prompt_eval_duration", "eval_duration"):
+            d.pop(key, None)
+        out.append(d)
+    return out
+
+
+def _content(d: dict) -> str:
+    c = (d.get("choices") or [{}])[0]
+    return (d.get("message") or {}).get("content") or d.get("response") or (c.get("delta") or {}).get("content") \
+        or c.get("text") or ""
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/api/chat", CHAT), ("/api/generate", {"model": "llama3", "prompt": "hi", "options": {"num_predict": 5}}),
+    ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}),
+    ("/v1/completions", {"model": "llama3", "prompt": "hi", "max_tokens": 0})])
+async def test_stream_tick_writes_the_same_chunks(path, body):
+    """`stream_tick_ms` (one shared timer for every stream) changes when chunks are written,
+    never what is written; no chunk comes before its deadline."""
+    body = {**body, "stream": True}
+    async with run_mock(ttft_ms=30.0, tok_ms=4.0, tokens=12) as plain, \
+            run_mock(ttft_ms=30.0, tok_ms=4.0, tokens=12, stream_tick_ms=5.0) as ticked, \
+            aiohttp.ClientSession() as s:
+        want = _without_clock(await _stream_lines(s, plain.url, body, path))
+        t0 = time.perf_counter()
+        got = await asyncio.gather(*(_stream_lines(s, ticked.url, body, path) for _ in range(20)))
+        elapsed = time.perf_counter() - t0
+        assert all(_without_clock(lines) == want for lines in got)
+        tokens = sum(1 for d in want if _content(d))
+        assert tokens == {"/api/generate": 5, "/v1/completions": 0}.get(path, 12)
+        assert elapsed >= 0.030 + 0.004 * max(tokens - 1, 0)  # the deadlines hold: nothing early
+        assert ticked.stats()["completed"] == {path: 20} and ticked.stats()["active"] == 0
+
+
+async def test_stream_tick_client_leaving_frees_the_slot():
+    async with run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=100, stream_tick_ms=5.0) as m, \
+            aiohttp.ClientSession() as s:
+        async with s.post(m.url + "/api/chat", json=CHAT) as r:
+            first = await r.content.readline()
+            assert json.loads(first)["message"]["content"]
+        for _ in range(100):
+            if m.stats()["active"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert m.stats()["active"] == 0 and m.stats()["in_flight"] == 0
+        lines = await _stream_lines(s, m.url, {**CHAT, "options": {"num_predict": 3}})
+        assert len(lines) == 4 and json.loads(lines[-1])["done"] is True
