@@ -124,8 +124,7 @@ class BodyWriter:
     def ready(self) -> bool:
         cycle, proto = self.cycle, self.proto
         return (cycle.chunked_encoding is True and cycle.response_started and not cycle.response_complete
-                and not cycle.disconnected and not proto.flow.write_paused and proto.cycle is cycle
-                and not proto.transport.is_closing())  # (a write then could raise in the backend's callback)
+                and not cycle.disconnected and not proto.flow.write_paused and proto.cycle is cycle)
 
     def write(self, data: bytes) -> None:
         if data:
