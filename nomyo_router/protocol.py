@@ -12,11 +12,6 @@ subclass adds, per connection:
 - a body that idles longer than `body_idle_timeout` (30 s) between two pieces → closed
   (the app sees a disconnect).
 
-It also offers the relay a synchronous writer of body pieces (`BodyWriter`, in the scope
-under `BODY_WRITER`): the upstream client hands each piece of a relayed stream to it from its
-own data callback, instead of waking the request's task and sending one ASGI message per
-chunk (issue 15: 2,000 streams at 25 tok/s are 50,000 chunks a second on one worker).
-
 `nomyo-router` serves with it; with plain uvicorn pass
 `--http nomyo_router.protocol:GuardedHttpToolsProtocol`. The number of connections is
 bounded by uvicorn's own `limit_concurrency` (`max_connections`; beyond it, 503).
@@ -29,7 +24,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .api.asgi import BODY_WRITER, DISCONNECT_HOOK
+from .api.asgi import DISCONNECT_HOOK
 
 DEFAULTS = {"max_header_bytes": 64 * 1024, "header_timeout": 10.0, "body_idle_timeout": 30.0}
 
@@ -109,28 +104,6 @@ class _Guard:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class BodyWriter:
-    """Writes pieces of a started chunked response now, as uvicorn's `send` would for an
-    `http.response.body` message with `more_body` — when it may: `ready()` is False while
-    the client's transport is paused (back-pressure), after a disconnect, before the head
-    was sent or after the end, or once the connection moved on to another request; the
-    caller then takes the ASGI path, which waits or fails as uvicorn decides."""
-
-    __slots__ = ("proto", "cycle")
-
-    def __init__(self, proto: "GuardedHttpToolsProtocol", cycle: Any) -> None:
-        self.proto, self.cycle = proto, cycle
-
-    def ready(self) -> bool:
-        cycle, proto = self.cycle, self.proto
-        return (cycle.chunked_encoding is True and cycle.response_started and not cycle.response_complete
-                and not cycle.disconnected and not proto.flow.write_paused and proto.cycle is cycle)
-
-    def write(self, data: bytes) -> None:
-        if data:
-            self.proto.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-
-
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -149,12 +122,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._stop_timer()
         cycle = self.cycle
         super().connection_lost(exc)
-        if cycle is not None:
-            cycle.scope.pop(BODY_WRITER, None)  # (it refers to the cycle: no reference cycle left)
-            if cycle.disconnected:  # the client left mid-request: tell the app
-                hook = cycle.scope.get(DISCONNECT_HOOK)
-                if hook is not None:
-                    hook()
+        if cycle is not None and cycle.disconnected:  # the client left mid-request: tell the app
+            hook = cycle.scope.get(DISCONNECT_HOOK)
+            if hook is not None:
+                hook()
 
     def _stop_timer(self) -> None:
         g = self._g
@@ -205,14 +176,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
             self.cycle.scope[DISCONNECT_HOOK] = None
-            self.cycle.scope[BODY_WRITER] = BodyWriter(self, self.cycle)
             _lean(self.cycle, "message_event")
 
     def on_message_complete(self) -> None:
         self._stop_timer()
         super().on_message_complete()
-
-    def on_response_complete(self) -> None:
-        if self.cycle is not None:
-            self.cycle.scope.pop(BODY_WRITER, None)
-        super().on_response_complete()

@@ -29,7 +29,7 @@ import asyncio
 import ssl
 import time
 import weakref
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import httptools
@@ -69,7 +69,7 @@ class Headers(dict):
 
 class _Conn(asyncio.Protocol):
     __slots__ = ("transport", "parser", "chunks", "size", "status", "headers", "head", "waiter", "eof",
-                 "keep", "lost", "error", "paused", "got_bytes", "idle_since", "deadline", "timer", "sink", "read_s")
+                 "keep", "lost", "error", "paused", "got_bytes", "idle_since", "deadline", "timer")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -89,8 +89,6 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.deadline = 0.0  # when the waiting reader times out (sock_read)
         self.timer: asyncio.TimerHandle | None = None  # one per connection, not one per read
-        self.sink: Callable[[bytes], bool] | None = None  # takes body pieces as they arrive (Response.sink)
-        self.read_s = 0.0
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -126,10 +124,6 @@ class _Conn(asyncio.Protocol):
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if self.sink is not None and not self.chunks and self.sink(body):  # (an error in it: asyncio logs it, closes)
-            if self.timer is not None:  # the waiting reader's sock_read clock restarts
-                self.deadline = asyncio.get_running_loop().time() + self.read_s
-            return
         self.chunks.append(body)
         self.size += len(body)
         if self.size > HIGH_WATER and not self.paused and self.transport is not None:
@@ -164,7 +158,6 @@ class _Conn(asyncio.Protocol):
         self.size, self.status, self.headers = 0, 0, Headers()
         self.eof = self.keep = self.got_bytes = False
         self.error = None
-        self.sink = None
         self.head = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         return self.head
@@ -175,7 +168,6 @@ class _Conn(asyncio.Protocol):
         cost ~1 µs and ~1 KB per open stream)."""
         loop = asyncio.get_running_loop()
         self.deadline = loop.time() + read_s
-        self.read_s = read_s
         if self.timer is None:
             self.timer = loop.call_at(self.deadline, self._check)
 
@@ -192,7 +184,6 @@ class _Conn(asyncio.Protocol):
 
     def close(self) -> None:
         self.lost = True
-        self.sink = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -270,14 +261,6 @@ class Response:
             parts.append(self._take())
         return b"".join(parts)
 
-    def sink(self, fn: Callable[[bytes], bool] | None) -> bool:
-        """Body pieces go to `fn` as they arrive (relay.py); one it refuses (False) is kept for
-        `readany`, and so is all after it until read. Not after `readline` left bytes over."""
-        if self._line or self._done:
-            return False
-        self._conn.sink = fn
-        return True
-
     async def iter_any(self) -> Any:
         while True:
             data = await self.readany()
@@ -291,7 +274,6 @@ class Response:
             return
         self._done = True
         c = self._conn
-        c.sink = None
         if c.eof and c.keep and not c.lost and not c.chunks and not self._line:
             self._pool.put(c)
         else:
