@@ -27,7 +27,6 @@ from common import _children, free_port, mock_process, wait_http  # noqa: E402
 from peers import _served  # noqa: E402
 
 
-
 def memory(pid: int) -> dict[str, float]:
     """VmRSS, Pss and private (USS) of one process, in MB."""
     out = {"rss": 0.0, "pss": 0.0, "uss": 0.0}
