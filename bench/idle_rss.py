@@ -12,22 +12,19 @@ and each worker. Medians over --reps starts. A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import _children, free_port, mock_process, wait_http  # noqa: E402
-
-MODEL = "llama3"
+from peers import _served  # noqa: E402
 
 
 def memory(pid: int) -> dict[str, float]:
@@ -67,24 +64,6 @@ def role(pid: int, root: int) -> str:
     return "worker"
 
 
-def served(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited: {proc.stderr.read().decode(errors='replace')[-2000:]}")
-        try:
-            req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("no chat answer through the router")
-        time.sleep(0.2)
-
-
 def one_start(mock_url: str, launcher: str, workers: int) -> dict[str, list[dict[str, float]]]:
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
@@ -103,7 +82,7 @@ def one_start(mock_url: str, launcher: str, workers: int) -> dict[str, list[dict
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", 30, proc)
         for _ in range(workers * 4):  # reach every worker with luck; each discovers on start anyway
-            served(url, proc)
+            _served(url + "/v1/chat/completions", proc, 30.0)
         time.sleep(1.0)
         by_role: dict[str, list[dict[str, float]]] = {}
         for pid in [proc.pid] + _children(proc.pid):

@@ -198,9 +198,9 @@ def run_olla(binary: str, mock: str, core: int | None) -> Iterator[Peer]:
     procs: list[subprocess.Popen] = []
 
     def start(peer: Peer | None = None) -> Peer:
-        """A fresh Olla (after a stream run: wrk cuts the streams in flight when it stops,
-        Olla's circuit breaker — 5 consecutive failures, open 30 s, not configurable —
-        counts them, and the next run would measure its 502s)."""
+        """A fresh Olla, after every run: wrk cuts the requests in flight when it stops (32 of
+        them at c=32), Olla's circuit breaker — 5 consecutive failures, open 30 s, not
+        configurable — counts them, and the next run would measure its 502s."""
         if procs:
             _stop(procs.pop())
         port = free_port()
@@ -341,7 +341,7 @@ def main() -> None:
                     name = peer.name if peer else "direct"
                     r = measure(peer, mock, body, conc, args.seconds)
                     results.setdefault((name, label), []).append(r)
-                    if peer is not None and peer.restart is not None and label.startswith("stream"):
+                    if peer is not None and peer.restart is not None:
                         peer.restart(peer)
                     log(f"rep {rep + 1}/{args.reps} {label:14} {name:13} {r['rps']:8.0f} req/s p50 "
                         f"{r['p50_ms']:7.3f} ms cpu {r['cpu_us_per_req']:6.0f} us/req"
