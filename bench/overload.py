@@ -91,6 +91,8 @@ def main() -> None:
             "cpu_cores": {"router": round((r1 - r0) / wall, 2), "mock": round((m1 - m0) / wall, 2),
                           "client": round(out.cpu_s / out.wall_s, 2),
                           **{f"core{k}_busy": round(1 - (c1[k][1] - c0[k][1]) / max(c1[k][0] - c0[k][0], 1), 2)
+                             for k in c0},
+                          **{f"core{k}_softirq": round((c1[k][2] - c0[k][2]) / max(c1[k][0] - c0[k][0], 1), 2)
                              for k in c0}},
             "client_send_lag_ms": {"p50": ms(slowload.pct(out.send_lags, 50)),
                                    "p99": ms(slowload.pct(out.send_lags, 99)), "max": ms(max(out.send_lags))},
@@ -169,15 +171,15 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _cores() -> dict[int, tuple[int, int]]:
-    """(total, idle + iowait) jiffies of cores 0 and 1."""
+def _cores() -> dict[int, tuple[int, int, int]]:
+    """(total, idle + iowait, softirq) jiffies of cores 0 and 1."""
     out = {}
     with open("/proc/stat") as f:
         for line in f:
             for k in (0, 1):
                 if line.startswith(f"cpu{k} "):
                     v = [int(x) for x in line.split()[1:]]
-                    out[k] = (sum(v[:8]), v[3] + v[4])
+                    out[k] = (sum(v[:8]), v[3] + v[4], v[6])
     return out
 
 
