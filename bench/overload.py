@@ -34,7 +34,7 @@ import time
 import urllib.request
 
 import yaml
-from common import free_port, rss_mb
+from common import cpu_of, free_port, rss_mb
 
 import slowload
 from mock import MockConfig, MockProcess
@@ -69,7 +69,7 @@ def main() -> None:
         snaps: dict[str, tuple] = {}
 
         def at(edge: str) -> None:
-            snaps[edge] = (time.perf_counter(), _cpu(mock), _cpu(router) if router else 0.0, _cores())
+            snaps[edge] = (time.perf_counter(), cpu_of(mock), cpu_of(router) if router else 0.0, _cores())
 
         out = asyncio.run(slowload.run("127.0.0.1", port, args.streams, TOKENS, args.ramp, length,
                                        args.seconds, at_window=at))
@@ -163,12 +163,6 @@ def main() -> None:
         "router_statuses": statuses, "router_overloaded_503": overloaded,
         "rss_cold_mb": round(cold, 1), "rss_idle_mb": round(idle, 1), "rss_peak_mb": round(peak[0], 1),
         "bytes_per_stream": round((peak[0] - idle) * 1024 * 1024 / args.streams)}, indent=1))
-
-
-def _cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _cores() -> dict[int, tuple[int, int, int]]:

@@ -43,14 +43,13 @@ from typing import Callable, Iterator
 import yaml
 
 import scaling
-from common import MockConfig, free_port, mock_process, rss_mb, _children, wait_http, wait_tcp, wrk
+from common import MockConfig, cpu_of, free_port, mock_process, rss_mb, _children, wait_http, wait_tcp, wrk
 
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "nomyo-router", "peers")
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = "llama3"
 TOKENS = 200  # the mock's answer length; non-stream requests ask for 8 of them
 PATH = "/v1/chat/completions"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -258,15 +257,7 @@ def run_vllm_router(exe: str, mock: str, core: int | None) -> Iterator[Peer]:
 
 def cpu_seconds(pid: int) -> float:
     """utime+stime of `pid` and its live descendants (threads are counted in their process)."""
-    total = 0
-    for p in [pid] + _children(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return total / CLK_TCK
+    return sum(cpu_of(p) for p in [pid] + _children(pid))
 
 
 def measure(peer: Peer | None, mock: str, body: str, conc: int, seconds: float) -> dict[str, float]:

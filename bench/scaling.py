@@ -33,7 +33,6 @@ import tempfile
 import time
 from typing import Any
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PATH = "/v1/chat/completions"  # the request of bench/peers.py's non-stream rows
 BODY = json.dumps({"model": "llama3", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8})
 
@@ -58,15 +57,6 @@ end
 """
 
 
-def cpu_of(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
 def tallied_wrk(url: str, conc: int, seconds: float) -> tuple[float, dict[int, int]]:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(TALLY % BODY.replace("'", "\\'"))
@@ -82,7 +72,7 @@ def tallied_wrk(url: str, conc: int, seconds: float) -> tuple[float, dict[int, i
 
 
 def run_once(url: str, master: int, conc: int, seconds: float) -> dict[str, Any]:
-    from common import _children
+    from common import _children, cpu_of
     pids = [master] + _children(master)  # one worker: the master serves itself
     before = {p: cpu_of(p) for p in pids}
     rps, tally = tallied_wrk(url, conc, seconds)

@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.request
 
-from common import free_port, mock_process, router_process, wrk
+from common import cpu_of, free_port, mock_process, router_process, wrk
 
 from mock import MockConfig
 from nomyo_router.config import parse_config
@@ -79,12 +79,6 @@ async def main():
     await asyncio.sleep(3600)
 asyncio.run(main())
 """
-
-
-def cpu_of(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def waits_cost(n: int) -> None:
