@@ -143,3 +143,25 @@ async def test_pins_expire_and_stay_bounded(tmp_path):
         assert table.find(["fresh"]) is None  # idle longer than the ttl
     finally:
         table.close()
+
+
+async def test_a_slot_given_back_before_its_wake_up_arrives_goes_to_the_waiter(tmp_path):
+    """A worker gives a slot back in the table and then pokes the host; a newer request that
+    reaches the host in between must not take it past the request already waiting."""
+    host, worker = await two_workers(tmp_path)
+    try:
+        held = [await worker.acquire("m", [EP], first, 1.0) for _ in range(2)]
+        waiter = asyncio.create_task(worker.acquire("m", [EP], first, 5.0))
+        await asyncio.sleep(0.05)  # it waits at the host
+        worker._table.give_back("one")  # the slot is free in the table; the poke is not sent yet
+        held[0]._released = True
+        late = asyncio.create_task(host.acquire("m", [EP], first, 5.0))
+        done, _ = await asyncio.wait({waiter, late}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {waiter}
+        (await waiter).release()  # hands the slot on to the late one
+        (await asyncio.wait_for(late, 1.0)).release()
+        held[1].release()
+        assert host.in_flight(EP) == 0
+    finally:
+        await worker.close()
+        await host.close()

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 from ..domain import Endpoint
 from ..routing.policies import Policy, RouteContext
-from .base import Choose, NoEndpoint, QueueFull, QueueTimeout
+from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout
 from .memory import MemoryStore
 from .pins import PinTable
 from .slots import SlotTable
@@ -70,6 +70,16 @@ class TableStore(MemoryStore):
 
     def _free(self, ep: Endpoint) -> bool:
         return ep.name not in self._unhealthy and self.table.in_flight(ep.name) < ep.slots
+
+    async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
+                      timeout: float, order: int | None = None, pin: str | None = None,
+                      owner: object = None) -> Lease:
+        # A worker gives slots back in the table and only then tells us: a slot may be free
+        # here while requests wait for it. Those waited first, so they get it first.
+        if self._queued:
+            for ep in candidates:
+                self._dispatch(ep)
+        return await super().acquire(model, candidates, choose, timeout, order, pin, owner)
 
     def _take(self, ep: Endpoint, owner: object = None) -> bool:
         return self.table.try_take(ep.name, ep.slots, owner)  # type: ignore[arg-type]
