@@ -1,6 +1,6 @@
 """Worker scaling: what N router workers do with a core each, measured on a 2-core machine.
 
-    python bench/scaling.py [--workers 1,2,4] [--seconds 4] [--reps 3] [--conc 32]
+    python bench/scaling.py [--workers 1,2,4] [--seconds 4] [--reps 5] [--conc 32]
 
 A 2-core machine cannot give N workers a core each *and* run the mock and the load
 generator, so this measures what decides scaling and projects from it. The router runs on
@@ -89,21 +89,40 @@ def _runs(spawn, conc: int, seconds: float, reps: int) -> dict[str, Any]:
     return {k: statistics.median(r[k] for r in runs) for k in ("rps", "cpu_us_per_req")}
 
 
+def _alternated(one, each, conc: int, seconds: float, reps: int) -> tuple[dict, dict, list[float]]:
+    """Both routers up at once (the idle one costs nothing), their runs alternated — one,
+    each, one, each, … — so that the machine's drift falls on both alike. Medians of each,
+    and the ratio c1 / cN of every pair of neighbouring runs."""
+    with one as (url1, pid1), each as (url2, pid2):
+        time.sleep(1.0)
+        for url in (url1, url2):
+            tallied_wrk(url + PATH, conc, 1)  # warm every worker's pool
+        a, b = [], []
+        for _ in range(reps):
+            a.append(run_once(url1 + PATH, pid1, conc, seconds))
+            b.append(run_once(url2 + PATH, pid2, conc, seconds))
+    ratios = [x["cpu_us_per_req"] / y["cpu_us_per_req"] for x, y in zip(a, b)]
+    med = lambda runs: {k: statistics.median(r[k] for r in runs) for k in ("rps", "cpu_us_per_req")}
+    return med(a), med(b), ratios
+
+
 def measure(mock_url: str, workers: list[int], conc: int, seconds: float, reps: int,
             spawn) -> list[dict[str, Any]]:
     """`spawn(mock_url, workers, shared=False)`: a context manager yielding (base url, master
-    pid) of a router; `shared`: one worker set up exactly as each of N."""
-    one = _runs(spawn(mock_url, 1), conc, seconds, reps)
-    each = _runs(spawn(mock_url, 1, shared=True), conc, seconds, reps)
+    pid) of a router; `shared`: one worker set up exactly as each of N. Scaling for N is
+    N × the median over alternated pairs of c1 / cN; the spread of those pairs is shown."""
+    one, each, ratios = _alternated(spawn(mock_url, 1), spawn(mock_url, 1, shared=True), conc, seconds, reps)
     c1, cs = one["cpu_us_per_req"], each["cpu_us_per_req"]
+    r = statistics.median(ratios)
     rows = [{"label": "1 worker (in-process state)", "rps": one["rps"], "cpu": c1, "projected": 1e6 / c1,
              "scaling": 1.0},
             {"label": "1 worker set up as one of N (shared store, multiprocess metrics)", "rps": each["rps"],
              "cpu": cs, "projected": None, "scaling": None}]
     for n in (w for w in workers if w > 1):
         together = _runs(spawn(mock_url, n), conc, seconds, reps)
-        rows.append({"label": f"{n} workers, a core each (projected: {n} / CPU per request of one of N)",
-                     "rps": None, "cpu": cs, "projected": n * 1e6 / cs, "scaling": n * c1 / cs})
+        rows.append({"label": f"{n} workers, a core each (projected: {n} × c1 / cN, pairs "
+                              f"{n * min(ratios):.2f}–{n * max(ratios):.2f}×)",
+                     "rps": None, "cpu": cs, "projected": n * 1e6 / c1 * r, "scaling": n * r})
         rows.append({"label": f"{n} workers sharing core 0 (measured)", "rps": together["rps"],
                      "cpu": together["cpu_us_per_req"], "projected": None, "scaling": None})
     return rows
@@ -126,7 +145,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", default="1,2,4")
     p.add_argument("--seconds", type=float, default=4.0)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--conc", type=int, default=32)
     args = p.parse_args()
     os.sched_setaffinity(0, {1})

@@ -165,3 +165,21 @@ async def test_a_slot_given_back_before_its_wake_up_arrives_goes_to_the_waiter(t
     finally:
         await worker.close()
         await host.close()
+
+
+def test_a_full_neighbourhood_gives_up_the_pin_idle_longest(tmp_path):
+    from nomyo_router.state.pins import PROBE, PinTable
+    table = PinTable(str(tmp_path / "p.pins"), 4, 60.0, {"a": 0}.__getitem__, {0: "a"}.__getitem__)
+    try:
+        assert table.entries == PROBE  # one neighbourhood: every key competes for the same records
+        for i in range(PROBE):
+            table.set(f"k{i}", "a")
+        assert table.count() == PROBE
+        assert table.find(["k0"]) == ("k0", "a")  # k0 used again: now k1 is the one idle longest
+        table.set("new", "a")
+        assert table.count() == PROBE
+        assert table.find(["k1"]) is None
+        assert [table.find([f"k{i}"]) for i in (0, 2, 7)] == [("k0", "a"), ("k2", "a"), ("k7", "a")]
+        assert table.find(["new"]) == ("new", "a")
+    finally:
+        table.close()

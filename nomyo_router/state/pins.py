@@ -30,7 +30,18 @@ PROBE = 8
 _HEAD = struct.Struct("8sqq")  # magic, entries, in use
 _REC = struct.Struct("16sdi4x")
 _EMPTY = bytes(16)
+_EXPIRY = struct.Struct("d")
 _WINDOW = PROBE * _REC.size
+
+
+def _find(window: bytes, digest: bytes) -> int:
+    """The offset in `window` (a neighbourhood's records) of the record whose key is
+    `digest`, or -1. (16 bytes matching across two records: never for random digests, but a
+    free record's zeros can: only offsets at a record's start count.)"""
+    i = window.find(digest)
+    while i > 0 and i % _REC.size:
+        i = window.find(digest, i + 1)
+    return i
 
 
 class PinTable:
@@ -71,10 +82,7 @@ class PinTable:
 
     def _locate(self, digest: bytes, at0: int) -> int:
         """The offset of `digest`'s record in the neighbourhood at `at0`, or -1 (locked)."""
-        window = self._map[at0:at0 + _WINDOW]
-        i = window.find(digest)
-        while i > 0 and i % _REC.size:  # (16 random bytes across two records: never, but exact)
-            i = window.find(digest, i + 1)
+        i = _find(self._map[at0:at0 + _WINDOW], digest)
         return -1 if i < 0 else at0 + i
 
     def _used(self, delta: int) -> None:
@@ -115,16 +123,15 @@ class PinTable:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             for (digest, at0), col in todo:
-                at = self._locate(digest, at0)
-                if at < 0:  # a free record, else the one idle longest (expired or not)
-                    recs = list(_REC.iter_unpack(m[at0:at0 + _WINDOW]))
-                    i = next((i for i, r in enumerate(recs) if r[0] == _EMPTY), -1)
+                window = m[at0:at0 + _WINDOW]
+                i = _find(window, digest)
+                if i < 0:  # a free record, else the one idle longest (expired or not)
+                    i = _find(window, _EMPTY)
                     if i >= 0:
                         self._used(1)
-                    else:
-                        i = min(range(PROBE), key=lambda j: recs[j][1])  # (an expired one is counted)
-                    at = at0 + i * _REC.size
-                _REC.pack_into(m, at, digest, expiry, col)
+                    else:  # (an expired one is counted)
+                        i = min(range(0, _WINDOW, _REC.size), key=lambda j: _EXPIRY.unpack_from(window, j + 16)[0])
+                _REC.pack_into(m, at0 + i, digest, expiry, col)
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
