@@ -46,8 +46,11 @@ async def test_parallel_two_runs_six_requests_in_three_waves():
             return time.perf_counter() - t0
         t0 = time.perf_counter()
         ends = sorted(await asyncio.gather(*[timed() for _ in range(6)]))
-        waves = [round(t / 0.100) for t in ends]
-        assert waves == [1, 1, 2, 2, 3, 3], ends
+        # two at a time: a request of 5 tokens x 20 ms takes >= 100 ms, and the 3rd and 5th
+        # can only start when one of the two before them ended (a busy machine only stretches
+        # these gaps, so no upper bound)
+        assert ends[0] >= 0.095, ends
+        assert ends[2] - ends[0] >= 0.095 and ends[4] - ends[2] >= 0.095, ends
         assert m.stats()["max_active"] == 2
         assert m.stats()["max_in_flight"] == 6
 
