@@ -32,7 +32,8 @@ async def test_anthropic_messages_through_the_router_with_a_key(ollama_url):
         direct = anthropic.AsyncAnthropic(base_url=ollama_url, api_key="unused", max_retries=0)
         routed = anthropic.AsyncAnthropic(base_url=r.url, api_key=KEY, max_retries=0)
         try:
-            ask = dict(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+            ask = dict(model="tiny", max_tokens=8, extra_body={"temperature": 0},  # the same tokens both ways
+                       messages=[{"role": "user", "content": "hi"}])
             a, b = await direct.messages.create(**ask), await routed.messages.create(**ask)
             assert (a.type, a.role, a.model, a.stop_reason) == (b.type, b.role, b.model, b.stop_reason)
             assert b.content and b.usage.output_tokens == a.usage.output_tokens
