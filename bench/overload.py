@@ -1,10 +1,12 @@
 """Issues 15 and 16: one router worker under 2,000 slow streams — errors, ejections, memory, TTFT.
 
-    python bench/overload.py [--streams 2000] [--seconds 60] [--direct] [--tick-ms 5]
+    python bench/overload.py [--streams 2000] [--seconds 60] [--direct] [--tick-ms 5] [--load go|python]
 
-One router worker pinned to core 0; one healthy mock (50 ms to first token, 100 tokens at
-40 ms: 25 tok/s, written by a shared 5 ms tick: `stream_tick_ms`) and the load generator
-(bench/slowload.py: a lean client on uvloop) pinned to core 1. `--streams` users open their
+One router worker pinned to core 0; one healthy backend (50 ms to first token, 100 tokens at
+40 ms: 25 tok/s, written by a shared 5 ms tick) and the load generator pinned to core 1.
+`--load go` (the default when Go is installed; bench/goload.py): both are bench/slowgen,
+compiled, one thread each — at 2,000 streams the Python pair saturates core 1 by itself.
+`--load python`: the mock (`stream_tick_ms`) and bench/slowload.py (a lean client on uvloop). `--streams` users open their
 first stream evenly over one stream's length (4.05 s), then loop closed; only streams
 started in the `--seconds` window count, and the window opens one stream's length after
 the ramp, so every counted stream was opened in the steady state. `--direct` runs the same
@@ -36,6 +38,7 @@ import urllib.request
 import yaml
 from common import cpu_of, free_port, rss_mb
 
+import goload
 import slowload
 from mock import MockConfig, MockProcess
 from mock.runner import wait_http
@@ -53,7 +56,12 @@ def main() -> None:
                    help="the mock's stream_tick_ms (default 5; 0: one sleep per token per stream)")
     p.add_argument("--ramp", type=float, default=(TTFT_MS + TOKENS * TOK_MS) / 1000,
                    help="seconds over which the streams are first opened (default: one stream's length)")
+    p.add_argument("--load", choices=("go", "python"), default="go" if goload.go_tool() else "python",
+                   help="the backend and client: bench/slowgen (compiled; default when Go is installed) "
+                        "or the Python mock and bench/slowload.py")
     args = p.parse_args()
+    if args.load == "go" and args.tick_ms <= 0:
+        p.error("--load go writes streams on a shared tick: --tick-ms must be > 0")
     length = (TTFT_MS + TOKENS * TOK_MS) / 1000
     cfg = MockConfig(ttft_ms=TTFT_MS, tok_ms=TOK_MS, tokens=TOKENS, parallel=100_000, max_queue=100_000,
                      stream_tick_ms=args.tick_ms)
@@ -71,8 +79,12 @@ def main() -> None:
         def at(edge: str) -> None:
             snaps[edge] = (time.perf_counter(), cpu_of(mock), cpu_of(router) if router else 0.0, _cores())
 
-        out = asyncio.run(slowload.run("127.0.0.1", port, args.streams, TOKENS, args.ramp, length,
-                                       args.seconds, at_window=at))
+        if binary:
+            out = goload.run(binary, "127.0.0.1", port, args.streams, TOKENS, args.ramp, length, args.seconds,
+                             at_window=at)
+        else:
+            out = asyncio.run(slowload.run("127.0.0.1", port, args.streams, TOKENS, args.ramp, length,
+                                           args.seconds, at_window=at))
         (n0, m0, r0, c0), (n1, m1, r1, c1) = snaps["start"], snaps["end"]
         wall = n1 - n0
         ttft = [t for _, t, err in out.requests if err is None]
@@ -99,8 +111,9 @@ def main() -> None:
             "client_loop_lag_ms": {"p99": ms(slowload.pct(out.loop_lags, 99)), "max": ms(max(out.loop_lags))},
         }
 
-    with MockProcess(cfg) as m:
-        mock_pid = m.proc.pid  # type: ignore[union-attr]
+    binary = goload.build() if args.load == "go" else None
+    with (goload.backend(binary, TTFT_MS, TOK_MS, TOKENS, args.tick_ms) if binary else MockProcess(cfg)) as m:
+        mock_pid = m.pid if binary else m.proc.pid  # type: ignore[union-attr]
         direct = stage(m.port, None, mock_pid) if args.direct else None
         fd, path = tempfile.mkstemp(suffix=".yaml")
         with os.fdopen(fd, "w") as f:
@@ -157,6 +170,7 @@ def main() -> None:
                                    for q in ("p50", "p99")}}
     print(json.dumps({
         "streams": args.streams, "seconds": args.seconds, "ramp_s": args.ramp, "tick_ms": args.tick_ms,
+        "load": args.load,
         "router": summary, **({"direct": direct} if direct else {}), **added,
         "ejections_in_health": health["endpoints"][0].get("health", {}).get("ejections"),
         "ejections_or_no_healthy_in_log": false_dead,

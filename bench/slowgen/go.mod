@@ -1,0 +1,3 @@
+module slowgen
+
+go 1.21
