@@ -135,7 +135,7 @@ func (w *wheel) file(s *stream, tick int64) {
 // write: one non-blocking write(2); a full socket takes 0 bytes, not an error.
 func write(fd int, data []byte) (int, error) {
 	for {
-		n, err := syscall.Write(fd, data)
+		n, err := rawWrite(fd, data)
 		switch err {
 		case nil:
 			return n, nil
