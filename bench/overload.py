@@ -18,9 +18,9 @@ Printed: requests, errors by kind, how many 503s said "no healthy endpoint" (mus
 how many were an explicit `router_overloaded`, the endpoint's ejections as /health reports
 them, RSS idle and at peak and bytes per open stream ((peak - RSS after a 2 s warm-up of 20
 streams) / streams), TTFT percentiles, and, to show who was the limit, over the window: the
-CPU of the router, of the mock and of the client (utime+stime / wall, in cores), how busy
-each core was (/proc/stat), the client's send lag (request written - when it was due) and
-event-loop lag (how late a 10 ms sleep woke).
+CPU of the router, of the backend ("mock": slowgen serve or the mock) and of the client
+(utime+stime / wall, in cores), how busy each core was (/proc/stat), the client's send lag
+(request written - when it was due) and event-loop lag (how late a 10 ms sleep woke).
 """
 
 from __future__ import annotations
