@@ -18,8 +18,8 @@ from typing import Awaitable, Callable
 
 from .api import access, listing, manage
 from .api import status as ollama_status
-from .api.asgi import (BodyTooLarge, ClientGone, Receive, Scope, Send, cancel_on_disconnect, header, read_body,
-                       send_response, with_headers)
+from .api.asgi import (BODY_WRITER, BodyTooLarge, ClientGone, Receive, Scope, Send, cancel_on_disconnect, header,
+                       read_body, send_response, with_headers)
 from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
 from .api.requests import GENERATION_ROUTES, parse
@@ -246,6 +246,7 @@ class RouterApp:
             status, body = await unload(router.upstream, router.endpoints, req.path, req.key, raw)
             await send_response(send, status, body)
             return
+        req.body_writer = scope.pop(BODY_WRITER, None)  # (popped: no reference cycle through the scope)
         sid = header(scope, router.session_header)
         if sid:
             req.session_id = sid.decode("latin-1")

@@ -12,6 +12,10 @@ subclass adds, per connection:
 - a body that idles longer than `body_idle_timeout` (30 s) between two pieces → closed
   (the app sees a disconnect).
 
+It also offers the relay a synchronous writer of body pieces (`BodyWriter`, in the scope
+under `BODY_WRITER`): the upstream client hands a relayed stream's pieces to it from its own
+data callback (upstream/relay.py) instead of waking the request's task per chunk.
+
 `nomyo-router` serves with it; with plain uvicorn pass
 `--http nomyo_router.protocol:GuardedHttpToolsProtocol`. The number of connections is
 bounded by uvicorn's own `limit_concurrency` (`max_connections`; beyond it, 503).
@@ -24,7 +28,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .api.asgi import DISCONNECT_HOOK
+from .api.asgi import BODY_WRITER, DISCONNECT_HOOK
 
 DEFAULTS = {"max_header_bytes": 64 * 1024, "header_timeout": 10.0, "body_idle_timeout": 30.0}
 
@@ -104,6 +108,28 @@ class _Guard:
         self.timer: asyncio.TimerHandle | None = None
 
 
+class BodyWriter:
+    """Writes pieces of a started chunked response now, as uvicorn's `send` would for an
+    `http.response.body` message with `more_body` — when it may: `ready()` is False while
+    the client's transport is paused (back-pressure) or closing, after a disconnect, before
+    the head was sent or after the end, or once the connection moved on to another request;
+    the caller then takes the ASGI path, which waits or fails as uvicorn decides."""
+
+    __slots__ = ("proto", "cycle", "flow", "transport")
+
+    def __init__(self, proto: "GuardedHttpToolsProtocol", cycle: Any) -> None:
+        self.proto, self.cycle, self.flow, self.transport = proto, cycle, proto.flow, proto.transport
+
+    def ready(self) -> bool:
+        cycle = self.cycle
+        return (not self.flow.write_paused and cycle.chunked_encoding is True and not cycle.response_complete
+                and not cycle.disconnected and cycle.response_started and self.proto.cycle is cycle
+                and not self.transport.is_closing())  # (a write then could raise in the backend's callback)
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -122,10 +148,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._stop_timer()
         cycle = self.cycle
         super().connection_lost(exc)
-        if cycle is not None and cycle.disconnected:  # the client left mid-request: tell the app
-            hook = cycle.scope.get(DISCONNECT_HOOK)
-            if hook is not None:
-                hook()
+        if cycle is not None:
+            cycle.scope.pop(BODY_WRITER, None)  # (it refers to the cycle: no reference cycle left)
+            if cycle.disconnected:  # the client left mid-request: tell the app
+                hook = cycle.scope.get(DISCONNECT_HOOK)
+                if hook is not None:
+                    hook()
 
     def _stop_timer(self) -> None:
         g = self._g
@@ -176,8 +204,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
             self.cycle.scope[DISCONNECT_HOOK] = None
+            self.cycle.scope[BODY_WRITER] = BodyWriter(self, self.cycle)
             _lean(self.cycle, "message_event")
 
     def on_message_complete(self) -> None:
         self._stop_timer()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self.cycle is not None and self.cycle.response_complete:
+            self.cycle.scope.pop(BODY_WRITER, None)
+        super().on_response_complete()

@@ -15,6 +15,9 @@ JSON = b"application/json"
 # function stored there when the client's connection is lost, so no task per request has
 # to sit in `receive()` to notice a disconnect.
 DISCONNECT_HOOK = "nomyo.on_disconnect"
+# Set in the scope by nomyo_router.protocol: a `protocol.BodyWriter` that writes a relayed
+# stream's pieces straight to the client's transport (upstream/relay.py).
+BODY_WRITER = "nomyo.body_writer"
 
 
 class BodyTooLarge(Exception):

@@ -29,7 +29,7 @@ import asyncio
 import ssl
 import time
 import weakref
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 from urllib.parse import urlsplit
 
 import httptools
@@ -69,7 +69,7 @@ class Headers(dict):
 
 class _Conn(asyncio.Protocol):
     __slots__ = ("transport", "parser", "chunks", "size", "status", "headers", "head", "waiter", "eof",
-                 "keep", "lost", "error", "paused", "got_bytes", "idle_since", "deadline", "timer")
+                 "keep", "lost", "error", "paused", "got_bytes", "idle_since", "deadline", "timer", "sink", "read_s")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -89,6 +89,8 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.deadline = 0.0  # when the waiting reader times out (sock_read)
         self.timer: asyncio.TimerHandle | None = None  # one per connection, not one per read
+        self.sink: Callable[[bytes], bool] | None = None  # takes body pieces as they arrive (Response.sink)
+        self.read_s = 0.0
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -102,6 +104,23 @@ class _Conn(asyncio.Protocol):
             self._fail(Cut("unexpected protocol upgrade from the backend"))
         except httptools.HttpParserError as e:
             self._fail(Cut(f"bad HTTP answer from the backend: {e}"))
+        if self.sink is not None and self.chunks:
+            self._offer()
+
+    def _offer(self) -> None:
+        """The body pieces of this read go to the sink as one piece (relay.py: one write to
+        the client per read, however many chunks it held); a piece it refuses waits for the reader."""
+        chunks = self.chunks
+        if not self.sink(chunks[0] if len(chunks) == 1 else b"".join(chunks)):  # type: ignore[misc]
+            self._wake()
+            return
+        chunks.clear()
+        self.size = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        if self.timer is not None:  # the waiting reader's sock_read clock restarts
+            self.deadline = asyncio.get_running_loop().time() + self.read_s
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -129,7 +148,8 @@ class _Conn(asyncio.Protocol):
         if self.size > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self._wake()
+        if self.sink is None:  # (else data_received offers them to the sink first)
+            self._wake()
 
     def on_message_complete(self) -> None:
         self.eof = True
@@ -157,7 +177,7 @@ class _Conn(asyncio.Protocol):
         self.chunks.clear()
         self.size, self.status, self.headers = 0, 0, Headers()
         self.eof = self.keep = self.got_bytes = False
-        self.error = None
+        self.error = self.sink = None
         self.head = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         return self.head
@@ -168,6 +188,7 @@ class _Conn(asyncio.Protocol):
         cost ~1 µs and ~1 KB per open stream)."""
         loop = asyncio.get_running_loop()
         self.deadline = loop.time() + read_s
+        self.read_s = read_s
         if self.timer is None:
             self.timer = loop.call_at(self.deadline, self._check)
 
@@ -184,6 +205,7 @@ class _Conn(asyncio.Protocol):
 
     def close(self) -> None:
         self.lost = True
+        self.sink = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -261,12 +283,10 @@ class Response:
             parts.append(self._take())
         return b"".join(parts)
 
-    async def iter_any(self) -> Any:
-        while True:
-            data = await self.readany()
-            if not data:
-                return
-            yield data
+    def sink(self, fn: Callable[[bytes], bool] | None) -> None:
+        """Body pieces go to `fn` as they arrive, one per read (relay.py); what it refuses
+        (False), and what came before, waits for `readany`. None: back to `readany` only."""
+        self._conn.sink = None if self._line or self._done else fn
 
     def release(self) -> None:
         """Back to the pool if the whole answer was read and the connection may be reused."""
@@ -274,6 +294,7 @@ class Response:
             return
         self._done = True
         c = self._conn
+        c.sink = None
         if c.eof and c.keep and not c.lost and not c.chunks and not self._line:
             self._pool.put(c)
         else:

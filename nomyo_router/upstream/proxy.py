@@ -26,7 +26,7 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from . import h1, translate, usage
+from . import h1, relay, translate, usage
 from .deadline import Deadlines
 from .health import Health
 from .resume import Resumer, resumable
@@ -233,12 +233,12 @@ class Proxy:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             try:
                 cut = await self.resumer.relay(req, ctx, rec, ep, resp, first, send,
-                                               usage.Strip() if strip else None)
+                                               usage.Strip() if strip else None, req.body_writer)
             finally:
                 resp.close()  # no-op when released; the client left: closing stops the backend
             if cut:
                 rec.error = "stream_cut"
-                await send({"type": "http.response.body", "body": _stream_error(resp, None), "more_body": True})
+                await send({"type": "http.response.body", "body": relay.stream_error(resp, None), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return
         finished = False
@@ -246,7 +246,7 @@ class Proxy:
             if translating:
                 cut = await self._relay_translated(req, resp, first, headers, send, rec)
             else:
-                cut = await self._relay(resp, first, headers, send, rec)
+                cut = await self._relay(resp, first, headers, send, rec, req.body_writer)
             if cut:
                 rec.error = "stream_cut"
                 self.health.failure(ep, "stream cut by the backend")
@@ -287,21 +287,30 @@ class Proxy:
             raise
 
     async def _relay(self, resp: h1.Response, first: bytes, headers: Headers,
-                     send: Send, rec: RequestRecord) -> bool:
-        """Relay a stream; True when the backend cut it."""
+                     send: Send, rec: RequestRecord, writer: object = None) -> bool:
+        """Relay a stream; True when the backend cut it. `writer`: see relay.py."""
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
         cut = False
-        before, last = b"", first  # the counts sit in the last record, which may span two chunks
+        flow = relay.Passthrough(first, writer)  # the counts sit in the last record, which may span two chunks
         try:
-            async for chunk in resp.content.iter_any():
-                before, last = last, chunk
+            while True:
+                if writer is not None:
+                    resp.sink(flow.take)
+                chunk = await resp.content.readany()
+                if not chunk:
+                    break
+                flow.before, flow.last = flow.last, chunk
+                flow.busy = True
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                flow.busy = False
         except (h1.ClientError, asyncio.TimeoutError) as e:
             cut = True
-            await send({"type": "http.response.body", "body": _stream_error(resp, e), "more_body": True})
+            await send({"type": "http.response.body", "body": relay.stream_error(resp, e), "more_body": True})
         else:
-            rec.prompt_tokens, rec.completion_tokens = usage.counts((before + last)[-usage.TAIL:])
+            rec.prompt_tokens, rec.completion_tokens = usage.counts(flow.tail()[-usage.TAIL:])
+        finally:
+            resp.sink(None)
         await send({"type": "http.response.body", "body": b""})
         return cut
 
@@ -324,7 +333,7 @@ class Proxy:
                 if not pending:
                     break
         except (h1.ClientError, asyncio.TimeoutError) as e:
-            await send({"type": "http.response.body", "body": _ndjson_error(e), "more_body": True})
+            await send({"type": "http.response.body", "body": relay.ndjson_error(e), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return True
         tail = conv.final()
@@ -369,21 +378,6 @@ async def _send_whole(send: Send, status: int, body: bytes, content_type: bytes 
     h.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": h})
     await send({"type": "http.response.body", "body": body})
-
-
-def _ndjson_error(e: BaseException | None) -> bytes:
-    why = type(e).__name__ if e is not None else "cut, and no other endpoint could continue it"
-    return json.dumps({"error": f"backend stream failed: {why}"}).encode() + b"\n"
-
-
-def _stream_error(resp: h1.Response, e: BaseException | None) -> bytes:
-    """A last chunk telling the client the stream broke, in the stream's own format."""
-    if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-        why = type(e).__name__ if e is not None else "cut, and no other endpoint could continue it"
-        msg = {"error": {"message": f"backend stream failed: {why}",
-                         "type": "server_error", "param": None, "code": "upstream_error"}}
-        return b"data: " + json.dumps(msg).encode() + b"\n\n"
-    return _ndjson_error(e)
 
 
 def _unknown_model(req: GenRequest) -> ApiError:

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..state import NoEndpoint, QueueFull, QueueTimeout
 from . import h1, records, usage
+from .relay import Records
 
 
 def resumable(api: str, kind: str, body: dict[str, Any]) -> bool:
@@ -77,8 +78,10 @@ class Sent:
         self.whole = whole  # False: only the tail is kept (no resumption possible)
 
     def add(self, data: bytes) -> None:
-        if not self.whole:  # only the final record matters (its counts)
-            self.tail = (self.tail + data)[-self.LAST:]
+        if not self.whole:  # only the final record matters (its counts): cut now and then
+            self.tail += data
+            if len(self.tail) > 2 * self.LAST:
+                self.tail = self.tail[-self.LAST:]
             return
         self.tail += data
         if len(self.tail) > self.BLOCK:
@@ -88,7 +91,7 @@ class Sent:
             self.tail = self.tail[cut:]  # a new small buffer: `del` would keep the large one
 
     def last(self) -> bytes:
-        return bytes(self.tail)
+        return bytes(self.tail if self.whole else self.tail[-self.LAST:])
 
     def all(self) -> bytes:
         return b"".join(zlib.decompress(b, -15) for b in self.blocks) + bytes(self.tail)
@@ -174,9 +177,10 @@ class Resumer:
         self.max_attempts = max_attempts
 
     async def relay(self, req: Any, ctx: Any, rec: Any, ep: Any, resp: Any, first: bytes,
-                    send: Any, strip: usage.Strip | None = None) -> bool:
+                    send: Any, strip: usage.Strip | None = None, writer: Any = None) -> bool:
         """Relay `resp` (already started) to the client; True when it ended broken. `strip`:
-        take out the usage event the router asked for on the client's behalf."""
+        take out the usage event the router asked for on the client's behalf; `writer`: the
+        protocol's `BodyWriter` (relay.py)."""
         sep = record_end(req.api == "openai")
         # With no other endpoint for the model there is nowhere to resume: keep only the tail.
         sent = Sent(whole=self.scheduler.serving(req.key) > 1)
@@ -185,7 +189,7 @@ class Resumer:
         leases = []
         try:
             while True:
-                if not await _pump(resp, first, sep, seam, sent, send, strip):
+                if not await _pump(resp, first, sep, seam, sent, send, strip, writer):
                     resp.release()
                     if seam is not None:
                         self.health.success(ep)
@@ -239,29 +243,25 @@ class Resumer:
 
 
 async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Sent,
-                send: Any, strip: usage.Strip | None = None) -> bool:
-    """Send whole records of `resp` on (keeping what was sent); True when it broke."""
-    pending = b""
+                send: Any, strip: usage.Strip | None = None, writer: Any = None) -> bool:
+    """Send whole records of `resp` on (keeping what was sent); True when it broke. With a
+    `writer` (relay.py), pieces go from the connection's callback straight to the client."""
+    whole = Records(sep, seam, sent, strip, writer)
     chunk = first
     try:
         while chunk:
-            data = pending + chunk if pending else chunk
-            end = data.rfind(sep)
-            if end < 0:
-                pending = data
-            else:
-                end += len(sep)
-                out, pending = data[:end], data[end:]
-                if seam is not None:
-                    out = b"".join(seam.record(r + sep) for r in out[:-len(sep)].split(sep))
-                if strip is not None:
-                    out = strip.records(out, sep)
-                if out:
-                    sent.add(out)
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            out = whole.feed(chunk)
+            if out:
+                whole.busy = True
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                whole.busy = False
+            if writer is not None:
+                resp.sink(whole.take)
             chunk = await resp.content.readany()
     except (h1.ClientError, asyncio.TimeoutError):
         return True
-    if pending:  # a last record without its terminator
-        await send({"type": "http.response.body", "body": pending, "more_body": True})
+    finally:
+        resp.sink(None)
+    if whole.pending:  # a last record without its terminator
+        await send({"type": "http.response.body", "body": whole.pending, "more_body": True})
     return False
