@@ -19,8 +19,8 @@ is sent once more on a fresh one); backpressure (reading pauses while 256 KiB ar
 TLS through asyncio's `ssl`; connect and per-read timeouts (aiohttp's `sock_connect` and
 `sock_read`). What it does not: proxies from the environment (ignored by design, like the
 aiohttp session before it), redirects, HEAD, streamed request bodies, compression (the router asks for identity), HTTP/2.
-Errors derive from `ClientError`; `Timeout` has the field names of aiohttp's `ClientTimeout`
-(which is accepted too).
+Errors derive from `ClientError` (`errors.py`, with `Timeout` and `Headers`); `Timeout` has
+the field names of aiohttp's `ClientTimeout` (which is accepted too).
 """
 
 from __future__ import annotations
@@ -29,42 +29,15 @@ import asyncio
 import ssl
 import time
 import weakref
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import httptools
 
+from .errors import ClientError, Cut, Disconnected, Headers, Timeout, Unreachable  # noqa: F401 (h1.* names)
+
 HIGH_WATER = 256 * 1024  # buffered body bytes before reading pauses
 IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop them)
-
-
-class ClientError(Exception):
-    """Any failure of an upstream call other than a timeout."""
-
-
-class Unreachable(ClientError):
-    """Could not connect: the backend is not there."""
-
-
-class Disconnected(ClientError):
-    """The connection closed before the answer's status line."""
-
-
-class Cut(ClientError):
-    """The connection closed in the middle of the answer's body."""
-
-
-class Timeout(NamedTuple):
-    """Connect and per-read limits in seconds (None: none); the names of aiohttp's `ClientTimeout`."""
-    sock_connect: float | None = None
-    sock_read: float | None = None
-
-
-class Headers(dict):
-    """Response headers, names lower-cased; `get` is case-insensitive like aiohttp's."""
-
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
-        return dict.get(self, name.lower(), default)
 
 
 class _Conn(asyncio.Protocol):

@@ -1,0 +1,35 @@
+"""What the upstream client (`h1`) raises, and the small types it takes and returns besides
+a `Response`; all of them are also reachable as `h1.<name>`."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class ClientError(Exception):
+    """Any failure of an upstream call other than a timeout."""
+
+
+class Unreachable(ClientError):
+    """Could not connect: the backend is not there."""
+
+
+class Disconnected(ClientError):
+    """The connection closed before the answer's status line."""
+
+
+class Cut(ClientError):
+    """The connection closed in the middle of the answer's body."""
+
+
+class Timeout(NamedTuple):
+    """Connect and per-read limits in seconds (None: none); the names of aiohttp's `ClientTimeout`."""
+    sock_connect: float | None = None
+    sock_read: float | None = None
+
+
+class Headers(dict):
+    """Response headers, names lower-cased; `get` is case-insensitive like aiohttp's."""
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return dict.get(self, name.lower(), default)
