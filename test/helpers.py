@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import socket
 import tempfile
 from typing import Any, AsyncIterator
 
@@ -65,3 +67,22 @@ def fifo(done_at: list[float], service: float) -> bool:
     rounded wave numbers: waves drift with the router's per-wave overhead."""
     n = len(done_at)
     return all(done_at[j] - done_at[i] > service / 2 for i in range(n) for j in range(i + 2, n))
+
+
+async def post_stream_raw(url: str, path: str, body: dict[str, Any],
+                          rcvbuf: int = 0) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """POST `body` on a plain socket (receive buffer `rcvbuf` if > 0, so the sender's writes
+    pile up) and read the head of a 200 chunked answer; the body is left to the caller."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
+    data = json.dumps(body).encode()
+    writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (path.encode(), len(data), data))
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    return reader, writer

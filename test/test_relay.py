@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 
 import aiohttp
@@ -18,7 +17,7 @@ import pytest
 
 from mock import MockConfig, MockProcess, run_mock
 from nomyo_router.protocol import BodyWriter
-from test.helpers import endpoints, run_router
+from test.helpers import endpoints, post_stream_raw, run_router
 
 WORDS = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed",
          "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et"]
@@ -52,18 +51,7 @@ class RawClient:
 
     @classmethod
     async def post(cls, url: str, path: str, body: dict, rcvbuf: int = 0) -> "RawClient":
-        host, port = url.removeprefix("http://").split(":")
-        sock = socket.socket()
-        if rcvbuf:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-        reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
-        data = json.dumps(body).encode()
-        writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                     % (path.encode(), len(data), data))
-        head = await reader.readuntil(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+        reader, writer = await post_stream_raw(url, path, body, rcvbuf)
         return cls(reader, writer)
 
     async def frame(self) -> bytes | None:

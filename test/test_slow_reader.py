@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import pytest
 
 from mock import run_mock
-from test.helpers import endpoints, run_router
+from test.helpers import endpoints, post_stream_raw, run_router
 
 TOKENS = 40_000  # ~5 MB: more than the kernel buffers, so the router's transport pauses
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -19,17 +18,7 @@ CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "str
 
 async def _raw_stream(url: str, path: str, body: dict, stall_at: int = 0) -> bytes:
     """The de-chunked body of a stream, read by a client that stalls for a second after `stall_at` pieces."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the router's writes pile up
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
-    data = json.dumps(body).encode()
-    writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                 % (path.encode(), len(data), data))
-    head = await reader.readuntil(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    reader, writer = await post_stream_raw(url, path, body, rcvbuf=4096)  # so the router's writes pile up
     out = bytearray()
     n = 0
     while True:
