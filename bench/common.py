@@ -101,13 +101,16 @@ def mock_process(config: MockConfig = ZERO) -> Iterator[MockProcess]:
 
 
 @contextmanager
-def router_process(endpoints: list[dict], workers: int = 1, **extra: object) -> Iterator[tuple[str, subprocess.Popen]]:
+def router_process(endpoints: list[dict], workers: int = 1, core: int | None = None,
+                   **extra: object) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A router on a free port (pinned to `core` if given) until the block ends."""
     cfg = {"endpoints": endpoints, "max_queue": 100_000, **extra}
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(cfg, f)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    proc = subprocess.Popen([*pin, sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
                              "--workers", str(workers), "--log-level", "warning"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -15,17 +15,12 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 
-import yaml
-from common import free_port
+from common import router_process
 
 import slowload
 from mock import MockConfig, MockProcess
-from mock.runner import wait_http
 
 TTFT_MS, TOK_MS, TOKENS = 50.0, 40.0, 100
 
@@ -50,24 +45,14 @@ def main() -> None:
     import uvloop
     uvloop.install()
     with MockProcess(cfg) as m:
-        fd, path = tempfile.mkstemp(suffix=".yaml")
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump({"endpoints": [{"url": m.url, "name": "m", "max_concurrent": 100_000}],
-                            "max_queue": 100_000, "routing": "least_busy"}, f)
-        port = free_port()
-        router = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "nomyo_router", "--config", path,
-                                   "--port", str(port), "--log-level", "warning"], stdout=subprocess.DEVNULL)
+        endpoints = [{"url": m.url, "name": "m", "max_concurrent": 100_000}]
         snaps: dict[str, tuple] = {}
-        try:
-            wait_http(f"http://127.0.0.1:{port}/health", 30, router)
+        with router_process(endpoints, core=0, routing="least_busy") as (url, router):
+            port = int(url.rsplit(":", 1)[1])
             asyncio.run(slowload.run("127.0.0.1", port, 20, 20, 0.1, 0.0, 1.0))  # warm-up
             out = asyncio.run(slowload.run(
                 "127.0.0.1", port, args.streams, TOKENS, length, length, args.seconds,
                 at_window=lambda edge: snaps.__setitem__(edge, (time.perf_counter(), _times(router.pid)))))
-        finally:
-            router.terminate()
-            router.wait(20)
-            os.unlink(path)
     (t0, (u0, s0)), (t1, (u1, s1)) = snaps["start"], snaps["end"]
     wall = t1 - t0
     ttft = sorted(t for _, t, err in out.requests if err is None)

@@ -300,7 +300,7 @@ class Proxy:
                 chunk = await resp.content.readany()
                 if not chunk:
                     break
-                flow.before, flow.last = flow.last, chunk
+                flow.keep(chunk)
                 flow.busy = True
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 flow.busy = False

@@ -86,24 +86,29 @@ class Passthrough:
         w = self.writer
         if self.busy or not w.ready():
             return False
-        self.before, self.last = self.last, chunk
+        self.keep(chunk)
         w.write(chunk)
         return True
+
+    def keep(self, chunk: bytes) -> None:
+        self.before, self.last = self.last, chunk
 
     def tail(self) -> bytes:
         return self.before + self.last
 
 
+def _why(e: BaseException | None) -> str:
+    return "backend stream failed: " + (type(e).__name__ if e is not None else
+                                        "cut, and no other endpoint could continue it")
+
+
 def ndjson_error(e: BaseException | None) -> bytes:
-    why = type(e).__name__ if e is not None else "cut, and no other endpoint could continue it"
-    return json.dumps({"error": f"backend stream failed: {why}"}).encode() + b"\n"
+    return json.dumps({"error": _why(e)}).encode() + b"\n"
 
 
 def stream_error(resp: Any, e: BaseException | None) -> bytes:
     """A last chunk telling the client the stream broke, in the stream's own format."""
     if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-        why = type(e).__name__ if e is not None else "cut, and no other endpoint could continue it"
-        msg = {"error": {"message": f"backend stream failed: {why}",
-                         "type": "server_error", "param": None, "code": "upstream_error"}}
+        msg = {"error": {"message": _why(e), "type": "server_error", "param": None, "code": "upstream_error"}}
         return b"data: " + json.dumps(msg).encode() + b"\n\n"
     return ndjson_error(e)
