@@ -97,7 +97,8 @@ class _Guard:
     protocol has 27; a 30th turns its shared-key `__dict__` (296 B) into a full one
     (1,584 B), paid by every open connection (issue 16)."""
 
-    __slots__ = ("max_head", "head_timeout", "body_timeout", "head_bytes", "in_head", "timer")
+    __slots__ = ("max_head", "head_timeout", "body_timeout", "head_bytes", "in_head", "timer", "due",
+                 "deadline", "status")
 
     def __init__(self, limits: dict[str, float]) -> None:
         self.max_head = int(limits["max_header_bytes"])
@@ -105,7 +106,51 @@ class _Guard:
         self.body_timeout = limits["body_idle_timeout"]
         self.head_bytes = 0
         self.in_head = True
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | None = None  # fires at `due`, at or before `deadline`
+        self.due = 0.0
+        self.deadline: float | None = None  # when this connection's current bound runs out ...
+        self.status = 0  # ... and what then: 408 (head), BODY_IDLE or KEEP_ALIVE (closed)
+
+
+class _Cork:
+    """The client's transport as one response's cycle sees it: the first thing the cycle
+    writes (the head uvicorn builds at `http.response.start`) is held until its next write
+    (the body) or the end of this loop turn, whichever is first. A whole response then leaves
+    in one send — one packet for the client to wake up for, not two (bench/overhead.py
+    --floor: see the CHANGELOG for the figures). A stream's head waits at most one turn."""
+
+    __slots__ = ("transport", "held", "armed")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.held: bytes | None = None
+        self.armed = True
+
+    def write(self, data: bytes) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            self.transport.writelines((held, data))
+        elif self.armed:
+            self.armed = False
+            self.held = data
+            asyncio.get_running_loop().call_soon(self.flush)
+        else:
+            self.transport.write(data)
+
+    def flush(self) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            if not self.transport.is_closing():
+                self.transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
 
 
 class BodyWriter:
@@ -118,7 +163,7 @@ class BodyWriter:
     __slots__ = ("proto", "cycle", "flow", "transport")
 
     def __init__(self, proto: "GuardedHttpToolsProtocol", cycle: Any) -> None:
-        self.proto, self.cycle, self.flow, self.transport = proto, cycle, proto.flow, proto.transport
+        self.proto, self.cycle, self.flow, self.transport = proto, cycle, proto.flow, cycle.transport
 
     def ready(self) -> bool:
         cycle = self.cycle
@@ -130,12 +175,15 @@ class BodyWriter:
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
 
+BODY_IDLE, KEEP_ALIVE = 0, 1
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         _lean(self.flow, "_is_writable_event")
         g = self._g = _Guard(_limits(self.app))
-        g.timer = self.loop.call_later(g.head_timeout, self._expire, 408)
+        self._arm(g.head_timeout, 408)
 
     def _unsupported_upgrade_warning(self) -> None:
         # `nomyo-router` serves with ws="none" (no WebSocket routes, ~2 MB less per worker): an
@@ -155,19 +203,40 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 if hook is not None:
                     hook()
 
+    def _arm(self, delay: float, status: int) -> None:
+        """The connection's one bound — its head's time, its body's idle gap, or keep-alive —
+        now ends `delay` from now. One timer per connection, moved lazily (it fires, finds the
+        deadline moved on, and sleeps again): a `call_later` and its `cancel` cost ~3 µs, and
+        were paid four times per request (uvicorn's keep-alive timer included)."""
+        g = self._g
+        g.deadline = when = self.loop.time() + delay
+        g.status = status
+        if g.timer is not None:
+            if g.due <= when:
+                return
+            g.timer.cancel()
+        g.timer = self.loop.call_at(when, self._expire)
+        g.due = when
+
     def _stop_timer(self) -> None:
         g = self._g
+        g.deadline = None
         if g.timer is not None:
             g.timer.cancel()
             g.timer = None
 
-    def _expire(self, status: int) -> None:
-        self._g.timer = None
-        if self.transport.is_closing():
+    def _expire(self) -> None:
+        g = self._g
+        g.timer = None
+        if g.deadline is None or self.transport.is_closing():
             return
-        if status == 408 and self._g.in_head:
-            self._refuse(b"408 Request Timeout")
-        elif status == 0:  # body idle: the app gets a disconnect
+        if self.loop.time() < g.deadline:
+            g.timer = self.loop.call_at(g.deadline, self._expire)
+            g.due = g.deadline
+        elif g.status == 408:
+            if g.in_head:
+                self._refuse(b"408 Request Timeout")
+        else:  # body idle (the app gets a disconnect), or a kept-alive connection left idle
             self.transport.close()
 
     def _refuse(self, status_line: bytes) -> None:
@@ -175,11 +244,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.transport.held is not None:
+            cycle.transport.flush()  # (a held head leaves before anything we may write now)
         g = self._g
         if not g.in_head:
-            if g.timer is not None:  # a body piece arrived: the idle clock restarts
-                g.timer.cancel()
-                g.timer = self.loop.call_later(g.body_timeout, self._expire, 0)
+            if g.status == BODY_IDLE and g.deadline is not None:  # a body piece: the idle clock restarts
+                self._arm(g.body_timeout, BODY_IDLE)
             return super().data_received(data)
         g.head_bytes += len(data)
         super().data_received(data)
@@ -193,25 +264,32 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not g.in_head:  # the next request on a kept-alive connection
             g.in_head = True
             g.head_bytes = 0
-            self._stop_timer()
-            g.timer = self.loop.call_later(g.head_timeout, self._expire, 408)
+            self._arm(g.head_timeout, 408)
 
     def on_headers_complete(self) -> None:
         g = self._g
         g.in_head = False
-        self._stop_timer()
-        g.timer = self.loop.call_later(g.body_timeout, self._expire, 0)
+        self._arm(g.body_timeout, BODY_IDLE)
         super().on_headers_complete()
         if self.cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
+            self.cycle.transport = _Cork(self.transport)
             self.cycle.scope[DISCONNECT_HOOK] = None
             self.cycle.scope[BODY_WRITER] = BodyWriter(self, self.cycle)
             _lean(self.cycle, "message_event")
 
     def on_message_complete(self) -> None:
-        self._stop_timer()
+        self._g.deadline = None  # no bound while the app answers (the timer, if any, stays)
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
         if self.cycle is not None and self.cycle.response_complete:
             self.cycle.scope.pop(BODY_WRITER, None)
-        super().on_response_complete()
+        if self.pipeline or self.transport.is_closing():
+            super().on_response_complete()
+            return
+        # uvicorn's own steps when no request is pipelined, with its keep-alive timer (a
+        # call_later per request) replaced by this connection's deadline
+        self.server_state.total_requests += 1
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        self._arm(self.timeout_keep_alive, KEEP_ALIVE)

@@ -29,15 +29,17 @@ class RunningRouter:
 
 @contextlib.asynccontextmanager
 async def run_router(config: RouterConfig | dict[str, Any],
-                     http: str = "nomyo_router.protocol:GuardedHttpToolsProtocol") -> AsyncIterator[RunningRouter]:
-    """`http`: uvicorn's protocol; ours by default (what `nomyo-router` serves with)."""
+                     http: str = "nomyo_router.protocol:GuardedHttpToolsProtocol",
+                     keep_alive: float = 5.0) -> AsyncIterator[RunningRouter]:
+    """`http`: uvicorn's protocol; ours by default (what `nomyo-router` serves with).
+    `keep_alive`: seconds an idle kept-alive connection stays open (uvicorn's default)."""
     if isinstance(config, dict):
         config = parse_config({"usage_db": TEST_USAGE_DB, **config})
     app = RouterApp(config)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
                                            log_level="warning", access_log=False,
-                                           http=http,
+                                           http=http, timeout_keep_alive=keep_alive,
                                            limit_concurrency=config.max_connections or None))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # tests own signals
     task = asyncio.create_task(server.serve())
