@@ -115,6 +115,41 @@ async def test_a_cut_body_and_a_stalled_one_raise_what_the_proxy_handles():
     server.close()
 
 
+async def test_a_request_bound_covers_the_head_and_reads_until_unbound():
+    """`within` (the proxy's first-byte deadline): the head and each read before `unbound()`
+    must come in time, whatever sock_read allows; after it, only sock_read bounds reads."""
+    calls: list[int] = []
+
+    async def handler(r, w, n):
+        calls.append(n)
+        if len(calls) == 1:
+            return  # no head at all (the connection stays open)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nab\n\r\n")
+        await w.drain()
+        await asyncio.sleep(0.6)
+        w.write(b"3\r\ncd\n\r\n0\r\n\r\n")
+    server, ep, _ = await serve(handler)
+    up = h1.Upstream()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(TimeoutError):
+        await up.post(ep, "/x", b"{}", T, within=0.3)  # sock_read 2 s, the bound 0.3 s
+    assert 0.25 < loop.time() - t0 < 1.5
+    resp = await up.post(ep, "/x", b"{}", T, within=0.3)
+    assert await resp.content.readany() == b"ab\n"
+    with pytest.raises(TimeoutError):  # the next read is still bound
+        await resp.content.readany()
+    resp.close()
+    resp = await up.post(ep, "/x", b"{}", T, within=0.3)
+    assert await resp.content.readany() == b"ab\n"
+    resp.unbound()
+    assert await resp.content.readany() == b"cd\n"  # 0.6 s later: sock_read only
+    assert await resp.content.readany() == b""
+    resp.release()
+    up.close()
+    server.close()
+
+
 async def test_nothing_listening_is_unreachable():
     ep = Endpoint(name="none", url="http://127.0.0.1:9", slots=1)
     with pytest.raises(h1.Unreachable):

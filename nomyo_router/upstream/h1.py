@@ -42,7 +42,8 @@ IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop 
 
 class _Conn(asyncio.Protocol):
     __slots__ = ("transport", "parser", "chunks", "size", "status", "headers", "head", "waiter", "eof",
-                 "keep", "lost", "error", "paused", "got_bytes", "idle_since", "deadline", "timer", "sink", "read_s")
+                 "keep", "lost", "error", "paused", "got_bytes", "idle_since", "deadline", "timer", "sink", "read_s",
+                 "due", "until", "loop")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -64,6 +65,9 @@ class _Conn(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None  # one per connection, not one per read
         self.sink: Callable[[bytes], bool] | None = None  # takes body pieces as they arrive (Response.sink)
         self.read_s = 0.0
+        self.due = 0.0  # when `timer` fires (at or before `deadline`)
+        self.until: float | None = None  # the current request's bound (Pool.request's `within`)
+        self.loop = asyncio.get_running_loop()  # (each get_running_loop() is a getpid() syscall)
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -92,8 +96,8 @@ class _Conn(asyncio.Protocol):
         if self.paused and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
-        if self.timer is not None:  # the waiting reader's sock_read clock restarts
-            self.deadline = asyncio.get_running_loop().time() + self.read_s
+        if self.timer is not None and self.read_s:  # the waiting reader's sock_read clock restarts
+            self.deadline = self.loop.time() + self.read_s
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -151,30 +155,40 @@ class _Conn(asyncio.Protocol):
         self.size, self.status, self.headers = 0, 0, Headers()
         self.eof = self.keep = self.got_bytes = False
         self.error = self.sink = None
-        self.head = asyncio.get_running_loop().create_future()
+        self.head = self.loop.create_future()
         self.transport.write(data)
         return self.head
 
-    def arm(self, read_s: float) -> None:
-        """The waiting reader times out `read_s` from now. One timer per connection, moved
-        lazily: it fires, finds the deadline moved on, and sleeps again (a call_later per read
-        cost ~1 µs and ~1 KB per open stream)."""
-        loop = asyncio.get_running_loop()
-        self.deadline = loop.time() + read_s
-        self.read_s = read_s
-        if self.timer is None:
-            self.timer = loop.call_at(self.deadline, self._check)
+    def arm(self, read_s: float | None) -> None:
+        """The waiting reader times out `read_s` from now, or at the request's bound `until` if
+        that is sooner. One timer per connection, moved lazily: it fires, finds the deadline
+        moved on, and sleeps again (a call_later per read cost ~1 µs and ~1 KB per open
+        stream; per request, with asyncio.timeout for the bound, ~9 µs)."""
+        loop = self.loop
+        when = loop.time() + read_s if read_s else None
+        if self.until is not None and (when is None or self.until < when):
+            when = self.until
+        if when is None:
+            return
+        self.deadline = when
+        self.read_s = read_s or 0.0
+        if self.timer is not None:
+            if self.due <= when:
+                return
+            self.timer.cancel()
+        self.timer = loop.call_at(when, self._check)
+        self.due = when
 
     def _check(self) -> None:
         self.timer = None
         w = self.waiter
         if w is None or w.done():
             return
-        loop = asyncio.get_running_loop()
-        if loop.time() >= self.deadline:
-            w.set_exception(TimeoutError("no data from the backend within sock_read"))
+        if self.loop.time() >= self.deadline:
+            w.set_exception(TimeoutError("no data from the backend within sock_read or the request's bound"))
         else:
-            self.timer = loop.call_at(self.deadline, self._check)
+            self.timer = self.loop.call_at(self.deadline, self._check)
+            self.due = self.deadline
 
     def close(self) -> None:
         self.lost = True
@@ -210,8 +224,8 @@ class Response:
                 return False
             if c.error is not None:
                 raise c.error
-            c.waiter = w = asyncio.get_running_loop().create_future()
-            if self._read_s:
+            c.waiter = w = c.loop.create_future()
+            if self._read_s or c.until is not None:
                 c.arm(self._read_s)
             try:
                 await w
@@ -261,6 +275,11 @@ class Response:
         (False), and what came before, waits for `readany`. None: back to `readany` only."""
         self._conn.sink = None if self._line or self._done else fn
 
+    def unbound(self) -> None:
+        """The request's bound (`within`) no longer applies: the rest of a stream is read
+        within `sock_read` only."""
+        self._conn.until = None
+
     def release(self) -> None:
         """Back to the pool if the whole answer was read and the connection may be reused."""
         if self._done:
@@ -277,11 +296,6 @@ class Response:
         if not self._done:
             self._done = True
             self._conn.close()
-
-
-def _expire(w: asyncio.Future[None]) -> None:
-    if not w.done():
-        w.set_exception(TimeoutError("no data from the backend within sock_read"))
 
 
 class Pool:
@@ -324,9 +338,11 @@ class Pool:
         return conn
 
     async def request(self, method: bytes, path: str, body: bytes | None, connect_s: float | None,
-                      read_s: float | None, ctype: str | None = None) -> Response:
+                      read_s: float | None, ctype: str | None = None, within: float | None = None) -> Response:
         """`body` None: no body and no content headers (GET). `ctype`: the body's content type
-        when it is not the endpoint's (JSON)."""
+        when it is not the endpoint's (JSON). `within`: seconds from now by which the head and
+        every read of the answer must have come (TimeoutError), until `Response.unbound()` —
+        asyncio.timeout's effect without its timer per request."""
         target = (self.prefix + path).encode("latin-1")
         if body is None:
             data = b"".join((method, b" ", target, b" HTTP/1.1\r\n", self._head, b"\r\n"))
@@ -336,25 +352,32 @@ class Pool:
                              content_type, b"Content-Length: %d\r\n\r\n" % len(body), body))
         conn = self._reuse()
         reused = conn is not None
+        until = None if conn is None or within is None else conn.loop.time() + within
         while True:
             if conn is None:
+                if within is not None and (connect_s is None or within < connect_s):
+                    connect_s = within
                 conn = await self._connect(connect_s)
+                if until is None and within is not None:
+                    until = conn.loop.time() + within
             head = conn.start(data)
-            timer = asyncio.get_running_loop().call_later(read_s, _expire, head) if read_s else None
+            conn.until = until
+            conn.waiter = head  # the head times out like a read (sock_read, or the bound)
+            conn.arm(read_s)
             try:
                 await head
             except Disconnected:
                 conn.close()
+                conn.waiter = None
                 if reused and not conn.got_bytes:  # the backend had dropped the idle connection
                     conn, reused = None, False
                     continue
                 raise
             except BaseException:
                 conn.close()
+                conn.waiter = None
                 raise
-            finally:
-                if timer is not None:
-                    timer.cancel()
+            conn.waiter = None
             conn.head = None  # (a done future per open stream is memory for nothing)
             return Response(conn, self, read_s)
 
@@ -378,10 +401,12 @@ class Upstream:
             pool = self._pools[ep] = Pool(ep.url, ep.headers)
         return pool
 
-    async def post(self, ep: Any, path: str, body: bytes, timeout: Any, ctype: str | None = None) -> Response:
-        """`timeout`: a `Timeout` (or anything with `sock_connect` and `sock_read`)."""
+    async def post(self, ep: Any, path: str, body: bytes, timeout: Any, ctype: str | None = None,
+                   within: float | None = None) -> Response:
+        """`timeout`: a `Timeout` (or anything with `sock_connect` and `sock_read`); `within`:
+        see `Pool.request`."""
         pool = self._pools.get(ep) or self.pool(ep)
-        return await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype)
+        return await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype, within)
 
     async def fetch(self, ep: Any, path: str, body: bytes | None = None, *,
                     total: float | None) -> tuple[int, Headers, bytes]:

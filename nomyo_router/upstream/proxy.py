@@ -193,11 +193,11 @@ class Proxy:
         deadline = self.deadlines.deadline(ep.name, req.key, req.stream, len(body), last)
         self.health.sending(ep)
         try:
-            async with asyncio.timeout(deadline):
-                if req.stream:
-                    resp, data, first = await self._call(ep, path, body, self._stream_timeout, translating, req.ctype)
-                else:
-                    resp, data, first = await self._call(ep, path, body, self._whole_timeout, False, req.ctype)
+            if req.stream:
+                resp, data, first = await self._call(ep, path, body, self._stream_timeout, translating, req.ctype,
+                                                     deadline)
+            else:
+                resp, data, first = await self._call(ep, path, body, self._whole_timeout, False, req.ctype, deadline)
         except UNREACHABLE as e:
             raise RetryableFailure(f"unreachable ({type(e).__name__})", unreachable=True) from None
         except TimeoutError:
@@ -259,28 +259,32 @@ class Proxy:
 
     async def _start_continuation(self, ep: Endpoint, path: str, body: bytes) -> tuple[h1.Response, bytes]:
         deadline = self.deadlines.deadline(ep.name, "", True, len(body), False)
-        async with asyncio.timeout(deadline):
-            resp, _, first = await self._call(ep, path, body, self._stream_timeout, False)
+        resp, _, first = await self._call(ep, path, body, self._stream_timeout, False, None, deadline)
         if resp.status != 200:
             resp.close()
             raise RetryableFailure(f"HTTP {resp.status}")
         return resp, first
 
     async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: h1.Timeout,
-                    line: bool, ctype: str | None = None) -> tuple[h1.Response, bytes, bytes]:
-        """Send, and read either the whole body or the first chunk of a 200 stream. `ctype`:
-        the body's own content type (multipart uploads) instead of JSON."""
-        resp = await self.upstream.post(ep, path, body, timeout, ctype)
+                    line: bool, ctype: str | None = None,
+                    deadline: float | None = None) -> tuple[h1.Response, bytes, bytes]:
+        """Send, and read either the whole body or the first chunk of a 200 stream, all within
+        `deadline` seconds (TimeoutError). `ctype`: the body's own content type (multipart
+        uploads) instead of JSON."""
+        resp = await self.upstream.post(ep, path, body, timeout, ctype, deadline)
         try:
             if resp.status in RETRY_STATUSES:
                 raise RetryableFailure(f"HTTP {resp.status}", resp.status, await resp.read(),
                                        resp.headers.get("Content-Type", "application/json").encode())
             if timeout is self._whole_timeout or resp.status != 200:
-                return resp, await resp.read(), b""
+                data = await resp.read()
+                resp.unbound()
+                return resp, data, b""
             first = await _first_chunk(resp, line)
             if is_error_chunk(first):  # an error before any content: nothing sent yet, retry
                 error = first.strip().removeprefix(b"data:").strip()
                 raise RetryableFailure("error chunk before content", 502, error)
+            resp.unbound()  # the rest of the stream: within stream_idle_timeout per read
             return resp, b"", first
         except BaseException:
             resp.close()
