@@ -119,10 +119,11 @@ class _Cork:
     in one send — one packet for the client to wake up for, not two (bench/overhead.py
     --floor: see the CHANGELOG for the figures). A stream's head waits at most one turn."""
 
-    __slots__ = ("transport", "held", "armed")
+    __slots__ = ("transport", "loop", "held", "armed")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self.transport = transport
+        self.loop = loop  # (not get_running_loop(): on 3.11 each call is a getpid() syscall)
         self.held: bytes | None = None
         self.armed = True
 
@@ -134,7 +135,7 @@ class _Cork:
         elif self.armed:
             self.armed = False
             self.held = data
-            asyncio.get_running_loop().call_soon(self.flush)
+            self.loop.call_soon(self.flush)
         else:
             self.transport.write(data)
 
@@ -272,7 +273,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(g.body_timeout, BODY_IDLE)
         super().on_headers_complete()
         if self.cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
-            self.cycle.transport = _Cork(self.transport)
+            self.cycle.transport = _Cork(self.transport, self.loop)
             self.cycle.scope[DISCONNECT_HOOK] = None
             self.cycle.scope[BODY_WRITER] = BodyWriter(self, self.cycle)
             _lean(self.cycle, "message_event")
