@@ -20,7 +20,7 @@ repetition so drift hits them alike, and the median is printed:
   * added p50 at c=1 over the direct mock, and idle RSS;
   * worker scaling (`--scaling 1,2`, bench/scaling.py): nomyo-router with 1 and 2 workers on
     core 0, each worker's CPU per request and the state host's CPU per operation, and the
-    req/s projected for a core per worker.
+    req/s projected for a core per worker, from `--scaling-pairs` (5) alternated pairs of runs.
 It is a benchmark, not a test: nothing is asserted.
 """
 
@@ -288,6 +288,8 @@ def main() -> None:
     p.add_argument("--vllm-router", default="vllm-router==0.1.17", help="pip requirement")
     p.add_argument("--no-pin", action="store_true", help="do not pin (peers and mock/wrk share all cores)")
     p.add_argument("--scaling", default="1,2", help="worker counts for the scaling table ('' : none)")
+    p.add_argument("--scaling-pairs", type=int, default=5,
+                   help="alternated pairs of runs behind the scaling figure (bench/scaling.py's --reps)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if shutil.which("wrk") is None:
@@ -321,7 +323,7 @@ def main() -> None:
             peers.append(stack.enter_context(run_vllm_router(vrouter, mock, core)))
         time.sleep(1.0)
         idle = {pe.name: rss_mb(pe.pid) for pe in peers}
-        scaled = scaling.measure(mock, [int(x) for x in args.scaling.split(",")], 32, args.seconds, args.reps,
+        scaled = scaling.measure(mock, [int(x) for x in args.scaling.split(",")], 32, args.seconds, args.scaling_pairs,
                                  lambda m, n, shared=False: _nomyo_at(m, core, n, shared)) \
             if args.scaling and "nomyo" in wanted else []
         results: dict[tuple[str, str], list[dict[str, float]]] = {}
