@@ -24,6 +24,8 @@ bounded by uvicorn's own `limit_concurrency` (`max_connections`; beyond it, 503)
 from __future__ import annotations
 
 import asyncio
+import re
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -154,26 +156,77 @@ class _Cork:
         return self.transport.is_closing()
 
 
+_CONTROL = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")  # what uvicorn refuses in a header value
+_STATUS_LINES: dict[int, bytes] = {}
+
+
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        try:
+            phrase = HTTPStatus(status).phrase.encode()
+        except ValueError:
+            phrase = b""
+        line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (status, phrase)
+    return line
+
+
 class BodyWriter:
-    """Writes pieces of a started chunked response now, as uvicorn's `send` would for an
-    `http.response.body` message with `more_body` — when it may: `ready()` is False while
-    the client's transport is paused (back-pressure) or closing, after a disconnect, before
-    the head was sent or after the end, or once the connection moved on to another request;
-    the caller then takes the ASGI path, which waits or fails as uvicorn decides."""
+    """Writes a response's bytes now, as uvicorn's `send` would for the same ASGI messages,
+    when it may.
 
-    __slots__ = ("proto", "cycle", "flow", "transport")
+    `write`: a piece of a started chunked response (an `http.response.body` message with
+    `more_body`). `ready()` is False while the client's transport is paused (back-pressure) or
+    closing, after a disconnect, before the head was sent or after the end, or once the
+    connection moved on to another request; the caller then takes the ASGI path, which waits
+    or fails as uvicorn decides.
 
-    def __init__(self, proto: "GuardedHttpToolsProtocol", cycle: Any) -> None:
-        self.proto, self.cycle, self.flow, self.transport = proto, cycle, proto.flow, cycle.transport
+    `whole`: a whole response with a content-length (`http.response.start` and one final body
+    message) in one go, without the two message dicts and uvicorn's per-header checks
+    (bench/overhead.py: see the CHANGELOG). False — nothing written — when the response has
+    started, the client is gone or pushes back, the request is HEAD, uvicorn's access log is
+    on (plain uvicorn: it is written in `send`), or a header value holds a control character
+    (uvicorn raises for it): the caller then sends the same through ASGI."""
+
+    __slots__ = ("proto", "cycle", "flow", "transport", "cork")
+
+    def __init__(self, proto: "GuardedHttpToolsProtocol", cycle: Any, cork: _Cork) -> None:
+        self.proto, self.cycle, self.flow, self.transport, self.cork = proto, cycle, proto.flow, proto.transport, cork
 
     def ready(self) -> bool:
         cycle = self.cycle
         return (not self.flow.write_paused and cycle.chunked_encoding is True and not cycle.response_complete
                 and not cycle.disconnected and cycle.response_started and self.proto.cycle is cycle
+                and self.cork.held is None  # (the head has left)
                 and not self.transport.is_closing())  # (a write then could raise in the backend's callback)
 
     def write(self, data: bytes) -> None:
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """`headers`: lower-case names (ours), content-type and content-length among them."""
+        cycle = self.cycle
+        if (cycle.response_started or cycle.disconnected or self.flow.write_paused or cycle.access_log
+                or self.proto.cycle is not cycle or cycle.scope["method"] == "HEAD" or self.transport.is_closing()):
+            return False
+        all_headers = cycle.default_headers + headers if cycle.default_headers else headers
+        if _CONTROL.search(b"\t".join([v for _, v in all_headers])):
+            return False
+        parts = [_status_line(status)]
+        for name, value in all_headers:
+            parts += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += (b"\r\n", body)
+        cycle.response_started = cycle.response_complete = True
+        cycle.waiting_for_100_continue = False
+        self.cork.flush()  # (a "100 Continue" it may hold leaves first)
+        self.transport.write(b"".join(parts))
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
+        return True
 
 
 BODY_IDLE, KEEP_ALIVE = 0, 1
@@ -273,9 +326,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(g.body_timeout, BODY_IDLE)
         super().on_headers_complete()
         if self.cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
-            self.cycle.transport = _Cork(self.transport, self.loop)
+            self.cycle.transport = cork = _Cork(self.transport, self.loop)
             self.cycle.scope[DISCONNECT_HOOK] = None
-            self.cycle.scope[BODY_WRITER] = BodyWriter(self, self.cycle)
+            self.cycle.scope[BODY_WRITER] = BodyWriter(self, self.cycle, cork)
             _lean(self.cycle, "message_event")
 
     def on_message_complete(self) -> None:

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from ..api.asgi import Headers, Send
 from ..api.errors import ApiError, error_body
@@ -227,7 +227,7 @@ class Proxy:
             if translating:
                 await self._send_translated(req, resp.status, data, headers, send)
             else:
-                await _send_whole(send, resp.status, data, None, headers)
+                await _send_whole(send, resp.status, data, None, headers, req.body_writer)
             return
         if self.resumer is not None and not translating and resumable(req.api, req.kind, req.body):
             await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -375,11 +375,14 @@ async def _first_chunk(resp: h1.Response, line: bool) -> bytes:
 
 
 async def _send_whole(send: Send, status: int, body: bytes, content_type: bytes | None,
-                      headers: Headers) -> None:
+                      headers: Headers, writer: Any = None) -> None:
+    """`writer`: the protocol's `BodyWriter`, which writes the whole response at once when it may."""
     h = list(headers)
     if content_type is not None:
         h.append((b"content-type", content_type))
-    h.append((b"content-length", str(len(body)).encode()))
+    h.append((b"content-length", b"%d" % len(body)))
+    if writer is not None and writer.whole(status, h, body):
+        return
     await send({"type": "http.response.start", "status": status, "headers": h})
     await send({"type": "http.response.body", "body": body})
 
