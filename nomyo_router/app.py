@@ -223,6 +223,7 @@ class RouterApp:
             if scope["method"] == "OPTIONS":
                 return send, origin
             send = with_headers(send, access.cors_headers(origin))
+            scope.pop(BODY_WRITER, None)  # (it writes around `send`: these answers take the ASGI path)
         if router.keys is not None and scope["path"] not in access.OPEN_PATHS:
             client = router.keys.check(key)
             if client is None and router.keys.required:

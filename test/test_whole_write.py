@@ -15,7 +15,7 @@ from nomyo_router.protocol import BodyWriter
 from test.helpers import endpoints, run_router
 
 BODY = json.dumps({"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}).encode()
-DYNAMIC = {b"x-request-id", b"x-router-queue-ms", b"x-router-overhead-ms", b"x-router-worker"}
+DYNAMIC = {b"date", b"x-request-id", b"x-router-queue-ms", b"x-router-overhead-ms", b"x-router-worker"}
 
 
 @pytest.fixture
