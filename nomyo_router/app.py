@@ -38,6 +38,7 @@ from .ops.usage_store import make_usage
 from .upstream.discovery import Discovery
 from .upstream.health import Health
 from .upstream.unload import is_unload, unload
+from .upstream.gcpace import GcPace
 from .upstream.looplag import LoopLag
 from .upstream.h1 import Upstream
 from .upstream.proxy import Proxy
@@ -64,6 +65,8 @@ class Router:
         self.keys = access.keys_of(config)
         self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
+        # full collections on a timer, not by growth (thousands of open streams)
+        self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
         self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag))
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state)
@@ -80,6 +83,8 @@ class Router:
         if self.usage is not None:
             await self.usage.start()
         self.loop_lag.start()
+        if self.gc is not None:
+            self.gc.start()
         self.proxy = Proxy(self.scheduler, self.upstream, self.store, self.config, self.events, self.health)
         self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, self.config,
                                    self.health)
@@ -99,6 +104,8 @@ class Router:
         if self.discovery:
             await self.discovery.stop()
         await self.loop_lag.stop()
+        if self.gc is not None:
+            self.gc.stop()
         if self.usage is not None:
             await self.usage.close()
         self.upstream.close()

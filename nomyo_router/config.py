@@ -86,6 +86,7 @@ class RouterConfig:
     overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
     usage_db: str | None = "./nomyo-usage.db"  # SQLite token accounting; None: off (Redis state: in Redis)
     admin_key: str | None = field(default=None, repr=False)  # POST /admin/reload, everyone's /api/usage
+    gc_full_interval: float = 60.0  # seconds between full GC passes while the router runs; 0: CPython's own
 
 
 # key -> (python type(s), check, what is expected)
@@ -125,6 +126,7 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "first_byte_floor": _POSITIVE_NUM,
     "first_byte_factor": ((int, float), lambda v: v >= 1, "a number >= 1"),
     "overload_lag_ms": _NON_NEG_NUM,
+    "gc_full_interval": _NON_NEG_NUM,
     "manage_concurrency": _POSITIVE_INT,
     "resume_streams": _BOOL,
     "max_connections": _NON_NEG_INT,
