@@ -222,12 +222,14 @@ class Proxy:
             await newer.remember_response(self.store, data or first, ep.name)  # for previous_response_id
         if not req.stream or resp.status != 200:
             resp.release()
-            if resp.status == 200:
-                rec.prompt_tokens, rec.completion_tokens = usage.counts(data[-usage.TAIL:])
-            if translating:
-                await self._send_translated(req, resp.status, data, headers, send)
-            else:
-                await _send_whole(send, resp.status, data, None, headers, req.body_writer)
+            try:
+                if translating:
+                    await self._send_translated(req, resp.status, data, headers, send)
+                else:
+                    await _send_whole(send, resp.status, data, None, headers, req.body_writer)
+            finally:  # (accounting once the answer left, or the client did: the backend did the work)
+                if resp.status == 200:
+                    rec.prompt_tokens, rec.completion_tokens = usage.counts(data[-usage.TAIL:])
             return
         if self.resumer is not None and not translating and resumable(req.api, req.kind, req.body):
             await send({"type": "http.response.start", "status": 200, "headers": headers})
