@@ -12,9 +12,14 @@ subclass adds, per connection:
 - a body that idles longer than `body_idle_timeout` (30 s) between two pieces → closed
   (the app sees a disconnect).
 
-It also offers the relay a synchronous writer of body pieces (`BodyWriter`, in the scope
-under `BODY_WRITER`): the upstream client hands a relayed stream's pieces to it from its own
-data callback (upstream/relay.py) instead of waking the request's task per chunk.
+These bounds, and uvicorn's keep-alive timeout, are one deadline per connection, moved
+lazily (one timer per connection, not 3–4 `call_later`/`cancel` pairs per request).
+
+It also offers a synchronous writer (`BodyWriter`, in the scope under `BODY_WRITER`): the
+upstream client hands a relayed stream's pieces to it from its own data callback
+(upstream/relay.py) instead of waking the request's task per chunk, and the proxy writes a
+whole answer through it in one go. Any other response's head is held until its body's
+first write or the end of the loop turn (`_Cork`), so a response is one send, not two.
 
 `nomyo-router` serves with it; with plain uvicorn pass
 `--http nomyo_router.protocol:GuardedHttpToolsProtocol`. The number of connections is
