@@ -16,7 +16,7 @@ import time
 
 def measure(n: int, per_iteration: int) -> float:
     """µs per request when `per_iteration` requests finish in one event-loop iteration
-    (1: a quiet router, every request flushed alone; 32: a busy one)."""
+    (1: a quiet router; 32: a busy one)."""
     import asyncio
 
     from nomyo_router.events import Events, RequestRecord
