@@ -229,8 +229,7 @@ class RouterApp:
                 raise ApiError(403, f"origin {origin.decode('latin-1')!r} is not allowed; add it to allowed_origins")
             if scope["method"] == "OPTIONS":
                 return send, origin
-            send = with_headers(send, access.cors_headers(origin))
-            scope.pop(BODY_WRITER, None)  # (it writes around `send`: these answers take the ASGI path)
+            send = with_headers(scope, send, access.cors_headers(origin))
         if router.keys is not None and scope["path"] not in access.OPEN_PATHS:
             client = router.keys.check(key)
             if client is None and router.keys.required:

@@ -29,11 +29,9 @@ bounded by uvicorn's own `limit_concurrency` (`max_connections`; beyond it, 503)
 from __future__ import annotations
 
 import asyncio
-import re
-from http import HTTPStatus
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
 from .api.asgi import BODY_WRITER, DISCONNECT_HOOK
 
@@ -161,21 +159,6 @@ class _Cork:
         return self.transport.is_closing()
 
 
-_CONTROL = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")  # what uvicorn refuses in a header value
-_STATUS_LINES: dict[int, bytes] = {}
-
-
-def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        try:
-            phrase = HTTPStatus(status).phrase.encode()
-        except ValueError:
-            phrase = b""
-        line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (status, phrase)
-    return line
-
-
 class BodyWriter:
     """Writes a response's bytes now, as uvicorn's `send` would for the same ASGI messages,
     when it may.
@@ -215,9 +198,9 @@ class BodyWriter:
                 or self.proto.cycle is not cycle or cycle.scope["method"] == "HEAD" or self.transport.is_closing()):
             return False
         all_headers = cycle.default_headers + headers if cycle.default_headers else headers
-        if _CONTROL.search(b"\t".join([v for _, v in all_headers])):
+        if HEADER_VALUE_RE.search(b"\t".join([v for _, v in all_headers])):  # (uvicorn would raise)
             return False
-        parts = [_status_line(status)]
+        parts = [STATUS_LINE[status]]
         for name, value in all_headers:
             parts += (name, b": ", value, b"\r\n")
         if not cycle.keep_alive:

@@ -88,3 +88,13 @@ async def post_stream_raw(url: str, path: str, body: dict[str, Any],
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
     return reader, writer
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
+    """One content-length answer from a raw socket: (status line, headers with lower-case
+    names, in order, body)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    status, *lines = head[:-4].split(b"\r\n")
+    headers = [(n.lower(), v) for n, v in (line.split(b": ", 1) for line in lines)]
+    body = await asyncio.wait_for(reader.readexactly(int(dict(headers)[b"content-length"])), 10)
+    return status, headers, body

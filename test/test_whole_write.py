@@ -12,7 +12,7 @@ import json
 import pytest
 
 from nomyo_router.protocol import BodyWriter
-from test.helpers import endpoints, run_router
+from test.helpers import endpoints, read_response, run_router
 
 BODY = json.dumps({"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}).encode()
 DYNAMIC = {b"date", b"x-request-id", b"x-router-queue-ms", b"x-router-overhead-ms", b"x-router-worker"}
@@ -37,10 +37,7 @@ async def _exchange(url: str, close: bool) -> tuple[bytes, list[tuple[bytes, byt
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  + (b"Connection: close\r\n" if close else b"") + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    status, *lines = head[:-4].split(b"\r\n")
-    headers = [(n.lower(), v) for n, v in (line.split(b": ", 1) for line in lines)]
-    body = await asyncio.wait_for(reader.readexactly(int(dict(headers)[b"content-length"])), 10)
+    status, headers, body = await read_response(reader)
     closed = await asyncio.wait_for(reader.read(1), 2 if close else 0.3) == b"" if close else False
     writer.close()
     return status, headers, body, closed

@@ -70,7 +70,11 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+def with_headers(scope: Scope, send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    """`send` adding `extra` to the response head. The protocol's direct writer (it writes
+    around `send`) is taken out of `scope`: this request's answer takes the ASGI path."""
+    scope.pop(BODY_WRITER, None)
+
     async def wrapped(msg: dict) -> None:
         if msg["type"] == "http.response.start":
             msg = {**msg, "headers": [*msg.get("headers", []), *extra]}

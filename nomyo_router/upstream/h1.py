@@ -366,16 +366,12 @@ class Pool:
             conn.arm(read_s)
             try:
                 await head
-            except Disconnected:
-                conn.close()
+            except BaseException as e:
                 conn.waiter = None
-                if reused and not conn.got_bytes:  # the backend had dropped the idle connection
-                    conn, reused = None, False
+                conn.close()
+                if isinstance(e, Disconnected) and reused and not conn.got_bytes:
+                    conn, reused = None, False  # the backend had dropped the idle connection
                     continue
-                raise
-            except BaseException:
-                conn.close()
-                conn.waiter = None
                 raise
             conn.waiter = None
             conn.head = None  # (a done future per open stream is memory for nothing)
