@@ -9,6 +9,7 @@ project's test backend.
 
     build() -> path      `go build` into ~/.cache/nomyo-router/ (once per version of the sources)
     backend(...)         the fake backend as a child process (context manager)
+    relay(...)           a byte-level TCP relay to it, the floor of any proxy (context manager)
     run(...)             one client run, as a slowload.Outcome
 """
 
@@ -82,6 +83,21 @@ def backend(binary: str, ttft_ms: float, tok_ms: float, tokens: int, tick_ms: fl
         line = proc.stdout.readline()  # type: ignore[union-attr]
         if not line.strip().isdigit():
             raise RuntimeError(f"slowgen serve did not start (exit {proc.poll()})")
+        yield Backend(int(line), proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
+def relay(binary: str, to_port: int, core: int) -> Iterator[Backend]:
+    """The byte-level relay (`slowgen relay`) to 127.0.0.1:`to_port`, pinned to `core`."""
+    proc = subprocess.Popen(["taskset", "-c", str(core), binary, "relay", "--port", "0", "--to", str(to_port)],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, **_ENV})
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line.strip().isdigit():
+            raise RuntimeError(f"slowgen relay did not start (exit {proc.poll()})")
         yield Backend(int(line), proc.pid)
     finally:
         proc.terminate()

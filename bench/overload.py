@@ -1,6 +1,6 @@
 """Issues 15 and 16: one router worker under 2,000 slow streams — errors, ejections, memory, TTFT.
 
-    python bench/overload.py [--streams 2000] [--seconds 60] [--direct] [--tick-ms 5] [--load go|python]
+    python bench/overload.py [--streams 2000] [--seconds 60] [--direct] [--floor] [--tick-ms 5] [--load go|python]
 
 One router worker pinned to core 0; one healthy backend (50 ms to first token, 100 tokens at
 40 ms: 25 tok/s, written by a shared 5 ms tick) and the load generator pinned to core 1.
@@ -11,7 +11,10 @@ first stream evenly over one stream's length (4.05 s), then loop closed; only st
 started in the `--seconds` window count, and the window opens one stream's length after
 the ramp, so every counted stream was opened in the steady state. `--direct` runs the same
 stage against the mock without the router first: the added TTFT is router minus direct at
-the same percentile. A stream is an error unless it is a 200 with every token and the final
+the same percentile. `--floor` also runs it through `slowgen relay` on core 0, a byte-level
+relay (a read and a write per chunk, no HTTP, compiled): on loopback the sending core also
+runs the receiver's TCP input and wakes it, and the floor shows what that alone costs the
+router's core. A stream is an error unless it is a 200 with every token and the final
 `"done": true` line.
 
 Printed: requests, errors by kind, how many 503s said "no healthy endpoint" (must be 0) and
@@ -52,6 +55,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0, help="measured window (default 60)")
     p.add_argument("--direct", action="store_true",
                    help="first run the same stage against the mock directly and report the added TTFT")
+    p.add_argument("--floor", action="store_true",
+                   help="also run the stage through a byte-level relay on core 0 (slowgen relay: a read "
+                        "and a write per chunk, no HTTP): what the kernel alone costs the router's core")
     p.add_argument("--tick-ms", type=float, default=5.0,
                    help="the mock's stream_tick_ms (default 5; 0: one sleep per token per stream)")
     p.add_argument("--ramp", type=float, default=(TTFT_MS + TOKENS * TOK_MS) / 1000,
@@ -60,6 +66,8 @@ def main() -> None:
                    help="the backend and client: bench/slowgen (compiled; default when Go is installed) "
                         "or the Python mock and bench/slowload.py")
     args = p.parse_args()
+    if args.floor and args.load != "go":
+        p.error("--floor needs the compiled load side (Go)")
     if args.load == "go" and args.tick_ms <= 0:
         p.error("--load go writes streams on a shared tick: --tick-ms must be > 0")
     length = (TTFT_MS + TOKENS * TOK_MS) / 1000
@@ -115,6 +123,10 @@ def main() -> None:
     with (goload.backend(binary, TTFT_MS, TOK_MS, TOKENS, args.tick_ms) if binary else MockProcess(cfg)) as m:
         mock_pid = m.pid if binary else m.proc.pid  # type: ignore[union-attr]
         direct = stage(m.port, None, mock_pid) if args.direct else None
+        floor = None
+        if args.floor:
+            with goload.relay(binary, m.port, 0) as r:  # type: ignore[arg-type]
+                floor = stage(r.port, r.pid, mock_pid)
         fd, path = tempfile.mkstemp(suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump({"endpoints": [{"url": m.url, "name": "m", "max_concurrent": 100_000}],
@@ -168,10 +180,14 @@ def main() -> None:
     if direct:
         added = {"added_ttft_ms": {q: round(summary["ttft_ms"][q] - direct["ttft_ms"][q], 1)
                                    for q in ("p50", "p99")}}
+    if direct and floor:
+        added["floor_added_ttft_ms"] = {q: round(floor["ttft_ms"][q] - direct["ttft_ms"][q], 1)
+                                        for q in ("p50", "p99")}
     print(json.dumps({
         "streams": args.streams, "seconds": args.seconds, "ramp_s": args.ramp, "tick_ms": args.tick_ms,
         "load": args.load,
-        "router": summary, **({"direct": direct} if direct else {}), **added,
+        "router": summary, **({"direct": direct} if direct else {}), **({"floor": floor} if floor else {}),
+        **added,
         "ejections_in_health": health["endpoints"][0].get("health", {}).get("ejections"),
         "ejections_or_no_healthy_in_log": false_dead,
         "router_statuses": statuses, "router_overloaded_503": overloaded,

@@ -81,6 +81,7 @@ class RouterConfig:
     header_timeout: float = 10.0  # seconds to send a request head
     body_idle_timeout: float = 30.0  # seconds a request body may idle between two pieces
     resume_streams: bool = True  # continue a stream cut mid-way on another endpoint
+    native_relay: bool = True  # streams relayed by the compiled pump (upstream/native.py) when built
     shutdown_grace: float = 30.0  # SIGTERM: seconds in-flight streams may take to finish
     manage_concurrency: int = 2  # model management calls (pull, create, ...) at once per process
     overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
@@ -129,6 +130,7 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "gc_full_interval": _NON_NEG_NUM,
     "manage_concurrency": _POSITIVE_INT,
     "resume_streams": _BOOL,
+    "native_relay": _BOOL,
     "max_connections": _NON_NEG_INT,
     "max_header_bytes": ((int,), lambda v: v >= 1024, "an integer >= 1024 (bytes)"),
     "header_timeout": _POSITIVE_NUM,

@@ -4,7 +4,8 @@ out as one chunk; a paused client, a client that leaves, a backend that cuts the
 translated stream all behave as on the ASGI path; the bytes arrive whole and in order.
 
 The spies below wrap our protocol's `BodyWriter` (the real one still writes): they only
-count, so a test can tell that the pieces really took the direct path."""
+count, so a test can tell that the pieces really took the direct path. The compiled relay
+(native_relay, test_native.py) is off here: it would take these streams over."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ async def test_pieces_read_together_go_to_the_client_as_one_chunk(spy):
     # must leave as one chunk, not one write per piece (the cost that got af4e8d4 reverted).
     cfg = MockConfig(ttft_ms=0.0, tok_ms=10.0, tokens=60)
     with MockProcess(cfg) as m:
-        async with run_router({"endpoints": endpoints(m)}) as r:
+        async with run_router({"native_relay": False, "endpoints": endpoints(m)}) as r:
             c = await RawClient.post(r.url, "/api/chat", CHAT)
             frames = [await c.frame() for _ in range(3)]
             time.sleep(0.3)  # the router's loop too: the backend's chunks wait in its socket
@@ -103,7 +104,7 @@ async def test_a_paused_client_gets_every_byte_in_order(spy, path, body):
     # the router's transport pauses, the direct writer refuses, the ASGI path waits for the
     # drain, then the direct path takes over again.
     tokens = 40_000
-    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=tokens) as m, run_router({"endpoints": endpoints(m)}) as r:
+    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=tokens) as m, run_router({"native_relay": False, "endpoints": endpoints(m)}) as r:
         c = await RawClient.post(r.url, path, body, rcvbuf=4096)
         out, n = bytearray(), 0
         while (f := await c.frame()) is not None:
@@ -120,7 +121,7 @@ async def test_a_paused_client_gets_every_byte_in_order(spy, path, body):
 
 async def test_a_client_leaving_mid_stream_frees_its_slot_and_stops_the_backend(spy):
     async with run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=500) as m, \
-            run_router({"endpoints": endpoints(m, slots=1)}) as r:
+            run_router({"native_relay": False, "endpoints": endpoints(m, slots=1)}) as r:
         c = await RawClient.post(r.url, "/api/chat", CHAT)
         for _ in range(5):
             assert await c.frame()
@@ -147,7 +148,7 @@ async def test_a_stream_cut_mid_way_resumes_elsewhere_through_the_direct_path(sp
     # Slow enough (2 ms a token) that the pieces go through the direct writer before and after the cut.
     async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80) as good, \
             run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80, drop_rate=1.0) as dropping:
-        cfg = {"endpoints": endpoints(dropping, good, slots=4), "routing": "least_busy", "eject_after": 1000}
+        cfg = {"native_relay": False, "endpoints": endpoints(dropping, good, slots=4), "routing": "least_busy", "eject_after": 1000}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             async with s.post(good.url + "/api/chat", json=CHAT) as resp:
                 direct = _text(_ollama_lines(await resp.read()))
@@ -166,7 +167,7 @@ async def test_a_stream_cut_mid_way_resumes_elsewhere_through_the_direct_path(sp
 async def test_openai_stream_without_usage_is_stripped_and_counted_on_the_direct_path(spy):
     # The router asks for usage on the client's behalf, takes the usage event out and counts it.
     body = {"model": "llama3", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    async with run_mock(ttft_ms=0.0, tok_ms=3.0, tokens=40) as m, run_router({"endpoints": endpoints(m)}) as r:
+    async with run_mock(ttft_ms=0.0, tok_ms=3.0, tokens=40) as m, run_router({"native_relay": False, "endpoints": endpoints(m)}) as r:
         records = []
         r.router.events.on_request_done(records.append)
         async with aiohttp.ClientSession() as s:
@@ -185,7 +186,7 @@ async def test_openai_stream_without_usage_is_stripped_and_counted_on_the_direct
 async def test_a_translated_stream_keeps_the_asgi_path(spy):
     async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=30) as m:
         eps = [{"url": m.url, "name": "oa", "type": "openai", "max_concurrent": 2}]
-        async with run_router({"endpoints": eps}) as r, aiohttp.ClientSession() as s:
+        async with run_router({"native_relay": False, "endpoints": eps}) as r, aiohttp.ClientSession() as s:
             async with s.post(r.url + "/api/chat", json=CHAT) as resp:
                 assert resp.status == 200
                 lines = _ollama_lines(await resp.read())

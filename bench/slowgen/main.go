@@ -3,6 +3,7 @@
 //
 //	slowgen serve [flags]   a fake Ollama backend serving /api/chat streams like mock/
 //	slowgen load [flags]    N users, one keep-alive connection each; JSON results on stdout
+//	slowgen relay [flags]   a byte-level TCP relay: the floor any proxy's relay costs
 //
 // It is for that benchmark only: mock/ stays the project's test backend.
 package main
@@ -21,13 +22,15 @@ func main() {
 		serveMain(os.Args[2:])
 	case "load":
 		loadMain(os.Args[2:])
+	case "relay":
+		relayMain(os.Args[2:])
 	default:
 		usage()
 	}
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: slowgen serve|load [flags] (-h for the flags)")
+	fmt.Fprintln(os.Stderr, "usage: slowgen serve|load|relay [flags] (-h for the flags)")
 	os.Exit(2)
 }
 

@@ -43,7 +43,7 @@ IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop 
 class _Conn(asyncio.Protocol):
     __slots__ = ("transport", "parser", "chunks", "size", "status", "headers", "head", "waiter", "eof",
                  "keep", "lost", "error", "paused", "got_bytes", "idle_since", "deadline", "timer", "sink", "read_s",
-                 "due", "until", "loop")
+                 "due", "until", "loop", "edge")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -68,6 +68,7 @@ class _Conn(asyncio.Protocol):
         self.due = 0.0  # when `timer` fires (at or before `deadline`)
         self.until: float | None = None  # the current request's bound (Pool.request's `within`)
         self.loop = asyncio.get_running_loop()  # (each get_running_loop() is a getpid() syscall)
+        self.edge = False  # the last read ended with a chunk (Response.detach)
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -81,6 +82,8 @@ class _Conn(asyncio.Protocol):
             self._fail(Cut("unexpected protocol upgrade from the backend"))
         except httptools.HttpParserError as e:
             self._fail(Cut(f"bad HTTP answer from the backend: {e}"))
+        if self.edge and not data.endswith(b"\r\n"):  # (the next chunk's size line began)
+            self.edge = False
         if self.sink is not None and self.chunks:
             self._offer()
 
@@ -127,6 +130,12 @@ class _Conn(asyncio.Protocol):
             self.transport.pause_reading()
         if self.sink is None:  # (else data_received offers them to the sink first)
             self._wake()
+
+    def on_chunk_header(self) -> None:
+        self.edge = False
+
+    def on_chunk_complete(self) -> None:
+        self.edge = True
 
     def on_message_complete(self) -> None:
         self.eof = True
@@ -275,6 +284,35 @@ class Response:
         (False), and what came before, waits for `readany`. None: back to `readany` only."""
         self._conn.sink = None if self._line or self._done else fn
 
+    @property
+    def read_s(self) -> float | None:
+        return self._read_s
+
+    def detach(self) -> tuple[int, bool] | None:
+        """The connection's socket for native.py, which reads the rest of a chunked body
+        itself: (fd, whether the connection may be reused after the body). Only between
+        two chunks with nothing unread, else None (go on reading here). Reading through the
+        transport pauses until `attach`."""
+        c = self._conn
+        if (not c.edge or c.chunks or self._line or c.eof or c.error is not None or c.lost or c.paused
+                or c.transport is None or c.headers.get("transfer-encoding") != "chunked"):
+            return None
+        sock = c.transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        c.transport.pause_reading()
+        return sock.fileno(), c.parser.should_keep_alive()
+
+    def attach(self, ended: bool, keep: bool) -> None:
+        """After native.py read the body: `ended` — all of it (then `keep`: the connection may
+        be reused). The parser starts afresh for the connection's next answer."""
+        c = self._conn
+        c.parser = httptools.HttpResponseParser(c)
+        c.edge = False
+        c.eof, c.keep = ended, ended and keep
+        if not c.lost and c.transport is not None:
+            c.transport.resume_reading()
+
     def unbound(self) -> None:
         """The request's bound (`within`) no longer applies: the rest of a stream is read
         within `sock_read` only."""
@@ -389,6 +427,7 @@ class Upstream:
 
     def __init__(self) -> None:
         self._pools: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
+        self.pump: Any = None  # native.py's, made on first use (it is closed with the pools)
 
     def pool(self, ep: Any) -> Pool:
         """`ep`: an `Endpoint` (its `url` and `headers`)."""
@@ -419,6 +458,9 @@ class Upstream:
         return resp.status, resp.headers, data
 
     def close(self) -> None:
+        if self.pump is not None:
+            self.pump.close()
+            self.pump = None
         for pool in list(self._pools.values()):
             pool.close()
         self._pools.clear()

@@ -26,7 +26,7 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from . import h1, relay, translate, usage
+from . import h1, native, relay, translate, usage
 from .deadline import Deadlines
 from .health import Health
 from .resume import Resumer, resumable
@@ -59,8 +59,8 @@ class Proxy:
         self.deadlines = Deadlines(config.first_byte_floor, config.first_byte_factor,
                                    config.first_byte_timeout)
         self.rediscover: Callable[[], Awaitable[None]] = _nothing  # set to Discovery.refresh_now
-        self.resumer = Resumer(scheduler, health, events, self._start_continuation, config.max_attempts) \
-            if config.resume_streams else None
+        self.resumer = Resumer(scheduler, health, events, self._start_continuation, config.max_attempts,
+                               upstream if config.native_relay else None) if config.resume_streams else None
         self.upstream = upstream  # the process's one client (discovery and probes use it too)
         self.store = store
         self.config = config
@@ -302,6 +302,9 @@ class Proxy:
         try:
             while True:
                 if writer is not None:
+                    if self.config.native_relay and await native.relay(self.upstream, resp, writer, b"",
+                                                                       b"", flow.keep) is not None:
+                        break
                     resp.sink(flow.take)
                 chunk = await resp.content.readany()
                 if not chunk:

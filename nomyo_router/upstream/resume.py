@@ -24,7 +24,7 @@ import zlib
 from typing import Any
 
 from ..state import NoEndpoint, QueueFull, QueueTimeout
-from . import h1, records, usage
+from . import h1, native, records, usage
 from .relay import Records
 
 
@@ -169,8 +169,10 @@ class Resumer:
     `call(ep, path, body)` sends one stream request and returns (response, first chunk),
     raising on anything but a good start (the proxy's own `_call`, with its deadline)."""
 
-    def __init__(self, scheduler: Any, health: Any, events: Any, call: Any, max_attempts: int) -> None:
+    def __init__(self, scheduler: Any, health: Any, events: Any, call: Any, max_attempts: int,
+                 upstream: h1.Upstream | None = None) -> None:
         self.scheduler = scheduler
+        self.upstream = upstream  # for native.py's relay (None: the relay stays in Python)
         self.health = health
         self.events = events
         self.call = call
@@ -189,7 +191,7 @@ class Resumer:
         leases = []
         try:
             while True:
-                if not await _pump(resp, first, sep, seam, sent, send, strip, writer):
+                if not await _pump(resp, first, sep, seam, sent, send, strip, writer, self.upstream):
                     resp.release()
                     if seam is not None:
                         self.health.success(ep)
@@ -243,9 +245,11 @@ class Resumer:
 
 
 async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Sent,
-                send: Any, strip: usage.Strip | None = None, writer: Any = None) -> bool:
+                send: Any, strip: usage.Strip | None = None, writer: Any = None,
+                upstream: h1.Upstream | None = None) -> bool:
     """Send whole records of `resp` on (keeping what was sent); True when it broke. With a
-    `writer` (relay.py), pieces go from the connection's callback straight to the client."""
+    `writer` (relay.py), pieces go from the connection's callback straight to the client;
+    with `upstream` too, the rest of a plain stream goes through native.py."""
     whole = Records(sep, seam, sent, strip, writer)
     chunk = first
     try:
@@ -256,6 +260,11 @@ async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Se
                 await send({"type": "http.response.body", "body": out, "more_body": True})
                 whole.busy = False
             if writer is not None:
+                if upstream is not None and whole.plain:
+                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add)
+                    if rest is not None:
+                        whole.pending = rest
+                        break
                 resp.sink(whole.take)
             chunk = await resp.content.readany()
     except (h1.ClientError, asyncio.TimeoutError):

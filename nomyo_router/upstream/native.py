@@ -1,0 +1,134 @@
+"""The relay's compiled fast path (issue 15: one worker, 2,000 streams at 25 tokens a second).
+
+relay.py's sink already writes each read of the backend to the client from the connection's
+callback, but that is still ~6 µs of Python per chunk beside the kernel's ~12 µs here
+(bench/overload.py --floor), and at 50,000 chunks a second the two fill a core. `_pump.c`
+does the same work — read, decode the chunked framing, write whole records to the client as
+one chunk — for every ready stream in one call from the event loop, with no Python per
+chunk. Python is told only of a stream's end, a cut, a client that cannot be written to, and,
+every few KiB, of the bytes sent (kept for a resumption and the final counts).
+
+A stream moves here from the Python relay between two chunks, once its head and first
+chunk went out the usual way (the retry decisions and the response's head stay in Python),
+and only when the backend's body is chunked, no record is being rewritten (no resumption
+seam, no usage event to strip) and the client's transport has nothing queued. Its end goes
+back to Python: the record left unterminated, then the final chunk through ASGI. Without the
+compiled module (no C compiler when installed) everything stays in Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from . import h1
+
+try:
+    from . import _pump
+except ImportError:  # built without a C compiler: the relay stays in Python
+    _pump = None  # type: ignore[assignment]
+
+AVAILABLE = _pump is not None
+SENT_LIMIT = 3072  # bytes written before Python takes them (about resume.Sent's block)
+
+
+class Pump:
+    """One per `h1.Upstream` (so per event loop): the compiled pump, watched as one reader."""
+
+    __slots__ = ("pump", "loop", "waiting")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.pump = _pump.Pump()
+        self.loop = loop
+        self.waiting: dict[int, tuple[asyncio.Future[int], Callable[[bytes], None]]] = {}
+        loop.add_reader(self.pump.fileno(), self._ready)
+
+    def _ready(self) -> None:
+        pump = self.pump
+        for handle, event in pump.run():
+            waiting = self.waiting.get(handle)
+            if waiting is None:
+                continue
+            fut, keep = waiting
+            if event == _pump.SENT:
+                keep(pump.take(handle))
+            elif not fut.done():
+                fut.set_result(event)
+
+    def close(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self.pump.fileno())
+        self.pump.close()
+
+
+def _pump_of(upstream: h1.Upstream, loop: asyncio.AbstractEventLoop) -> Pump:
+    if upstream.pump is None:
+        upstream.pump = Pump(loop)
+    return upstream.pump
+
+
+async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: bytes, pending: bytes,
+                keep: Callable[[bytes], None]) -> bytes | None:
+    """Relay the rest of `resp`'s body to the client through `writer`'s transport (a
+    protocol.BodyWriter), `pending` (a record's beginning) first. `sep`: records end with it
+    and only whole ones are written (b"": bytes as they come). `keep` gets what was written,
+    in order, a few KiB at a time.
+
+    None: not possible now, nothing done (go on in Python). Else the body's unterminated
+    remainder (usually b""), once it ended. Raises h1.Cut when the backend cut it or sent a
+    malformed body, TimeoutError after `sock_read` without progress; when the client can no
+    longer be written to, its connection is aborted (the request is then cancelled)."""
+    if not AVAILABLE or not writer.ready() or writer.transport.get_write_buffer_size():
+        return None
+    client = writer.transport.get_extra_info("socket")
+    if client is None:
+        return None
+    detached = resp.detach()
+    if detached is None:
+        return None
+    fd, reusable = detached
+    loop = asyncio.get_running_loop()
+    p = _pump_of(upstream, loop)
+    try:
+        handle = p.pump.add(fd, client.fileno(), sep, pending, SENT_LIMIT)
+    except OSError:
+        resp.attach(False, False)
+        raise h1.Cut("the backend's connection could not be relayed") from None
+    fut: asyncio.Future[int] = loop.create_future()
+    p.waiting[handle] = (fut, keep)
+    read_s = resp.read_s
+    timer: asyncio.TimerHandle | None = None
+
+    def check() -> None:  # sock_read: no read of the backend (nor a write to the client) for read_s
+        nonlocal timer
+        due = p.pump.last(handle) + read_s  # type: ignore[operator]
+        if loop.time() >= due:
+            if not fut.done():
+                fut.set_exception(TimeoutError("no data from the backend within sock_read"))
+        else:
+            timer = loop.call_at(due, check)
+
+    if read_s:
+        timer = loop.call_at(loop.time() + read_s, check)
+    event = 0
+    try:
+        event = await fut
+    finally:
+        del p.waiting[handle]
+        if timer is not None:
+            timer.cancel()
+        sent, rest, out = p.pump.remove(handle)
+        if sent:
+            keep(sent)
+        ended = event in (_pump.END, _pump.END_DIRTY)
+        if out and event != _pump.CLIENT:
+            writer.transport.write(out)  # what the client's socket had not taken goes first
+        resp.attach(ended, reusable and event == _pump.END)
+    if ended:
+        return rest
+    if event == _pump.CLIENT:
+        writer.transport.abort()  # its loss cancels this request (api.asgi.cancel_on_disconnect)
+        await asyncio.sleep(5)
+        raise asyncio.CancelledError("the client's connection failed")
+    raise h1.Cut("the backend closed the connection mid-answer" if event == _pump.CUT
+                 else "bad chunked body from the backend")
