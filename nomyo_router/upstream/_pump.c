@@ -408,15 +408,18 @@ static PyObject *Pump_add(Pump *self, PyObject *args) {
     return PyLong_FromSsize_t(h);
 }
 
-/* run() -> [(handle, event), ...]: relay what is ready now. */
-static PyObject *Pump_run(Pump *self, PyObject *unused) {
+/* run(most) -> [(handle, event), ...]: relay what is ready now, at most `most` sockets. */
+static PyObject *Pump_run(Pump *self, PyObject *arg) {
     static char rbuf[READ_SIZE];
     struct epoll_event evs[MAX_EVENTS];
+    long most = PyLong_AsLong(arg);
+    if (most == -1 && PyErr_Occurred()) return NULL;
+    if (most < 1 || most > MAX_EVENTS) most = MAX_EVENTS;
     PyObject *out = PyList_New(0);
     if (out == NULL || self->ep < 0) return out;
     int n;
     do {
-        n = epoll_wait(self->ep, evs, MAX_EVENTS, 0);
+        n = epoll_wait(self->ep, evs, (int)most, 0);
     } while (n < 0 && errno == EINTR);
     for (int k = 0; k < n; k++) {
         Py_ssize_t h = (Py_ssize_t)(evs[k].data.u64 >> 1);
@@ -474,7 +477,7 @@ static PyObject *Pump_remove(Pump *self, PyObject *arg) {
 static PyMethodDef Pump_methods[] = {
     {"fileno", (PyCFunction)Pump_fileno, METH_NOARGS, "the epoll set's fd (readable: run() has work)"},
     {"add", (PyCFunction)Pump_add, METH_VARARGS, "add(backend_fd, client_fd, sep, pending, sent_limit) -> handle"},
-    {"run", (PyCFunction)Pump_run, METH_NOARGS, "relay what is ready; [(handle, event), ...]"},
+    {"run", (PyCFunction)Pump_run, METH_O, "run(most): relay what is ready; [(handle, event), ...]"},
     {"take", (PyCFunction)Pump_take, METH_O, "take(handle) -> payload written since the last take"},
     {"last", (PyCFunction)Pump_last, METH_O, "last(handle) -> monotonic seconds of the last progress"},
     {"remove", (PyCFunction)Pump_remove, METH_O, "remove(handle) -> (sent, pending, out)"},

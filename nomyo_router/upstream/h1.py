@@ -213,17 +213,22 @@ class Response:
     """One answer, read as it arrives: the subset of aiohttp's `ClientResponse` the proxy uses
     (`status`, `headers`, `read`, `release`, `close`, and `content.readany/readline/iter_any`)."""
 
-    __slots__ = ("status", "headers", "content", "_conn", "_pool", "_read_s", "_line", "_done")
+    __slots__ = ("status", "headers", "_conn", "_pool", "_read_s", "_line", "_done")
 
     def __init__(self, conn: _Conn, pool: "Pool", read_s: float | None) -> None:
         self.status = conn.status
         self.headers = conn.headers
-        self.content = self  # aiohttp's `resp.content.readany()` spelling
         self._conn = conn
         self._pool = pool
         self._read_s = read_s
         self._line = b""  # what readline() read past the newline
         self._done = False
+
+    @property
+    def content(self) -> "Response":
+        """aiohttp's `resp.content.readany()` spelling (a property: an attribute pointing at
+        the response itself was a reference cycle per answer, left to the cyclic collector)."""
+        return self
 
     async def _more(self) -> bool:
         """Wait for body bytes; False at the end of the body."""
