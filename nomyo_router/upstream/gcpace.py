@@ -9,22 +9,21 @@ full collection comes every ~15 s, scanning every open stream's objects each tim
 no stream moves and no request starts. Almost nothing in them is garbage: streams end by
 reference counting.
 
-So, while a router runs: what start-up loaded (modules, config) is frozen out of every
-collection (`gc.freeze`); the oldest generation is collected by a timer every
-`gc_full_interval` seconds (60; 0 leaves CPython's collector as it is) instead of by
-growth, and the interval doubles (up to 16×) while those passes find little garbage (under
-`LITTLE` objects: a request's path leaves none, test_native.py checks it), back to
-`gc_full_interval` after one that finds more. The young generation keeps CPython's
-threshold; the middle one is collected every other young pass (threshold 1, not 10), so
-what survives two young passes moves on to the timed generation: a middle pass scanned
-up to 10 young passes' survivors, 17–46 ms every second at 2,000 streams (`gc.callbacks`),
-and with threshold 1 at most 7 ms. When the last router of the process stops, the process
-gets its settings back (tests run routers inside one process). Cyclic garbage that
-survives the young passes waits until a timed pass; what requests leave behind is freed by
-reference counting.
+So, while a router runs, collections come from a timer, not from allocations: what
+start-up loaded (modules, config) is frozen out of every collection (`gc.freeze`); the young
+generations are collected every `YOUNG_S` (0.1 s), what survives them moves to the oldest,
+and the oldest is collected every `gc_full_interval` seconds (60; 0 leaves CPython's
+collector as it is), an interval that doubles (up to 16×) while those passes find little
+garbage (under `LITTLE` objects: a request's path leaves none, test_gcpace.py checks it),
+back to `gc_full_interval` after one that finds more. When the last router of the process
+stops, the process gets its settings back (tests run routers inside one process).
 
-A full pass with 2,000 open streams takes 130–190 ms (`gc.callbacks`, native relay): with
-the doubling, one every 16 minutes once the process leaves no garbage.
+Why young passes on a timer: CPython counts allocations minus deallocations of any age, so
+while old streams end as fast as new ones start the young list grows far past its
+threshold of 700, and its passes (every ~1 s) took 17–105 ms at 2,000 streams
+(`gc.callbacks`): one every 0.1 s scans only what the last 0.1 s left alive. A full pass
+with 2,000 open streams takes 130–190 ms: with the doubling, one every 16 minutes once the
+process leaves no garbage.
 
 Measured (`bench/overload.py --streams 1000 --seconds 25`, Go load side, alternated, two
 runs each): router TTFT p99 68.9 / 78.0 ms without, 59.7 / 65.3 ms with (max 148 / 141
@@ -38,15 +37,18 @@ import asyncio
 import gc
 
 FULL_S = 60.0  # a full collection at least this often while garbage is found
+YOUNG_S = 0.1  # the young generations are collected this often
 LITTLE = 1000  # fewer unreachable objects than this in a full pass: the next comes later
 LONGEST = 16  # × FULL_S at most between full passes
-_state = {"users": 0, "saved": None}
+_state = {"users": 0, "saved": False}
 
 
 class GcPace:
     def __init__(self, full_s: float = FULL_S) -> None:
         self.full_s = full_s
-        self.next_s = full_s
+        self.wait_s = full_s  # until the next full pass (doubles while they find little)
+        self.due = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
@@ -54,18 +56,26 @@ class GcPace:
             return
         _state["users"] += 1
         if _state["users"] == 1 and gc.isenabled():
-            _state["saved"] = g0, g1, g2 = gc.get_threshold()
+            _state["saved"] = True
             gc.freeze()  # (no collection first: it cost the test suite 30 s; start-up leaves little garbage)
-            gc.set_threshold(g0, 1, 1 << 30)  # the oldest generation: only on the timer
-        self._arm()
+            gc.disable()  # collections come from the timer only
+        self._loop = loop = asyncio.get_running_loop()
+        self.due = loop.time() + self.wait_s
+        self._timer = loop.call_later(YOUNG_S, self._tick)
 
-    def _arm(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(self.next_s, self._full)
+    def _tick(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        if loop.time() >= self.due:
+            self._full()
+            self.due = loop.time() + self.wait_s
+        else:
+            gc.collect(1)  # what survives moves to the oldest generation
+        self._timer = loop.call_later(YOUNG_S, self._tick)
 
     def _full(self) -> None:
         found = gc.collect()
-        self.next_s = min(self.next_s * 2, self.full_s * LONGEST) if found < LITTLE else self.full_s
-        self._arm()
+        self.wait_s = min(self.wait_s * 2, self.full_s * LONGEST) if found < LITTLE else self.full_s
 
     def stop(self) -> None:
         if self._timer is None:
@@ -73,8 +83,7 @@ class GcPace:
         self._timer.cancel()
         self._timer = None
         _state["users"] -= 1
-        saved = _state["saved"]
-        if _state["users"] == 0 and saved is not None:
-            gc.set_threshold(*saved)
+        if _state["users"] == 0 and _state["saved"]:
+            gc.enable()
             gc.unfreeze()
-            _state["saved"] = None
+            _state["saved"] = False
