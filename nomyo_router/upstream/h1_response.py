@@ -1,0 +1,143 @@
+"""One answer from the upstream client (h1.py), read as it arrives: what the proxy reads of
+it, and the hand-over of its connection's socket to the compiled relay (native.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import httptools
+
+if TYPE_CHECKING:
+    from .h1 import Pool, _Conn
+
+
+class Response:
+    """One answer, read as it arrives: the subset of aiohttp's `ClientResponse` the proxy uses
+    (`status`, `headers`, `read`, `release`, `close`, and `content.readany/readline/iter_any`)."""
+
+    __slots__ = ("status", "headers", "_conn", "_pool", "_read_s", "_line", "_done")
+
+    def __init__(self, conn: _Conn, pool: Pool, read_s: float | None) -> None:
+        self.status = conn.status
+        self.headers = conn.headers
+        self._conn = conn
+        self._pool = pool
+        self._read_s = read_s
+        self._line = b""  # what readline() read past the newline
+        self._done = False
+
+    @property
+    def content(self) -> "Response":
+        """aiohttp's `resp.content.readany()` spelling (a property: an attribute pointing at
+        the response itself was a reference cycle per answer, left to the cyclic collector)."""
+        return self
+
+    async def _more(self) -> bool:
+        """Wait for body bytes; False at the end of the body."""
+        c = self._conn
+        while not c.chunks:
+            if c.eof:
+                return False
+            if c.error is not None:
+                raise c.error
+            c.waiter = w = c.loop.create_future()
+            if self._read_s or c.until is not None:
+                c.arm(self._read_s)
+            try:
+                await w
+            finally:
+                c.waiter = None
+        return True
+
+    def _take(self) -> bytes:
+        c = self._conn
+        data = c.chunks[0] if len(c.chunks) == 1 else b"".join(c.chunks)
+        c.chunks.clear()
+        c.size = 0
+        if c.paused and c.transport is not None:
+            c.paused = False
+            c.transport.resume_reading()
+        return data
+
+    async def readany(self) -> bytes:
+        if self._line:
+            data, self._line = self._line, b""
+            return data
+        if not await self._more():
+            return b""
+        return self._take()
+
+    async def readline(self) -> bytes:
+        buf = self._line
+        self._line = b""
+        while True:
+            i = buf.find(b"\n")
+            if i >= 0:
+                self._line = buf[i + 1:]
+                return buf[:i + 1]
+            if not await self._more():
+                return buf
+            buf += self._take()
+
+    async def read(self) -> bytes:
+        parts = [self._line] if self._line else []
+        self._line = b""
+        while await self._more():
+            parts.append(self._take())
+        return b"".join(parts)
+
+    def sink(self, fn: Callable[[bytes], bool] | None) -> None:
+        """Body pieces go to `fn` as they arrive, one per read (relay.py); what it refuses
+        (False), and what came before, waits for `readany`. None: back to `readany` only."""
+        self._conn.sink = None if self._line or self._done else fn
+
+    @property
+    def read_s(self) -> float | None:
+        return self._read_s
+
+    def detach(self) -> tuple[int, bool] | None:
+        """The connection's socket for native.py, which reads the rest of a chunked body
+        itself: (fd, whether the connection may be reused after the body). Only between
+        two chunks with nothing unread, else None (go on reading here). Reading through the
+        transport pauses until `attach`."""
+        c = self._conn
+        if (not c.edge or c.chunks or self._line or c.eof or c.error is not None or c.lost or c.paused
+                or c.transport is None or c.headers.get("transfer-encoding") != "chunked"):
+            return None
+        sock = c.transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        c.transport.pause_reading()
+        return sock.fileno(), c.parser.should_keep_alive()
+
+    def attach(self, ended: bool, keep: bool) -> None:
+        """After native.py read the body: `ended` — all of it (then `keep`: the connection may
+        be reused). The parser starts afresh for the connection's next answer."""
+        c = self._conn
+        c.parser = httptools.HttpResponseParser(c)
+        c.edge = False
+        c.eof, c.keep = ended, ended and keep
+        if not c.lost and c.transport is not None:
+            c.transport.resume_reading()
+
+    def unbound(self) -> None:
+        """The request's bound (`within`) no longer applies: the rest of a stream is read
+        within `sock_read` only."""
+        self._conn.until = None
+
+    def release(self) -> None:
+        """Back to the pool if the whole answer was read and the connection may be reused."""
+        if self._done:
+            return
+        self._done = True
+        c = self._conn
+        c.sink = None
+        if c.eof and c.keep and not c.lost and not c.chunks and not self._line:
+            self._pool.put(c)
+        else:
+            c.close()
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._conn.close()
