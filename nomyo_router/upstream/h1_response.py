@@ -99,13 +99,13 @@ class Response:
         """The connection's socket for native.py, which reads the rest of a chunked body
         itself: (fd, whether the connection may be reused after the body). Only between
         two chunks with nothing unread, else None (go on reading here). Reading through the
-        transport pauses until `attach`."""
+        transport pauses until `attach`. Not over TLS (the socket carries ciphertext)."""
         c = self._conn
         if (not c.edge or c.chunks or self._line or c.eof or c.error is not None or c.lost or c.paused
                 or c.transport is None or c.headers.get("transfer-encoding") != "chunked"):
             return None
         sock = c.transport.get_extra_info("socket")
-        if sock is None:
+        if sock is None or c.transport.get_extra_info("ssl_object") is not None:  # (TLS: bytes on the socket are ciphertext)
             return None
         c.transport.pause_reading()
         return sock.fileno(), c.parser.should_keep_alive()

@@ -10,10 +10,11 @@ every few KiB, of the bytes sent (kept for a resumption and the final counts).
 
 A stream moves here from the Python relay between two chunks, once its head and first
 chunk went out the usual way (the retry decisions and the response's head stay in Python),
-and only when the backend's body is chunked, no record is being rewritten (no resumption
-seam, no usage event to strip) and the client's transport has nothing queued. Its end goes
-back to Python: the record left unterminated, then the final chunk through ASGI. Without the
-compiled module (no C compiler when installed) everything stays in Python.
+and only when the backend's body is chunked, neither side speaks TLS (the sockets would
+carry ciphertext), no record is being rewritten (no resumption seam, no usage event to
+strip) and the client's transport has nothing queued. Its end goes back to Python: the
+record left unterminated, then the final chunk through ASGI. Without the compiled module
+(no C compiler when installed) everything stays in Python.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: byte
     if not AVAILABLE or not writer.ready() or writer.transport.get_write_buffer_size():
         return None
     client = writer.transport.get_extra_info("socket")
-    if client is None:
+    if client is None or writer.transport.get_extra_info("ssl_object") is not None:  # (TLS: ciphertext)
         return None
     detached = resp.detach()
     if detached is None:
