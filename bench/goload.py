@@ -76,28 +76,26 @@ class Backend:
 @contextmanager
 def backend(binary: str, ttft_ms: float, tok_ms: float, tokens: int, tick_ms: float) -> Iterator[Backend]:
     """The fake backend on a free port of 127.0.0.1, on the caller's cores."""
-    proc = subprocess.Popen([binary, "serve", "--port", "0", "--ttft-ms", str(ttft_ms), "--tok-ms", str(tok_ms),
-                             "--tokens", str(tokens), "--tick-ms", str(tick_ms)],
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, **_ENV})
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        if not line.strip().isdigit():
-            raise RuntimeError(f"slowgen serve did not start (exit {proc.poll()})")
-        yield Backend(int(line), proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with _child([binary, "serve", "--port", "0", "--ttft-ms", str(ttft_ms), "--tok-ms", str(tok_ms),
+                 "--tokens", str(tokens), "--tick-ms", str(tick_ms)]) as b:
+        yield b
 
 
 @contextmanager
 def relay(binary: str, to_port: int, core: int) -> Iterator[Backend]:
     """The byte-level relay (`slowgen relay`) to 127.0.0.1:`to_port`, pinned to `core`."""
-    proc = subprocess.Popen(["taskset", "-c", str(core), binary, "relay", "--port", "0", "--to", str(to_port)],
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, **_ENV})
+    with _child(["taskset", "-c", str(core), binary, "relay", "--port", "0", "--to", str(to_port)]) as b:
+        yield b
+
+
+@contextmanager
+def _child(cmd: list[str]) -> Iterator[Backend]:
+    """A slowgen server that prints its port first; stopped when the block ends."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **_ENV})
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         if not line.strip().isdigit():
-            raise RuntimeError(f"slowgen relay did not start (exit {proc.poll()})")
+            raise RuntimeError(f"{' '.join(cmd[:2])} did not start (exit {proc.poll()})")
         yield Backend(int(line), proc.pid)
     finally:
         proc.terminate()

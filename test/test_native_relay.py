@@ -19,7 +19,7 @@ import pytest
 from mock import run_mock
 from nomyo_router.upstream import h1, native
 from test.helpers import endpoints, run_router
-from test.test_relay import CHAT, WORDS, RawClient, _ollama_lines, _text
+from test.test_relay import CHAT, WORDS, RawClient, _ollama_lines, _text, read_with_a_stall
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the C extension was not built (no compiler)")
 
@@ -84,15 +84,8 @@ async def test_a_paused_client_gets_every_byte_in_order(taken):
     # 20 µs: reads end between chunks, so the pump takes the stream over and must wait)
     tokens = 40_000
     async with run_mock(ttft_ms=0.0, tok_ms=0.02, tokens=tokens) as m, run_router({"endpoints": endpoints(m)}) as r:
-        c = await RawClient.post(r.url, "/api/chat", CHAT, rcvbuf=4096)
-        out, n = bytearray(), 0
-        while (f := await c.frame()) is not None:
-            out += f
-            n += 1
-            if n == 50:
-                await asyncio.sleep(1.0)
-        c.close()
-    lines = _ollama_lines(bytes(out))
+        out = await read_with_a_stall(await RawClient.post(r.url, "/api/chat", CHAT, rcvbuf=4096))
+    lines = _ollama_lines(out)
     assert _text(lines) == [WORDS[i % 16] for i in range(tokens)]
     assert lines[-1]["done"] is True and lines[-1]["eval_count"] == tokens
     assert taken["streams"] == 1

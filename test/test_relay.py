@@ -66,6 +66,18 @@ class RawClient:
         self.writer.close()
 
 
+async def read_with_a_stall(c: RawClient) -> bytes:
+    """The whole body, reading nothing for a second after the 50th chunk (the sender pushes back)."""
+    out, n = bytearray(), 0
+    while (f := await c.frame()) is not None:
+        out += f
+        n += 1
+        if n == 50:
+            await asyncio.sleep(1.0)
+    c.close()
+    return bytes(out)
+
+
 def _ollama_lines(raw: bytes) -> list[dict]:
     return [json.loads(line) for line in raw.split(b"\n") if line]
 
@@ -105,15 +117,8 @@ async def test_a_paused_client_gets_every_byte_in_order(spy, path, body):
     # drain, then the direct path takes over again.
     tokens = 40_000
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=tokens) as m, run_router({"native_relay": False, "endpoints": endpoints(m)}) as r:
-        c = await RawClient.post(r.url, path, body, rcvbuf=4096)
-        out, n = bytearray(), 0
-        while (f := await c.frame()) is not None:
-            out += f
-            n += 1
-            if n == 50:
-                await asyncio.sleep(1.0)
-        c.close()
-    lines = _ollama_lines(bytes(out))
+        out = await read_with_a_stall(await RawClient.post(r.url, path, body, rcvbuf=4096))
+    lines = _ollama_lines(out)
     assert _text(lines) == [WORDS[i % 16] for i in range(tokens)]
     assert lines[-1]["done"] is True and lines[-1]["eval_count"] == tokens
     assert spy["writes"] > 0 and spy["refused"] > 0  # both paths were used
