@@ -161,11 +161,18 @@ def test_cli_end_to_end_writes_json_and_html(tmp_path):
     assert _children_gone([mport, rport])
 
 
+def _default_sigint() -> None:
+    # A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored
+    # across exec: Python would then never raise KeyboardInterrupt (suite run with `… &`).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_tears_everything_down():
     mport, rport = free_port(), free_port()
     p = subprocess.Popen([sys.executable, "loadtest.py", "--mock-backend", "--concurrency", "4",
                           "--duration", "60", "--mock-port", str(mport), "--router-port", str(rport),
-                          "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 30
         while _port_free(rport):  # wait until the router is up
