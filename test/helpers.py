@@ -30,9 +30,10 @@ class RunningRouter:
 @contextlib.asynccontextmanager
 async def run_router(config: RouterConfig | dict[str, Any],
                      http: str = "nomyo_router.protocol:GuardedHttpToolsProtocol",
-                     keep_alive: float = 5.0) -> AsyncIterator[RunningRouter]:
+                     keep_alive: float = 5.0, tls: tuple[str, str] | None = None) -> AsyncIterator[RunningRouter]:
     """`http`: uvicorn's protocol; ours by default (what `nomyo-router` serves with).
-    `keep_alive`: seconds an idle kept-alive connection stays open (uvicorn's default)."""
+    `keep_alive`: seconds an idle kept-alive connection stays open (uvicorn's default).
+    `tls`: (key file, certificate file) to serve https."""
     if isinstance(config, dict):
         config = parse_config({"usage_db": TEST_USAGE_DB, **config})
     app = RouterApp(config)
@@ -40,7 +41,9 @@ async def run_router(config: RouterConfig | dict[str, Any],
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
                                            log_level="warning", access_log=False,
                                            http=http, timeout_keep_alive=keep_alive,
-                                           limit_concurrency=config.max_connections or None))
+                                           limit_concurrency=config.max_connections or None,
+                                           ssl_keyfile=tls[0] if tls else None,
+                                           ssl_certfile=tls[1] if tls else None))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # tests own signals
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -49,7 +52,7 @@ async def run_router(config: RouterConfig | dict[str, Any],
             raise RuntimeError("router did not start")
         await asyncio.sleep(0.01)
     try:
-        yield RunningRouter(app, f"http://127.0.0.1:{port}")
+        yield RunningRouter(app, f"{'https' if tls else 'http'}://127.0.0.1:{port}")
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
