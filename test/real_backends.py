@@ -3,6 +3,9 @@ server), started by their own scripts, for the conformance tests."""
 
 from __future__ import annotations
 
+import lzma
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -29,3 +32,26 @@ def start(script: str, *args: str, timeout: float = 180) -> tuple[str, int]:
     if out.returncode != 0:
         pytest.fail(f"{script} failed: {out.stderr[-500:]}")
     return f"http://127.0.0.1:{port}", int(out.stdout.strip().splitlines()[-1])
+
+
+def ollama_cli() -> Path:
+    """The real `ollama` binary (the CLI), unpacked where start-ollama.sh puts it (its
+    `.bin/`, or `$TMPDIR/ollama-real-bin` when that is read-only) if no server was started
+    yet: a test that only runs the CLI must not depend on the order the suite runs in."""
+    here = require("no real ollama CLI")
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "ollama-real-bin"
+    for cand in (here / ".bin" / "ollama", tmp / "ollama"):
+        if cand.exists():
+            return cand
+    for bindir in (here / ".bin", tmp):
+        try:
+            bindir.mkdir(parents=True, exist_ok=True)
+            part = bindir / f"ollama.tmp.{os.getpid()}"
+            with lzma.open(here / "ollama.xz") as src, open(part, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except OSError:
+            continue
+        part.chmod(0o755)
+        part.replace(bindir / "ollama")  # (atomic: a server starting meanwhile sees all or nothing)
+        return bindir / "ollama"
+    pytest.fail(f"could not unpack {here / 'ollama.xz'}")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 
 import aiohttp
 import ollama
 import pytest
 
 from mock import free_port, run_mock
+from test import real_backends
 from test.helpers import endpoints, run_router
 
 FAST = dict(ttft_ms=0.0, tok_ms=0.0, tokens=4, models=["llama3"])
@@ -180,26 +180,12 @@ async def test_management_needs_the_admin_key_when_one_is_set(mock):
         assert "kept:latest" in await _models(mock)
 
 
-def _ollama_cli():
-    import os
-    from pathlib import Path
-    repo = Path(__file__).resolve().parent.parent
-    for shared in (repo.parent / "shared", Path("/work/shared")):
-        for cand in (shared / "real-backends" / ".bin" / "ollama",
-                     Path(os.environ.get("TMPDIR", "/tmp")) / "ollama-real-bin" / "ollama"):
-            if cand.exists():
-                return cand
-    return None
-
-
 async def test_the_real_ollama_cli_reads_the_merged_pull_stream(two):
     """`ollama pull` (the real CLI) through the router over two mocks: it draws the merged
     progress and exits 0 only on the final success; a failure on one endpoint is its error."""
     import os
     a, b, r = two
-    cli = _ollama_cli()
-    if cli is None:
-        pytest.skip("the real ollama CLI is absent (../shared/real-backends/.bin/ollama; start-ollama.sh unpacks it)")
+    cli = real_backends.ollama_cli()
     env = {**os.environ, "OLLAMA_HOST": r.url.removeprefix("http://"), "HOME": "/tmp"}
 
     async def run(*args: str) -> tuple[int, str]:

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from typing import Iterator
 
 import aiohttp
@@ -20,12 +19,6 @@ from test import real_backends
 from test.helpers import run_router
 
 SHARED = real_backends.SHARED
-
-
-def _cli() -> Path:
-    assert SHARED is not None
-    here = SHARED / "real-backends" / ".bin" / "ollama"
-    return here if here.exists() else Path(os.environ.get("TMPDIR", "/tmp")) / "ollama-real-bin" / "ollama"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +41,7 @@ def two_ollamas() -> Iterator[list[str]]:
 
 async def _cli_run(router_url: str, *args: str, cwd: str | None = None) -> str:
     env = {**os.environ, "OLLAMA_HOST": router_url.removeprefix("http://"), "HOME": tempfile.gettempdir()}
-    proc = await asyncio.create_subprocess_exec(str(_cli()), *args, cwd=cwd, env=env,
+    proc = await asyncio.create_subprocess_exec(str(real_backends.ollama_cli()), *args, cwd=cwd, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     text = out.decode(errors="replace")
