@@ -185,7 +185,7 @@ async def test_the_real_ollama_cli_reads_the_merged_pull_stream(two):
     progress and exits 0 only on the final success; a failure on one endpoint is its error."""
     import os
     a, b, r = two
-    cli = real_backends.ollama_cli()
+    cli = await asyncio.to_thread(real_backends.ollama_cli)  # (may unpack it: ~2 s off the loop)
     env = {**os.environ, "OLLAMA_HOST": r.url.removeprefix("http://"), "HOME": "/tmp"}
 
     async def run(*args: str) -> tuple[int, str]:

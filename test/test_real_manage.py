@@ -41,7 +41,8 @@ def two_ollamas() -> Iterator[list[str]]:
 
 async def _cli_run(router_url: str, *args: str, cwd: str | None = None) -> str:
     env = {**os.environ, "OLLAMA_HOST": router_url.removeprefix("http://"), "HOME": tempfile.gettempdir()}
-    proc = await asyncio.create_subprocess_exec(str(real_backends.ollama_cli()), *args, cwd=cwd, env=env,
+    cli = await asyncio.to_thread(real_backends.ollama_cli)  # (may unpack it: ~2 s off the loop)
+    proc = await asyncio.create_subprocess_exec(str(cli), *args, cwd=cwd, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     text = out.decode(errors="replace")
