@@ -39,17 +39,18 @@ def ollama_cli() -> Path:
     `.bin/`, or `$TMPDIR/ollama-real-bin` when that is read-only) if no server was started
     yet: a test that only runs the CLI must not depend on the order the suite runs in."""
     here = require("no real ollama CLI")
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "ollama-real-bin"
-    for cand in (here / ".bin" / "ollama", tmp / "ollama"):
-        if cand.exists():
-            return cand
-    for bindir in (here / ".bin", tmp):
+    bindirs = (here / ".bin", Path(os.environ.get("TMPDIR", "/tmp")) / "ollama-real-bin")
+    for bindir in bindirs:
+        if (bindir / "ollama").exists():
+            return bindir / "ollama"
+    for bindir in bindirs:
+        part = bindir / f"ollama.tmp.{os.getpid()}"
         try:
             bindir.mkdir(parents=True, exist_ok=True)
-            part = bindir / f"ollama.tmp.{os.getpid()}"
             with lzma.open(here / "ollama.xz") as src, open(part, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
         except OSError:
+            part.unlink(missing_ok=True)  # (a read-only or full place: try the next)
             continue
         part.chmod(0o755)
         part.replace(bindir / "ollama")  # (atomic: a server starting meanwhile sees all or nothing)
