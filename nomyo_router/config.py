@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import yaml
 
@@ -35,6 +35,8 @@ class EndpointConfig:
     models: tuple[str, ...] | None = None  # None: discovered
     kv_cache_tokens: int = 131072  # its KV cache size, bounding the router's prefix index
     kv_events: str | None = None  # vLLM KV-event publisher (zmq tcp://host:port): precise mode
+    # "user:password" taken out of the url (http://user:pass@host): sent as Authorization: Basic
+    basic_auth: str | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:  # never print credentials
         return f"EndpointConfig(name={self.name!r}, url={self.url!r}, type={self.type!r})"
@@ -87,6 +89,10 @@ class RouterConfig:
     overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
     usage_db: str | None = "./nomyo-usage.db"  # SQLite token accounting; None: off (Redis state: in Redis)
     admin_key: str | None = field(default=None, repr=False)  # POST /admin/reload, everyone's /api/usage
+    metrics_key: str | None = field(default=None, repr=False)  # /metrics and the dashboard's data (Prometheus)
+    max_record_bytes: int = 8 * 1024 * 1024  # the longest stream record (NDJSON line, SSE event) relayed
+    max_response_bytes: int = 64 * 1024 * 1024  # the largest whole answer the router holds (translation, usage)
+    redis_timeout: float = 1.0  # deadline of every Redis call; a stalled Redis counts as a dead one
     gc_full_interval: float = 60.0  # seconds between full GC passes while the router runs; 0: CPython's own
 
 
@@ -137,11 +143,14 @@ _SCALARS: dict[str, tuple[Any, Any, str]] = {
     "body_idle_timeout": _POSITIVE_NUM,
     "shutdown_grace": _NON_NEG_NUM,
     "routing": (str, lambda v: v in ROUTING_POLICIES, f"one of {', '.join(ROUTING_POLICIES)}"),
+    "max_record_bytes": ((int,), lambda v: v >= 1024, "an integer >= 1024 (bytes)"),
+    "max_response_bytes": ((int,), lambda v: v >= 1024, "an integer >= 1024 (bytes)"),
+    "redis_timeout": _POSITIVE_NUM,
 }
 _ENDPOINT_KEYS = {"url", "name", "type", "max_concurrent", "api_key", "models", "kv_cache_tokens",
                   "kv_events"}
 _TOP_KEYS = set(_SCALARS) | {"endpoints", "api_keys", "router_api_key", "client_keys", "allowed_origins",
-                             "usage_db", "admin_key"}
+                             "usage_db", "admin_key", "metrics_key"}
 
 
 def expand_env(value: str, where: str) -> str:
@@ -169,15 +178,27 @@ def _check(key: str, value: Any, spec: tuple[Any, Any, str]) -> Any:
 
 def _check_url(key: str, url: Any) -> str:
     if not isinstance(url, str):
-        raise ConfigError(f"{key}: expected a URL such as http://127.0.0.1:11434, got {url!r}")
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {url!r}")
+        raise ConfigError(f"{key}: expected a URL such as http://127.0.0.1:11434, got {type(url).__name__}")
+    shown = redact_url(url.strip())
     try:
+        parts = urlsplit(url.strip())
         parts.port
     except ValueError:
-        raise ConfigError(f"{key}: the port in {url!r} is not a number")
+        raise ConfigError(f"{key}: the port in {shown!r} is not a number") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {shown!r}")
     return url.strip().rstrip("/")
+
+
+def redact_url(url: str) -> str:
+    """The url as it may be printed: `user:pass@` becomes `***@`."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}://{authority}{slash}{path}"
 
 
 def _default_name(url: str) -> str:
@@ -197,7 +218,8 @@ def _endpoint(i: int, raw: Any, default_slots: int, api_keys: dict[str, str]) ->
     if "url" not in raw:
         raise ConfigError(f"{key}: 'url' is required")
     url = _check_url(f"{key}.url", raw["url"])
-    if urlsplit(url).username is not None and raw.get("api_key"):
+    url, basic_auth = split_userinfo(url)
+    if basic_auth is not None and raw.get("api_key"):
         raise ConfigError(f"{key}: the url carries credentials (user:pass@) and api_key is set too; "
                           f"keep one: remove the credentials from the url or drop api_key")
     # `/v1` is where OpenAI routes live; keep the base URL without it.
@@ -225,8 +247,20 @@ def _endpoint(i: int, raw: Any, default_slots: int, api_keys: dict[str, str]) ->
     if kv_events is not None and not (isinstance(kv_events, str) and kv_events.startswith(("tcp://", "ipc://"))):
         raise ConfigError(f"{key}.kv_events: expected vLLM's KV-event publisher address such as "
                           f"tcp://127.0.0.1:5557, got {kv_events!r}")
-    return EndpointConfig(url=url, name=name.strip(), type=typ, max_concurrent=slots,
-                          api_key=api_key, models=models, kv_cache_tokens=kv_tokens, kv_events=kv_events)
+    return EndpointConfig(url=url, name=name.strip(), type=typ, max_concurrent=slots, api_key=api_key,
+                          models=models, kv_cache_tokens=kv_tokens, kv_events=kv_events, basic_auth=basic_auth)
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """(the url without `user:pass@`, "user:pass" percent-decoded or None). Credentials in a
+    url must never reach the Host header, a log line or an error message: they are sent as
+    `Authorization: Basic` instead (what curl and browsers do with them)."""
+    parts = urlsplit(url)
+    if parts.username is None and "@" not in parts.netloc:
+        return url, None
+    host = parts.netloc.rpartition("@")[2]
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    return urlunsplit(parts._replace(netloc=host)), f"{user}:{password}"
 
 
 def parse_config(data: Any, source: str = "config") -> RouterConfig:
@@ -276,6 +310,8 @@ def _access(data: dict[str, Any]) -> dict[str, Any]:
         out["router_api_key"] = _key("router_api_key", data["router_api_key"])
     if data.get("admin_key") is not None:
         out["admin_key"] = _key("admin_key", data["admin_key"])
+    if data.get("metrics_key") is not None:
+        out["metrics_key"] = _key("metrics_key", data["metrics_key"])
     if "usage_db" in data:
         db = data["usage_db"]
         if db is not None and (not isinstance(db, str) or not db.strip()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,8 @@ class Endpoint:
                       "Accept-Encoding": "identity", "User-Agent": "nomyo-router"}
         if cfg.api_key:
             ep.headers["Authorization"] = f"Bearer {cfg.api_key}"
+        elif cfg.basic_auth:
+            ep.headers["Authorization"] = "Basic " + base64.b64encode(cfg.basic_auth.encode()).decode("ascii")
         if cfg.models:
             ep.set_models(list(cfg.models))
         return ep

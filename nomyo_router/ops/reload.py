@@ -42,7 +42,7 @@ def config_path() -> str:
 
 def _backend(cfg: EndpointConfig) -> tuple:
     """What makes an endpoint the same backend; a change means remove and add again."""
-    return cfg.url, cfg.type, cfg.api_key, cfg.models
+    return cfg.url, cfg.type, cfg.api_key, cfg.basic_auth, cfg.models
 
 
 def plan(old: RouterConfig, new: RouterConfig) -> dict[str, Any]:
