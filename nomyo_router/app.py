@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import sys
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, NoReturn
 
 from .api import access, listing, manage
 from .api import status as ollama_status
@@ -24,12 +24,12 @@ from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
 from .api.requests import GENERATION_ROUTES, parse
 from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
-from .domain import Endpoint
+from .domain import Endpoint, model_key
 from .events import Events, RequestRecord
 from .routing import kv_events
 from .routing.policies import Policy, make_policy
 from .routing.scheduler import Scheduler
-from .state import MemoryStore, SharedStore, StateStore, private
+from .state import MemoryStore, QueueFull, SharedStore, StateStore, private
 from .ops.accesslog import AccessLog
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
 from .ops.metrics import Metrics, state_gauges
@@ -61,13 +61,14 @@ class Router:
                                    config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
-        self.client_limits = ClientLimits(access.caps_of(config))
+        self.client_limits = ClientLimits(access.caps_of(config), self.store, config.max_queue)
         self.keys = access.keys_of(config)
         self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
         # full collections on a timer, not by growth (thousands of open streams)
         self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
-        self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag))
+        self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag),
+                               self.serves)
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state)
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
@@ -77,6 +78,10 @@ class Router:
         self.proxy: Proxy | None = None
         self.kv_tasks: list[asyncio.Task] = []  # precise mode: KV-event subscribers
         self.kv_states: dict[str, kv_events.KVEventState] = {}
+
+    def serves(self, model: str) -> bool:
+        key = model_key(model)
+        return any(ep.serves(key) for ep in self.endpoints)
 
     async def start(self) -> None:
         await self.store.start()
@@ -230,19 +235,34 @@ class RouterApp:
             if scope["method"] == "OPTIONS":
                 return send, origin
             send = with_headers(scope, send, access.cors_headers(origin))
-        if router.keys is not None and scope["path"] not in access.OPEN_PATHS:
-            client = router.keys.check(key)
-            if client is None and router.keys.required:
+        keys, path = router.keys, scope["path"]
+        if keys is None:
+            return send, None
+        if path in access.OPERATOR_PATHS:
+            client = keys.check(key)
+            if client is None and (key is not None or path != "/dashboard"):  # (the page is static)
+                raise ApiError(401, f"{path} needs the admin or metrics key (Authorization: Bearer KEY)"
+                               if key is None else "invalid API key")
+            if client is not None and not client.operator:
+                raise ApiError(403, f"{path} shows every client's traffic: it needs the admin or metrics key, "
+                                    "not a client key")
+        elif path not in access.OPEN_PATHS:
+            client = keys.check(key)
+            if client is None and keys.required:
                 raise ApiError(401, "a valid API key is required (Authorization: Bearer KEY or x-api-key)"
                                if key is None else "invalid API key")
+            if client is not None and client.role == "metrics":
+                raise ApiError(403, "the metrics key only reads /metrics, /dashboard/data and /health")
             scope["nomyo.client"] = client
         return send, None
 
     async def generate(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()
+        client = scope.get("nomyo.client")
+        if client is not None and router.client_limits.full(client.name):
+            _refuse_full(router.config)  # before its body is read: a flood from one key buffers nothing
         raw = await read_body(scope, receive, router.config.max_body_bytes)
         req = parse(scope["path"], raw, t0)
-        client = scope.get("nomyo.client")
         if client is not None:
             if not client.may_use(req.key):
                 raise ApiError(403, f"this API key may not use model '{req.model}'")
@@ -281,7 +301,8 @@ class RouterApp:
     async def show(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()
         raw = await read_body(scope, receive, router.config.max_body_bytes)
-        status, body = await listing.show(raw, router.endpoints, router.store, router.upstream)
+        status, body = await listing.show(raw, router.endpoints, router.store, router.upstream,
+                                          listing.visible_to(scope.get("nomyo.client")))
         await send_response(send, status, body)
 
     async def listing(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
@@ -289,18 +310,25 @@ class RouterApp:
         eps = router.endpoints
         if scope["path"] == "/api/ps" and router.discovery is not None:
             await router.discovery.fresh_ps()  # what is loaded changes by the second
-        body = {"/api/tags": listing.tags, "/api/ps": listing.ps, "/v1/models": listing.openai_models,
-                "/api/version": listing.version}[scope["path"]](eps)
+        if scope["path"] == "/api/version":
+            body = listing.version(eps)
+        else:  # a key limited to some models sees only those
+            body = {"/api/tags": listing.tags, "/api/ps": listing.ps, "/v1/models": listing.openai_models}[
+                scope["path"]](eps, listing.visible_to(scope.get("nomyo.client")))
         await send_response(send, 200, body)
 
     async def health(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        """Anyone may ask whether the router is up; with keys configured, only an operator key
+        (admin or metrics) sees the details: endpoints, models, counters."""
         router = self._router()
-        authed = router.keys is None or not router.keys.required or router.keys.check(access.inspect(scope["headers"])[1]) is not None
-        status, body = await listing.health(router.endpoints, router.store, router.health, usage=authed)
+        client = router.keys.check(access.inspect(scope["headers"])[1]) if router.keys is not None else None
+        status, body = await listing.health(router.endpoints, router.store, router.health,
+                                            details=router.keys is None or (client is not None and client.operator))
         await send_response(send, status, body)
 
     async def model(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-        status, body = listing.openai_model(self._router().endpoints, scope["path"][len("/v1/models/"):])
+        status, body = listing.openai_model(self._router().endpoints, scope["path"][len("/v1/models/"):],
+                                            listing.visible_to(scope.get("nomyo.client")))
         await send_response(send, status, body)
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
@@ -326,6 +354,13 @@ async def _enter(limits: ClientLimits, client: str, config: RouterConfig, held: 
     except TimeoutError:
         raise ApiError(503, f"no slot became free within queue_timeout ({config.queue_timeout:g}s)",
                        code="queue_timeout", retry_after=config.retry_after) from None
+    except QueueFull:
+        _refuse_full(config)
+
+
+def _refuse_full(config: RouterConfig) -> NoReturn:
+    raise ApiError(503, "server busy, please try again: the router's queue is full",
+                   code="queue_full", retry_after=config.retry_after)
 
 
 ROUTES: dict[tuple[str, str], Handler] = {("POST", p): RouterApp.generate for p in GENERATION_ROUTES}

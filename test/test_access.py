@@ -74,12 +74,15 @@ async def test_a_key_limited_to_some_models_gets_403_for_others(mock):
             assert resp.status == 200
 
 
-async def test_health_is_open_but_shows_usage_only_with_a_key(mock):
-    async with run_router(config(mock)) as r, aiohttp.ClientSession() as s:
-        async with s.get(r.url + "/health") as resp:
-            assert resp.status == 200 and "usage" not in await resp.json()
-        async with s.get(r.url + "/health", headers={"x-api-key": KEY}) as resp:
-            assert "usage" in await resp.json()
+async def test_health_is_open_but_shows_details_only_to_an_operator_key(mock):
+    admin = "admin-key-0123456789"
+    async with run_router({**config(mock), "admin_key": admin}) as r, aiohttp.ClientSession() as s:
+        for headers in ({}, {"x-api-key": KEY}, {"Authorization": f"Bearer {LIMITED}"}):
+            async with s.get(r.url + "/health", headers=headers) as resp:
+                assert resp.status == 200 and await resp.json() == {"status": "ok"}
+        async with s.get(r.url + "/health", headers={"Authorization": f"Bearer {admin}"}) as resp:
+            body = await resp.json()
+            assert "usage" in body and body["endpoints"][0]["models"]
 
 
 async def test_browser_origins_like_ollama(mock):
@@ -109,7 +112,8 @@ async def test_a_capped_key_cannot_starve_another_client():
     async with run_mock(ttft_ms=200, tok_ms=0, tokens=2) as m:
         cfg = {"endpoints": endpoints(m, slots=2),
                "client_keys": [{"name": "flood", "key": "flood-key-0123456789", "max_concurrent": 1},
-                               {"name": "other", "key": "other-key-0123456789"}]}
+                               {"name": "other", "key": "other-key-0123456789"}],
+               "metrics_key": "metrics-key-0123456789"}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             async def ask(key: str) -> float:
                 async with s.post(r.url + "/api/chat", json=CHAT, headers={"x-api-key": key}) as resp:
@@ -123,5 +127,5 @@ async def test_a_capped_key_cannot_starve_another_client():
             flood_done = sorted(await asyncio.gather(*flood))
             assert other_done < 0.45  # one service time: not behind the 5 waiting flood requests
             assert flood_done[-1] - t0 > 1.1  # the flood ran one at a time (6 x 200 ms)
-            async with s.get(r.url + "/health", headers={"x-api-key": "other-key-0123456789"}) as h:
+            async with s.get(r.url + "/health", headers={"x-api-key": "metrics-key-0123456789"}) as h:
                 assert all(e["in_flight"] == 0 for e in (await h.json())["endpoints"])

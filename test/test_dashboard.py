@@ -54,10 +54,15 @@ async def test_dashboard_shows_endpoints_live_numbers_and_a_chart(mock, mock2, b
 
 
 async def test_dashboard_data_need_the_key(mock, browser):
-    cfg = {"endpoints": endpoints(mock), "client_keys": [{"name": "ops", "key": "ops-key-12345678"}]}
+    cfg = {"endpoints": endpoints(mock), "client_keys": [{"name": "team", "key": "team-key-12345678"}],
+           "metrics_key": "ops-key-12345678"}
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
         async with s.get(r.url + "/dashboard/data") as resp:
             assert resp.status == 401
+        client = {"Authorization": "Bearer team-key-12345678"}
+        for path in ("/dashboard/data", "/dashboard", "/metrics"):  # every client's traffic: not a client's
+            async with s.get(r.url + path, headers=client) as resp:
+                assert resp.status == 403, path
         await asyncio.to_thread(browser.get, r.url + "/dashboard")
         assert await wait_for(browser, lambda b: b.find_element(By.ID, "keyform").is_displayed())
         assert endpoint_names(browser) == []  # nothing shown without the key

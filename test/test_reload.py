@@ -44,7 +44,7 @@ async def test_admin_reload_adds_removes_and_rejects(mock, mock2, tmp_path, monk
         assert body["added"] == ["b"] and body["removed"] == ["a"] and body["restart_needed"] == ["max_queue"]
         async with s.post(r.url + "/api/chat", json={**CHAT, "stream": False}) as resp:
             assert resp.status == 200 and resp.headers["X-Router-Endpoint"] == "b"
-        async with s.get(r.url + "/health") as resp:
+        async with s.get(r.url + "/health", headers=ADMIN) as resp:  # (details: the admin key)
             assert [e["name"] for e in (await resp.json())["endpoints"]] == ["b"]
         with open(path, "w") as f:
             f.write("endpoints: [{url: 'not a url'}]\n")

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 LOCAL_HOSTS = frozenset(("localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]"))
 APP_SCHEMES = ("app://", "file://", "tauri://", "vscode-webview://")
 OPEN_PATHS = frozenset(("/health", "/", "/dashboard"))  # health checks; the dashboard page (its data need a key)
+# What operators read: every client's traffic and usage. With any key configured these need
+# `admin_key` or `metrics_key`; the metrics key opens nothing else.
+OPERATOR_PATHS = frozenset(("/metrics", "/dashboard", "/dashboard/data"))
+OPERATOR_ROLES = frozenset(("admin", "metrics"))
 CORS_HEADERS = b"authorization, content-type, x-api-key, x-session-id, x-request-id, anthropic-version"
 CORS_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
 
@@ -37,9 +41,15 @@ CORS_METHODS = b"GET, POST, DELETE, HEAD, OPTIONS"
 class Client:
     name: str
     models: frozenset[str] | None  # model keys (name:tag) it may use; None: all
+    role: str = "client"  # client | default (router_api_key) | admin | metrics
 
     def may_use(self, model_key: str) -> bool:
         return self.models is None or model_key in self.models
+
+    @property
+    def operator(self) -> bool:
+        """May read every client's traffic: /metrics, the dashboard's data, /health's details."""
+        return self.role in OPERATOR_ROLES
 
 
 def digest_of(key: str) -> bytes:
@@ -52,11 +62,14 @@ def digest_of(key: str) -> bytes:
 def keys_of(config: "RouterConfig") -> "Keys | None":
     """Every key the config names, or None when the router is open."""
     from ..domain import model_key
-    entries = [("default", config.router_api_key, None)] if config.router_api_key else []
-    entries += [("admin", config.admin_key, None)] if config.admin_key else []
-    entries += [(name, key, frozenset(model_key(m) for m in models) if models else None)
+    entries: list[tuple[str, str, frozenset[str] | None, str]] = []
+    for role, key in (("default", config.router_api_key), ("admin", config.admin_key),
+                      ("metrics", config.metrics_key)):
+        if key:
+            entries.append((role, key, None, role))
+    entries += [(name, key, frozenset(model_key(m) for m in models) if models else None, "client")
                 for name, key, models, _ in config.client_keys]
-    # the admin key alone does not close the router: it only unlocks the admin routes
+    # the admin and metrics keys alone do not close the router: they only unlock their routes
     return Keys(entries, required=bool(config.router_api_key or config.client_keys)) if entries else None
 
 
@@ -66,9 +79,10 @@ def caps_of(config: "RouterConfig") -> dict[str, int]:
 
 
 class Keys:
-    def __init__(self, entries: Sequence[tuple[str, str, frozenset[str] | None]], required: bool = True) -> None:
-        self.required = required  # False: an open router that still knows the admin key
-        self._by_digest = {digest_of(key): (digest_of(key), Client(name, models)) for name, key, models in entries}
+    def __init__(self, entries: Sequence[tuple[str, str, frozenset[str] | None, str]], required: bool = True) -> None:
+        self.required = required  # False: an open router that still knows the admin or metrics key
+        self._by_digest = {digest_of(key): (digest_of(key), Client(name, models, role))
+                           for name, key, models, role in entries}
 
     def check(self, presented: bytes | None) -> Client | None:
         if not presented:

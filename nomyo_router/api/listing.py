@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..domain import Endpoint, model_key
 from ..state import StateStore
@@ -13,20 +13,33 @@ from .errors import ApiError
 from .requests import load_json
 
 DEFAULT_OLLAMA_VERSION = "0.12.6"
+Visible = Callable[[str], bool] | None  # model key -> may this caller see it; None: everything
 
 
-def _dedupe(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def visible_to(client: Any) -> Visible:
+    """What a client key may see of the models: the models it may use (a key limited to some
+    models learns nothing of the others, not even that they exist)."""
+    if client is None or client.models is None:
+        return None
+    return client.may_use  # type: ignore[no-any-return]
+
+
+def _entry_key(e: dict[str, Any]) -> str:
+    return model_key(str(e.get("model") or e.get("name") or ""))
+
+
+def _dedupe(entries: list[dict[str, Any]], visible: Visible = None) -> list[dict[str, Any]]:
     seen: set[str] = set()
     out = []
     for e in entries:
-        key = model_key(str(e.get("model") or e.get("name") or ""))
-        if key not in seen:
+        key = _entry_key(e)
+        if key not in seen and (visible is None or visible(key)):
             seen.add(key)
             out.append(e)
     return out
 
 
-def tags(endpoints: Sequence[Endpoint]) -> bytes:
+def tags(endpoints: Sequence[Endpoint], visible: Visible = None) -> bytes:
     entries: list[dict[str, Any]] = []
     for ep in endpoints:
         if ep.type == "ollama" and ep.static_models is None:
@@ -34,17 +47,17 @@ def tags(endpoints: Sequence[Endpoint]) -> bytes:
         else:
             entries += [{"name": n, "model": n, "modified_at": "1970-01-01T00:00:00Z", "size": 0,
                          "digest": "", "details": {}} for n in ep.models.values()]
-    return json.dumps({"models": _dedupe(entries)}).encode()
+    return json.dumps({"models": _dedupe(entries, visible)}).encode()
 
 
-def ps(endpoints: Sequence[Endpoint]) -> bytes:
+def ps(endpoints: Sequence[Endpoint], visible: Visible = None) -> bytes:
     entries: list[dict[str, Any]] = []
     for ep in endpoints:
         entries += ep.ps
-    return json.dumps({"models": _dedupe(entries)}).encode()
+    return json.dumps({"models": _dedupe(entries, visible)}).encode()
 
 
-def _model_objects(endpoints: Sequence[Endpoint]) -> list[dict[str, Any]]:
+def _model_objects(endpoints: Sequence[Endpoint], visible: Visible = None) -> list[dict[str, Any]]:
     """OpenAI model objects as the backends describe them: an OpenAI-type backend's own entry
     (its `created`, `owned_by`), an Ollama model as Ollama's `/v1/models` shows it (created
     from `modified_at`, owned by "library"); first endpoint wins for a name."""
@@ -54,7 +67,7 @@ def _model_objects(endpoints: Sequence[Endpoint]) -> list[dict[str, Any]]:
         own = {model_key(str(m["id"])): m for m in ep.openai_models}
         modified = {model_key(str(t.get("model") or t.get("name") or "")): t.get("modified_at") for t in ep.tags}
         for key, name in ep.models.items():
-            if key in seen:
+            if key in seen or (visible is not None and not visible(key)):
                 continue
             seen.add(key)
             entry = own.get(key)
@@ -83,14 +96,15 @@ def _trim_fraction(iso: str) -> str:
     return f"{head}.{digits[:6]}{rest[len(digits):]}"
 
 
-def openai_models(endpoints: Sequence[Endpoint]) -> bytes:
-    return json.dumps({"object": "list", "data": _model_objects(endpoints)}).encode()
+def openai_models(endpoints: Sequence[Endpoint], visible: Visible = None) -> bytes:
+    return json.dumps({"object": "list", "data": _model_objects(endpoints, visible)}).encode()
 
 
-def openai_model(endpoints: Sequence[Endpoint], model_id: str) -> tuple[int, bytes]:
-    """GET /v1/models/{id} (what the openai clients' models.retrieve calls)."""
+def openai_model(endpoints: Sequence[Endpoint], model_id: str, visible: Visible = None) -> tuple[int, bytes]:
+    """GET /v1/models/{id} (what the openai clients' models.retrieve calls); a model the
+    caller may not see is answered exactly as an absent one."""
     key = model_key(model_id)
-    for entry in _model_objects(endpoints):
+    for entry in _model_objects(endpoints, visible):
         if model_key(str(entry["id"])) == key:
             return 200, json.dumps({**entry, "id": model_id}).encode()  # the id as asked, like Ollama
     return 404, json.dumps({"error": {"message": f"The model '{model_id}' does not exist",
@@ -112,8 +126,12 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any = None,
-                 usage: bool = True) -> tuple[int, bytes]:
-    """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag)."""
+                 details: bool = True) -> tuple[int, bytes]:
+    """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag).
+    Without `details`, only whether the router is up: {"status": "ok" | "unavailable"}."""
+    if not details:
+        ok = any(store.is_healthy(ep) and ep.type is not None for ep in endpoints)
+        return (200 if ok else 503), b'{"status":"ok"}' if ok else b'{"status":"unavailable"}'
     snap = await store.snapshot()
     in_flight = snap.get("in_flight", {})
     states = verdicts.snapshot() if verdicts is not None else {}
@@ -125,8 +143,7 @@ async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any
     body = {"status": "ok" if ok else "unavailable", "state": snap.get("mode"),
             "queue_length": snap.get("queue_length", 0), "pins": snap.get("pins"),
             "endpoints": rows}
-    if usage:  # with client keys configured, only for an authenticated caller
-        body["usage"] = snap.get("usage", {})
+    body["usage"] = snap.get("usage", {})
     if verdicts is not None:
         body["loop_lag_ms"] = round(verdicts.lag.recent_max() * 1000, 1)
     if "degraded" in snap:
@@ -135,7 +152,7 @@ async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any
 
 
 async def show(raw: bytes, endpoints: Sequence[Endpoint], store: StateStore,
-               upstream: h1.Upstream) -> tuple[int, bytes]:
+               upstream: h1.Upstream, visible: Visible = None) -> tuple[int, bytes]:
     """/api/show from an Ollama endpoint that has the model (no slot: it is metadata)."""
     body = load_json(raw)
     if not isinstance(body, dict):
@@ -144,7 +161,7 @@ async def show(raw: bytes, endpoints: Sequence[Endpoint], store: StateStore,
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model is required")
     key = model_key(model)
-    serving = [ep for ep in endpoints if ep.serves(key)]
+    serving = [ep for ep in endpoints if ep.serves(key)] if visible is None or visible(key) else []
     if not serving:
         raise ApiError(404, f"model '{model}' not found")
     for ep in sorted(serving, key=lambda e: not store.is_healthy(e)):

@@ -58,7 +58,7 @@ def counters(registry: Any) -> dict[str, Any]:
 
 async def data(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
     router = app.current()
-    _, health = await listing.health(router.endpoints, router.store, router.health, usage=False)
+    _, health = await listing.health(router.endpoints, router.store, router.health)
     body: dict[str, Any] = {"health": json.loads(health), "counters": counters(router.metrics.scrape_registry())}
     if router.usage is not None:
         body["usage"] = summary(await router.usage.rows())["totals"]

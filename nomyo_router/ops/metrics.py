@@ -36,6 +36,10 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 MULTIPROCESS_FLUSH_S = 0.02
 IN_PROCESS_FLUSH_S = 1.0  # (a scrape hands on first: this only bounds how long sums wait)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
+# The model label of a request for a model no endpoint serves: labels come from what the
+# backends serve and the config, never from what a client wrote (each new label is a
+# series kept forever; a client could otherwise grow /metrics without bound).
+UNKNOWN_MODEL = "(unknown)"
 
 
 def multiprocess_dir() -> str | None:
@@ -43,8 +47,10 @@ def multiprocess_dir() -> str | None:
 
 
 class Metrics:
-    def __init__(self, events: Events, state: Callable[[], Iterable[Any]]) -> None:
-        """`state()` yields GaugeMetricFamily objects describing the router now."""
+    def __init__(self, events: Events, state: Callable[[], Iterable[Any]],
+                 served: Callable[[str], bool] = lambda model: True) -> None:
+        """`state()` yields GaugeMetricFamily objects describing the router now; `served(model)`
+        tells whether some endpoint serves a model (else its requests are labelled UNKNOWN_MODEL)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("nomyo_router_requests", "Requests by model, endpoint, API, route and status",
@@ -71,6 +77,7 @@ class Metrics:
         # other workers' scrapes read: there, hand on every MULTIPROCESS_FLUSH_S
         self._every = MULTIPROCESS_FLUSH_S if multiprocess_dir() else IN_PROCESS_FLUSH_S
         self._state = state
+        self._served = served
         events.on_request_done(self.request_done)
         events.on_count(self.count)
         if multiprocess_dir() is None:
@@ -96,7 +103,9 @@ class Metrics:
         h[-1] += value
 
     def request_done(self, rec: RequestRecord) -> None:
-        model = rec.model
+        model = rec.model  # (a request an endpoint took is for a model it serves)
+        if rec.endpoint is None and not self._served(model):
+            model = UNKNOWN_MODEL
         self._inc(self.requests, (model, rec.endpoint or "", rec.api, rec.route, str(rec.status)))
         self._observe(self.latency, (model, rec.api), rec.total_s, LATENCY_BUCKETS)
         if rec.ttft_s is not None:

@@ -51,6 +51,10 @@ class Lease:
 
 
 class StateStore(ABC):
+    # Requests of this process waiting outside the store, for a per-client permit
+    # (api/fairness.py): they count toward `max_queue` like the store's own waiters.
+    held_aside = 0
+
     @abstractmethod
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
                       timeout: float, order: int | None = None, pin: str | None = None) -> Lease:

@@ -58,7 +58,7 @@ class MemoryStore(StateStore):
             free.remove(ep)
         if all(e.name in self._unhealthy for e in candidates):
             raise NoEndpoint(model)
-        if self._queued >= self.max_queue:
+        if self._queued + self.held_aside >= self.max_queue:
             raise QueueFull(model)
         for e in candidates:
             self._endpoints[e.name] = e
