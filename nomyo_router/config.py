@@ -346,6 +346,21 @@ def _access(data: dict[str, Any]) -> dict[str, Any]:
         if len(set(names)) != len(names):
             raise ConfigError("client_keys: names must be unique (they name the client in usage and logs)")
         out["client_keys"] = tuple(keys)
+    # One key, one holder. The router knows a caller by its key's digest, so a key given twice
+    # (as written, or once as sha256:<hex>) would quietly make one holder the other: a client
+    # key equal to admin_key is an admin, two clients on one key are one client in usage and
+    # limits. Refused at --check and start-up, naming both holders and never the key.
+    from .api.access import digest_of  # (sha256 of the key, or the given sha256: digest)
+    holders: dict[bytes, str] = {}
+    named = [(setting, out[setting]) for setting in ("router_api_key", "admin_key", "metrics_key")
+             if setting in out]
+    named += [(f"client_keys '{name}'", key) for name, key, _, _ in out.get("client_keys", ())]
+    for who, key in named:
+        digest = digest_of(key)
+        if digest in holders:
+            raise ConfigError(f"{holders[digest]} and {who} have the same key (compared after hashing: a key "
+                              f"and its sha256: form are one key); give each its own key")
+        holders[digest] = who
     origins = data.get("allowed_origins")
     if origins is not None:
         if not isinstance(origins, list) or not all(isinstance(o, str) and o for o in origins):

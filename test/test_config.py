@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from nomyo_router.config import ConfigError, load_config, parse_config
 
@@ -76,3 +78,43 @@ def test_cli_refuses_a_bad_file(tmp_path):
 
 def test_shipped_config_is_valid():
     assert len(load_config("config.yaml").endpoints) == 2
+
+
+_K = "one-key-for-two-0123"
+_K_HASHED = "sha256:" + hashlib.sha256(_K.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("keys,first,second", [
+    ({"client_keys": [{"name": "alice", "key": _K}, {"name": "bob", "key": _K}]},
+     "client_keys 'alice'", "client_keys 'bob'"),
+    ({"client_keys": [{"name": "alice", "key": _K}, {"name": "bob", "key": _K_HASHED}]},
+     "client_keys 'alice'", "client_keys 'bob'"),
+    ({"admin_key": _K_HASHED.upper().replace("SHA256:", "sha256:"), "client_keys": [{"name": "alice", "key": _K}]},
+     "admin_key", "client_keys 'alice'"),
+    ({"router_api_key": _K, "client_keys": [{"name": "alice", "key": _K}]}, "router_api_key", "client_keys 'alice'"),
+    ({"metrics_key": _K, "client_keys": [{"name": "alice", "key": _K}]}, "metrics_key", "client_keys 'alice'"),
+    ({"router_api_key": _K, "admin_key": _K_HASHED}, "router_api_key", "admin_key"),
+    ({"admin_key": _K, "metrics_key": _K}, "admin_key", "metrics_key"),
+    ({"router_api_key": _K, "metrics_key": _K}, "router_api_key", "metrics_key"),
+])
+def test_a_key_shared_by_two_holders_is_refused_naming_both(keys, first, second, tmp_path):
+    """A key and its sha256: form are one key: two holders of it would be one caller to the
+    router. parse_config (start-up, reload) and --check refuse it; the key is never shown."""
+    with pytest.raises(ConfigError) as e:
+        parse_config({"endpoints": ["http://x"], **keys})
+    message = str(e.value)
+    assert f"{first} and {second} have the same key" in message
+    assert _K not in message and _K_HASHED[7:] not in message.lower()
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"endpoints": ["http://x"], **keys}))
+    p = subprocess.run([sys.executable, "-m", "nomyo_router", "--config", str(path), "--check"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and f"{first} and {second}" in p.stderr
+    assert _K not in p.stdout + p.stderr and _K_HASHED[7:] not in (p.stdout + p.stderr).lower()
+
+
+def test_distinct_keys_pass():
+    cfg = parse_config({"endpoints": ["http://x"], "router_api_key": _K + "r", "admin_key": _K + "a",
+                        "metrics_key": _K + "m", "client_keys": [{"name": "alice", "key": _K},
+                                                                 {"name": "bob", "key": _K + "b"}]})
+    assert len(cfg.client_keys) == 2
