@@ -139,3 +139,43 @@ async def test_openai_streams_are_counted_without_showing_usage_the_client_did_n
             u = await usage(s, r.url)
         await client.close()
     assert u["totals"]["completion_tokens"] == 2 * truth and u["totals"]["requests"] == 2
+
+
+async def test_csv_cells_that_a_spreadsheet_would_run_are_made_text(tmp_path):
+    """Client, model and endpoint names reach the CSV from the config and from backends; one
+    that starts like a formula (`=`, `+`, `-`, `@`, tab, CR) gets a leading `'`, so opening the
+    export in Excel or LibreOffice runs nothing."""
+    import csv
+    import io
+
+    from mock import run_mock
+    evil_client, evil_model = "=cmd|' /C calc'!A0", "+SUM(1;2)"
+    async with run_mock(ttft_ms=0, tok_ms=0, tokens=4, models=[evil_model]) as m:
+        cfg = {"endpoints": [{"url": m.url, "name": "@box"}], "usage_db": str(tmp_path / "u.db"),
+               "client_keys": [{"name": evil_client, "key": "evil-key-123456"},
+                               {"name": "-tab", "key": "tab-key-1234567"}]}
+        async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+            for key in ("evil-key-123456", "tab-key-1234567"):
+                async with s.post(r.url + "/api/chat", json={**CHAT, "model": evil_model, "stream": False},
+                                  headers={"Authorization": f"Bearer {key}"}) as resp:
+                    assert resp.status == 200, await resp.text()
+            async with s.get(r.url + "/api/usage", params={"format": "csv"},
+                             headers={"Authorization": "Bearer evil-key-123456"}) as resp:
+                assert resp.status == 200
+                rows = list(csv.reader(io.StringIO(await resp.text())))
+            everyone = await usage(s, r.url, "tab-key-1234567")  # JSON is data, not a sheet: as is
+    assert rows[0] == ["day", "model", "endpoint", "client", "requests", "errors", "prompt_tokens",
+                       "completion_tokens"]
+    assert [row[1:5] for row in rows[1:]] == [["'" + evil_model, "'@box", "'" + evil_client, "1"]]
+    assert everyone["rows"][0]["model"] == evil_model and everyone["rows"][0]["client"] == "-tab"
+
+
+def test_to_csv_quotes_every_formula_start():
+    from nomyo_router.ops.usage_api import to_csv
+    starts = ["=1", "+1", "-1", "@1", "\t1", "\r1"]
+    out = to_csv([(("2024-01-01", s, "ep", "plain"), [1, 0, 2, 3]) for s in starts])
+    import csv
+    import io
+    rows = list(csv.reader(io.StringIO(out.decode(), newline="")))
+    assert [row[1] for row in rows[1:]] == ["'" + s for s in starts]
+    assert all(row[2:4] == ["ep", "plain"] and row[4:] == ["1", "0", "2", "3"] for row in rows[1:])

@@ -59,12 +59,24 @@ def summary(rows: list[tuple[Row, Counts]]) -> dict[str, Any]:
                      for r, c in rows]}
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: str) -> str:
+    """A text cell a spreadsheet will not run: model and client names come from requests and
+    the config, and a cell starting with `=`, `+`, `-`, `@`, a tab or a carriage return is a
+    formula to Excel and LibreOffice (`=cmd|' /C calc'!A0`). A leading `'` makes it text."""
+    return "'" + value if value.startswith(_FORMULA_START) else value
+
+
 def to_csv(rows: list[tuple[Row, Counts]]) -> bytes:
+    """RFC 4180 line ends (CRLF): the writer then also quotes a cell holding a CR, which with
+    LF line ends it left bare, cutting the row in two for every reader."""
     out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
+    w = csv.writer(out, lineterminator="\r\n")
     w.writerow(("day", "model", "endpoint", "client", *FIELDS))
     for r, c in rows:
-        w.writerow((*r, *c))
+        w.writerow((*(_cell(v) for v in r), *c))
     return out.getvalue().encode()
 
 
