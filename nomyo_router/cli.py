@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         os.makedirs(metrics_dir, mode=0o700)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        # prometheus_client creates its files with open()'s 0666 less the umask (0644 under the
+        # usual 022), and they hold every client's traffic: the workers, which inherit the umask,
+        # create every file for the router's user alone (0600), like the state files beside them.
+        os.umask(os.umask(0) | 0o077)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = dict(host=args.host, port=args.port, workers=args.workers,

@@ -1,7 +1,7 @@
 """Where the workers' shared state lives, kept private to the router's user.
 
 The workers of one uvicorn master meet at a Unix socket and a lock file. Both live in a
-directory that belongs to the router's user alone (mode 0700; the socket 0600), so no other
+directory that belongs to the router's user alone (mode 0700; every file in it 0600), so no other
 local user can talk to the shared state, replace it, or point it at another file:
 
 - `$XDG_RUNTIME_DIR/nomyo-router` when XDG_RUNTIME_DIR is set (per-user, on tmpfs), else
@@ -49,11 +49,15 @@ def ensure_private_dir(path: str) -> str:
     if st.st_mode & 0o022:
         raise UnsafeStatePath(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
                               f"chmod 700 it or remove it")
+    if st.st_mode & 0o077:  # ours and nobody else can write it: readable by others is tightened
+        os.chmod(path, 0o700)
     return path
 
 
 def check_file(path: str) -> None:
-    """A lock or socket path must be absent, or ours and not a symlink."""
+    """A lock, socket or table path must be absent, or ours and not a symlink. New files are
+    created 0600 by their owners (os.open's mode is never widened by the umask); one of ours
+    left with a looser mode (an older version, a hand-made file) is made 0600 here, before use."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -62,6 +66,8 @@ def check_file(path: str) -> None:
         raise UnsafeStatePath(f"{path} is a symlink; refusing to use it (remove it)")
     if st.st_uid != os.geteuid():
         raise UnsafeStatePath(f"{path} belongs to uid {st.st_uid}; refusing to use it (remove it)")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o600)
 
 
 def remove_stale(directory: str) -> None:
