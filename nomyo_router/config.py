@@ -194,7 +194,7 @@ def redact_url(url: str) -> str:
     """The url as it may be printed: `user:pass@` becomes `***@`."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return url
+        return "***@" + url.rpartition("@")[2] if "@" in url else url
     authority, slash, path = rest.partition("/")
     if "@" in authority:
         authority = "***@" + authority.rpartition("@")[2]
@@ -292,7 +292,8 @@ def parse_config(data: Any, source: str = "config") -> RouterConfig:
 
 def _key(where: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where}: expected a non-empty key (or sha256:<64 hex digits>), got {value!r}")
+        shown = "an empty string" if isinstance(value, str) else f"a {type(value).__name__}"  # (never the value)
+        raise ConfigError(f"{where}: expected a non-empty key (or sha256:<64 hex digits>), got {shown}")
     value = expand_env(value.strip(), where)
     if value.startswith("sha256:"):
         digest = value[7:]
@@ -340,9 +341,9 @@ def _access(data: dict[str, Any]) -> dict[str, Any]:
             keys.append((name.strip(), _key(f"{where}.key", entry.get("key")), tuple(models) if models else None,
                          cap))
         names = [k[0] for k in keys]
-        if {"default", "admin"} & set(names):
-            raise ConfigError("client_keys: the names 'default' and 'admin' are reserved (router_api_key and "
-                              "admin_key); choose another name")
+        if {"default", "admin", "metrics"} & set(names):
+            raise ConfigError("client_keys: the names 'default', 'admin' and 'metrics' are reserved "
+                              "(router_api_key, admin_key and metrics_key); choose another name")
         if len(set(names)) != len(names):
             raise ConfigError("client_keys: names must be unique (they name the client in usage and logs)")
         out["client_keys"] = tuple(keys)
@@ -376,6 +377,8 @@ def load_config(path: str) -> RouterConfig:
             data = yaml.safe_load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found; pass --config PATH or set NOMYO_ROUTER_CONFIG")
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}")
+    except yaml.YAMLError as e:  # (where, not the line's text: the line may hold a key)
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or type(e).__name__}") from None
     return parse_config(data, path)
