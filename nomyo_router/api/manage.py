@@ -17,8 +17,10 @@ change every box. Each call goes to every Ollama-type endpoint (or only those na
 
 With `admin_key` configured these calls need it (403 otherwise); a client key limited to
 some models may never make them. They take no generation slot; at most `manage_concurrency` run at once per router
-process (more wait). When one finishes, the concerned endpoints' model lists are refreshed
-before the answer goes out, so a pulled or copied model is served at once.
+process (more wait). When one finishes, the concerned endpoints' model lists are refreshed,
+and every other worker process has applied them (`upstream/model_sync.py`), before the
+answer goes out: a pulled or copied model is listed and served at once, a deleted one is
+gone, whichever worker the next request reaches.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Background discovery: each endpoint's type, models and loaded models, and its health.
 
 Selection never does I/O; these loops push what they learn into the endpoints, the
-scheduler's model index and the state store.
+scheduler's model index and the state store. Model lists are shared with the router's other
+worker processes (model_sync.py): a change made through one is known to all before the
+management call answers, and one process does the periodic poll for all.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..routing.scheduler import Scheduler
 from ..state import StateStore
 from . import h1
 from .health import Health
+from .model_sync import ModelSync, Snapshot
 
 log = logging.getLogger("nomyo_router.discovery")
 
@@ -46,15 +49,19 @@ class Discovery:
         self._ps_round: asyncio.Future | None = None
         self._ps_at = 0.0
         self._timeout = config.health_timeout
+        self.sync = ModelSync(store, lambda: self.endpoints, scheduler.reindex, self._refresh)
 
     async def start(self) -> None:
-        """One round before serving, so the first requests find their models; then loops."""
+        """One round before serving, so the first requests find their models; then loops.
+        (Known to the other workers first, so no change made meanwhile passes us by.)"""
+        self.sync.start()
         await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
         self._tasks = [asyncio.create_task(self._every(self.config.health_interval, self._probe_all)),
                        asyncio.create_task(self._every(self.config.probe_interval_down, self._probe_down)),
-                       asyncio.create_task(self._every(self.config.model_refresh_interval, self._refresh_all))]
+                       asyncio.create_task(self._periodic(self.config.model_refresh_interval))]
 
     async def stop(self) -> None:
+        self.sync.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -64,6 +71,19 @@ class Discovery:
             await asyncio.sleep(interval)
             try:
                 await job()
+            except Exception:  # a background loop must never die
+                log.exception("background job failed")
+
+    async def _periodic(self, interval: float) -> None:
+        """Poll every endpoint's models when it is this process's turn: one process polls
+        and shares, the others apply what it shares (they poll only when it goes quiet)."""
+        while True:
+            wait = self.sync.next_refresh(interval) - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)  # (then look again: a peer's round may have come)
+                continue
+            try:
+                await self._refresh_all()
             except Exception:  # a background loop must never die
                 log.exception("background job failed")
 
@@ -87,8 +107,10 @@ class Discovery:
         await asyncio.shield(self._round)
 
     async def refresh(self, endpoints: Sequence[Endpoint]) -> None:
-        """Re-discover these endpoints now (model management just changed them)."""
-        await asyncio.gather(*(self._refresh(ep) for ep in endpoints))
+        """Re-discover these endpoints now (model management just changed them), and return
+        once every other worker has applied the new lists too."""
+        snaps = await asyncio.gather(*(self._refresh(ep) for ep in endpoints))
+        await self.sync.share({ep: s for ep, s in zip(endpoints, snaps) if s is not None}, wait=True, full=False)
 
     async def fresh_ps(self, max_age: float = 1.0) -> None:
         """Make every Ollama endpoint's /api/ps at most `max_age` s old (for GET /api/ps and
@@ -108,7 +130,11 @@ class Discovery:
         ep.loaded = frozenset(model_key(m.get("model") or m.get("name", "")) for m in ep.ps)
 
     async def _refresh_all(self) -> None:
-        await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
+        """Every endpoint, shared with the other workers (they need not poll for a while)."""
+        self.sync.last_full = time.monotonic()
+        eps = list(self.endpoints)
+        snaps = await asyncio.gather(*(self._refresh(ep) for ep in eps))
+        await self.sync.share({ep: s for ep, s in zip(eps, snaps) if s is not None}, wait=False, full=True)
 
     async def _get(self, ep: Endpoint, path: str) -> Any:
         status, _, body = await self.upstream.fetch(ep, path, total=self._timeout)
@@ -151,35 +177,34 @@ class Discovery:
         """Type, models and health of one endpoint now (config reload adds one)."""
         await self._refresh(ep)
 
-    async def _refresh(self, ep: Endpoint) -> None:
-        """Refresh models; on failure keep the last list (stale beats empty)."""
+    async def _refresh(self, ep: Endpoint) -> Snapshot | None:
+        """Refresh models; on failure keep the last list (stale beats empty). Returns what
+        was found (to share), None on failure. A list another worker fetched after this
+        fetch started wins over it (model_sync.py)."""
+        started = time.time()
         try:
             if ep.type is None:
                 await self._detect(ep)
+            snap: Snapshot = {"at": started, "type": ep.type, "version": ep.version}
             if ep.type == "ollama":
                 tags, ps = await asyncio.gather(self._get(ep, "/api/tags"), self._get(ep, "/api/ps"))
-                ep.tags = [m for m in tags.get("models", []) if isinstance(m, dict)]
-                ep.ps = [m for m in ps.get("models", []) if isinstance(m, dict)]
-                if ep.static_models is None:
-                    ep.set_models([m.get("model") or m.get("name") for m in ep.tags
-                                   if m.get("model") or m.get("name")])
-                ep.loaded = frozenset(model_key(m.get("model") or m.get("name", "")) for m in ep.ps)
+                snap["tags"] = [m for m in tags.get("models", []) if isinstance(m, dict)]
+                snap["ps"] = [m for m in ps.get("models", []) if isinstance(m, dict)]
                 if ep.version is None:
-                    ep.version = str((await self._get(ep, "/api/version")).get("version"))
-            else:
-                if ep.static_models is None:
-                    data = await self._get(ep, "/v1/models")
-                    ep.openai_models = [m for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
-                    ep.set_models([m["id"] for m in ep.openai_models])
-                ep.loaded = frozenset(ep.models)  # an OpenAI-style server keeps its models loaded
+                    snap["version"] = str((await self._get(ep, "/api/version")).get("version"))
+            elif ep.static_models is None:
+                data = await self._get(ep, "/v1/models")
+                snap["openai"] = [m for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
         except Exception as e:
             log.warning("endpoint %s: model refresh failed (%s); keeping %d known models",
                         ep.name, _describe(e), len(ep.models))
             self.health.probe(ep, False, _describe(e), timed_out=isinstance(e, TimeoutError))
-            return
-        finally:
             self.scheduler.reindex()
+            return None
+        self.sync.take(ep, snap)
+        self.scheduler.reindex()
         self.health.probe(ep, True)
+        return snap
 
 
 def _describe(e: BaseException) -> str:
