@@ -25,6 +25,7 @@ from uvicorn.supervisors import Multiprocess  # noqa: E402
 
 # Not `.app`: the master only supervises, and importing the app (aiohttp, ...) cost it ~11 MB.
 from .config import CONFIG_ENV, ConfigError, load_config  # noqa: E402
+from .ops import leftovers, lifecycle, preflight  # noqa: E402
 from .state import private  # noqa: E402
 
 SUPERVISOR_ENV = "NOMYO_ROUTER_SUPERVISOR_PID"  # ops/reload.py: POST /admin/reload signals it
@@ -50,19 +51,28 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"nomyo-router: bad config: {e}", file=sys.stderr)
         return 2
+    problems = preflight.check_config_paths(config)  # a path that cannot be opened: say so now
+    for problem in problems:
+        print(f"nomyo-router: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     if args.check:
         print(f"{args.config}: ok, {len(config.endpoints)} endpoint(s)")
         return 0
     if args.workers > 1 and config.state == "memory":
         print("nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
               "worker; use 'auto' (the default) or 'shared'", file=sys.stderr)
-    if args.workers > 1 and config.state in ("auto", "shared") and "NOMYO_ROUTER_STATE_PATH" not in os.environ:
+    leftovers.sweep_all(private.state_dir())  # what routers no longer running left (never a live one's)
+    shared_files = config.state in ("auto", "shared") and "NOMYO_ROUTER_STATE_PATH" not in os.environ
+    own_metrics = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    if args.workers > 1 and (shared_files or own_metrics):
         try:  # fail here, once, rather than in every worker
             private.ensure_private_dir(private.state_dir())
         except private.UnsafeStatePath as e:
             print(f"nomyo-router: unsafe shared-state directory: {e}", file=sys.stderr)
             return 2
-    if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        leftovers.record_owner(private.state_dir())  # before any file named after this pid
+    if args.workers > 1 and own_metrics:
         # every worker writes its metrics here, any worker's /metrics sums them (ops/metrics.py)
         metrics_dir = os.path.join(private.ensure_private_dir(private.state_dir()), f"metrics-{os.getpid()}")
         shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -86,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     server_config = uvicorn.Config("nomyo_router.app:app", **settings)  # type: ignore[arg-type]
+    lifecycle.use_bound_workers()  # workers end with this process, even when it is SIGKILLed
     Supervisor(server_config, sockets=[server_config.bind_socket()]).run()
+    # every worker has exited (uvicorn joined them): what they and this process made goes too
+    if shared_files or own_metrics:
+        leftovers.remove_own(private.state_dir())
     return 0
 
 

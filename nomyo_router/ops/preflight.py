@@ -1,0 +1,117 @@
+"""Start-up checks of the files the config names, before any worker starts.
+
+A usage database that cannot be opened used to surface as an exception inside every worker's
+start-up (or not at all under `--check`). `nomyo-router --check` and every start now open it
+first and stop within a second, naming the key, the path exactly as configured and the
+operating system's reason, e.g.
+
+    nomyo-router: usage_db: cannot open /nonexistent/dir/u.db: No such file or directory (the directory does not exist)
+
+The check creates nothing: a database that does not exist yet is created (0600, by
+ops/usage_store.py) when the router starts; here only its directory is shown writable, with a
+probe file that is removed at once. SQLite keeps `-wal` and `-shm` files beside the
+database, so that directory must be writable even when the database file is.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import stat
+from urllib.parse import quote
+
+from ..config import RouterConfig
+
+_HINTS = {
+    errno.ENOENT: "the directory does not exist",
+    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.EISDIR: "usage_db names the database file, e.g. DIR/nomyo-usage.db",
+}
+_DIR_HINT = "SQLite writes its -wal and -shm files in the database's directory"
+
+
+class PathProblem(Exception):
+    """A path the router must open cannot be; `str()` is the line to print."""
+
+
+class _DirectoryNotWritable(OSError):
+    """The database's directory refused the probe file (read-only, no permission, full)."""
+
+
+def check_config_paths(config: RouterConfig) -> list[str]:
+    """One line per unusable path the config names (today: usage_db)."""
+    problems = []
+    db = config.usage_db
+    if db and not config.state.startswith(("redis://", "rediss://", "unix://")):  # (Redis keeps usage)
+        try:
+            check_usage_db(db)
+        except PathProblem as e:
+            problems.append(str(e))
+    return problems
+
+
+def check_usage_db(path: str) -> None:
+    """Raise PathProblem if SQLite could not open (or create) the usage database `path`."""
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        _check_usage_db(path)
+    except _DirectoryNotWritable as e:
+        raise PathProblem(describe("usage_db", path, e, _DIR_HINT)) from None
+    except OSError as e:
+        raise PathProblem(describe("usage_db", path, e)) from None
+    except sqlite3.Error as e:
+        raise PathProblem(f"usage_db: cannot open {path}: {e}") from None
+
+
+def describe(key: str, path: str, e: OSError, hint: str | None = None) -> str:
+    """`<key>: cannot open <path>: <strerror> (<hint>)` — the path as configured, not resolved."""
+    reason = e.strerror or (os.strerror(e.errno) if e.errno else str(e))
+    hint = hint or _HINTS.get(e.errno or 0)
+    return f"{key}: cannot open {path}: {reason}" + (f" ({hint})" if hint else "")
+
+
+def _check_usage_db(path: str) -> None:
+    directory = os.path.dirname(path) or "."
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+        os.stat(directory)  # (ENOENT: the directory does not exist; ENOTDIR: a file on the way)
+        if not os.path.isdir(directory):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory) from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if st is not None:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # (EACCES, EROFS: the file itself)
+        os.close(fd)
+    if not os.path.exists(path + "-wal"):  # SQLite must create it, and -shm, beside the database
+        _probe_writable(directory)
+    if st is not None and st.st_size:
+        _read_header(path)
+
+
+def _probe_writable(directory: str) -> None:
+    probe = os.path.join(directory, f".nomyo-router-probe-{os.getpid()}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(probe, flags, 0o600)
+        except FileExistsError:  # (left by a check with our pid that was killed): ours to replace
+            os.unlink(probe)
+            fd = os.open(probe, flags, 0o600)
+    except OSError as e:
+        raise _DirectoryNotWritable(e.errno, e.strerror, directory) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _read_header(path: str) -> None:
+    """A file that is not an SQLite database (or is damaged) fails here, not in every worker."""
+    uri = f"file:{quote(os.path.abspath(path))}?mode=rw"
+    db = sqlite3.connect(uri, uri=True, timeout=5)
+    try:
+        db.execute("PRAGMA schema_version").fetchone()
+    finally:
+        db.close()
