@@ -12,6 +12,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import re
 import sys
 import time
 from typing import Awaitable, Callable, NoReturn
@@ -149,6 +150,10 @@ def shared_state_path() -> str:
 
 _request_ids = itertools.count(1)
 _id_prefix = f"{os.getpid():x}-"
+# A client's X-Request-ID is kept only when it is 1-128 printable ASCII characters without
+# spaces: it is echoed in a response header and written in the access log, where spaces,
+# control characters or non-ASCII bytes could forge fields or lines. Else one is made up.
+_GIVEN_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 
 
 def next_request_id() -> str:
@@ -279,7 +284,7 @@ class RouterApp:
             req.session_id = sid.decode("latin-1")
         assert router.proxy is not None
         given = header(scope, b"x-request-id")
-        rid = given.decode("latin-1")[:128] if given else next_request_id()
+        rid = given.decode("ascii") if given is not None and _GIVEN_ID.fullmatch(given) else next_request_id()
         rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
         limits = router.client_limits
         held: list[str] = []  # the client whose permit this request holds, once it has one

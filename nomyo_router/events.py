@@ -2,6 +2,10 @@
 
 The request path fills one `RequestRecord` per request and hands it to `Events.request_done`
 when the response is over (in a `finally`, so failures and disconnects are told too).
+A record's `status` is the status of the response head the client was sent, set where the
+head goes out; when none was, `request_done` settles it first (`settle`): 499 (nginx's
+"client closed request") when the client left before any head, 500 when an exception is
+on its way out (the server answers 500 then).
 Endpoint state changes (ejected, half-open, healthy) and discrete happenings (a retry, a
 resumed stream) are told as they happen. Subscribers must be cheap and must not raise:
 they run on the event loop, on the hot path.
@@ -10,6 +14,7 @@ they run on the event loop, on the hot path.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,7 +32,7 @@ class RequestRecord:
     stream: bool
     client: str | None = None  # the client key's name, when keys are configured
     endpoint: str | None = None  # the endpoint that answered (the last one tried)
-    status: int = 0  # HTTP status sent to the client; 0: the client left before one was sent
+    status: int = 0  # the status of the response head sent to the client; 0: none (yet), see `settle`
     queue_s: float = 0.0
     overhead_s: float = 0.0  # router time before the upstream call, queue excluded
     ttft_s: float | None = None  # to the first content byte sent to the client
@@ -40,6 +45,23 @@ class RequestRecord:
     error: str | None = None  # a short code when the request failed (e.g. "queue_full")
     upstream_first_s: float | None = None  # the backend's time to its first stream chunk
     prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
+
+
+CLIENT_CLOSED = 499  # nginx's code: the client left before any response head was sent
+
+
+def settle(rec: RequestRecord) -> None:
+    """Say what the client got when the request path sent no response head.
+
+    Called from the request path's `finally` (through `Events.request_done`), so
+    `sys.exc_info()` is the exception on its way out, if any. With none, the path returned
+    without answering, which it does only when the client left (a disconnect cancels the work
+    and is swallowed, app.py, api/asgi.py): 499. With one (an `ApiError` has set its status
+    already, so a bug or a cancellation), the server answers 500 if it still can."""
+    if sys.exc_info()[1] is None:
+        rec.status, rec.error = CLIENT_CLOSED, rec.error or "client_gone"
+    else:
+        rec.status, rec.error = 500, rec.error or "internal_error"
 
 
 RequestHook = Callable[[RequestRecord], None]
@@ -69,6 +91,8 @@ class Events:
         self._count.append(hook)
 
     def request_done(self, rec: RequestRecord) -> None:
+        if not rec.status:
+            settle(rec)
         for hook in self._request:
             _safe(hook, rec)
 

@@ -4,20 +4,59 @@ uvicorn's own access line knows nothing of models, endpoints, queues or tokens, 
 lines vanish under `--workers`; this one is written by every worker on the
 `nomyo_router.access` logger (at WARNING, so it shows at the default level) as text or as
 one JSON object per line (`log_format: json`). It never contains prompt text.
+
+Some values come from the client (the model name is from the request body) or from the
+config (a client key's name), so a line must not be forgeable: a model named
+`x status=200` or `x\\n...` would otherwise add a field or a whole line for log readers to
+believe. So each request gives exactly one physical line of printable ASCII, and each key
+appears at most once (a key whose value is unknown is left out of a text line; JSON has it
+as null):
+
+- text: `key=value` pairs separated by one space. A value that is not a plain token — empty,
+  or holding a space, `=`, `"`, a backslash, or any character outside printable ASCII — is
+  written double-quoted with JSON's escapes and every non-ASCII character as `\\uXXXX`
+  (so no raw control character, U+0085 or U+2028 line separator survives). A reader
+  parses a value as a JSON string when it starts with `"`, as it is otherwise.
+- json: `json.dumps` with its default `ensure_ascii`: the same escapes, one object.
+
+The request id is the client's `X-Request-ID` only when that is 1–128 printable ASCII
+characters without spaces (app.py), else one the router made up.
+
+`status` is the status of the response head the client was sent; 499 (nginx's "client
+closed request") when the client left before any head was sent; see `events.py`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+from json.encoder import encode_basestring_ascii
+from typing import Any
 
 from ..events import Events, RequestRecord
 
 log = logging.getLogger("nomyo_router.access")
 
+# Anything that keeps a text value from standing as it is — outside printable ASCII, a space,
+# `"`, `=` or a backslash — as one character class (printable ASCII but \x22 `"`, \x3d `=`,
+# \x5c `\`): a third of the cost of the alternation `[^\x21-\x7e]|[="\\]`. Searched first,
+# so the common plain token (an id, a model name, an endpoint name) pays a scan, no quoting.
+_UNSAFE = re.compile(r"[^\x21\x23-\x3c\x3e-\x5b\x5d-\x7e]").search
+# (one encoder, made once: `json.dumps` with non-default separators builds one per call)
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
+
+
+def text_value(value: Any) -> str:
+    """`value` as it stands in a text line: a plain token as it is, anything else quoted (JSON
+    escapes, ASCII only). Numbers and booleans are plain tokens; anything else is taken as its
+    `str` (a token count the backend sent as a string or a list, on the translated path)."""
+    text = value if value.__class__ is str else str(value)
+    return encode_basestring_ascii(text) if not text or _UNSAFE(text) else text
 
 
 class AccessLog:
@@ -32,6 +71,15 @@ class AccessLog:
                   "tokens_in": rec.prompt_tokens, "tokens_out": rec.completion_tokens,
                   "affinity": rec.affinity, "retries": rec.retries, "resumed": rec.resumed, "error": rec.error}
         if self.json:
-            log.warning(json.dumps(fields, separators=(",", ":")))
+            log.warning(_JSON(fields))
+            return
+        # Every value the router does not compute as a number here, scanned at once: the common
+        # line is plain tokens only (the backend's token counts are among them: see `text_value`).
+        r = rec
+        if "" in (r.request_id, r.client, r.api, r.route, r.model, r.endpoint, r.affinity, r.error,
+                  r.prompt_tokens, r.completion_tokens) \
+                or _UNSAFE(f"{r.request_id}{r.client}{r.api}{r.route}{r.model}{r.endpoint}{r.affinity}{r.error}"
+                           f"{r.prompt_tokens}{r.completion_tokens}"):
+            log.warning(" ".join([f"{k}={text_value(v)}" for k, v in fields.items() if v is not None]))
         else:
-            log.warning(" ".join(f"{k}={v}" for k, v in fields.items() if v is not None))
+            log.warning(" ".join([f"{k}={v}" for k, v in fields.items() if v is not None]))
