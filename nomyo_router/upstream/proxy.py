@@ -217,9 +217,9 @@ class Proxy:
                 value = resp.headers.get(name)
                 if value:
                     headers.append((key, value.encode()))
-        rec.status = resp.status
         if req.kind == "responses" and resp.status == 200 and self.config.conversation_affinity:
             await newer.remember_response(self.store, data or first, ep.name)  # for previous_response_id
+        rec.status = resp.status  # (after the last wait before the head goes out: a client gone meanwhile got none)
         if not req.stream or resp.status != 200:
             resp.release()
             try:
