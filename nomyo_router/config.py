@@ -7,6 +7,7 @@ key, the value and what is expected, and stops start-up.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -290,6 +291,13 @@ def parse_config(data: Any, source: str = "config") -> RouterConfig:
     return RouterConfig(endpoints=endpoints, **values)
 
 
+def digest_of(key: str) -> bytes:
+    """The stored form of a key from the config: `sha256:<hex>` as given, else hashed."""
+    if key.startswith("sha256:"):
+        return bytes.fromhex(key[7:])
+    return hashlib.sha256(key.encode()).digest()
+
+
 def _key(where: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         shown = "an empty string" if isinstance(value, str) else f"a {type(value).__name__}"  # (never the value)
@@ -351,7 +359,6 @@ def _access(data: dict[str, Any]) -> dict[str, Any]:
     # (as written, or once as sha256:<hex>) would quietly make one holder the other: a client
     # key equal to admin_key is an admin, two clients on one key are one client in usage and
     # limits. Refused at --check and start-up, naming both holders and never the key.
-    from .api.access import digest_of  # (sha256 of the key, or the given sha256: digest)
     holders: dict[bytes, str] = {}
     named = [(setting, out[setting]) for setting in ("router_api_key", "admin_key", "metrics_key")
              if setting in out]

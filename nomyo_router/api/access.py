@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 from urllib.parse import urlsplit
 
+from ..config import digest_of
 from .asgi import Headers
 
 if TYPE_CHECKING:
@@ -50,13 +51,6 @@ class Client:
     def operator(self) -> bool:
         """May read every client's traffic: /metrics, the dashboard's data, /health's details."""
         return self.role in OPERATOR_ROLES
-
-
-def digest_of(key: str) -> bytes:
-    """The stored form of a key from the config: `sha256:<hex>` as given, else hashed."""
-    if key.startswith("sha256:"):
-        return bytes.fromhex(key[7:])
-    return hashlib.sha256(key.encode()).digest()
 
 
 def keys_of(config: "RouterConfig") -> "Keys | None":
