@@ -157,6 +157,9 @@ async def show(raw: bytes, endpoints: Sequence[Endpoint], store: StateStore,
     body = load_json(raw)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if body.get("model") not in (None, "") and body.get("name") not in (None, ""):
+        # one name per request (Ollama's CLI sends both fields, one of them empty)
+        raise ApiError(400, "give the model as `model` or as `name`, not both", param="name")
     model = body.get("model") or body.get("name")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model is required")

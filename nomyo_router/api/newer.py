@@ -9,7 +9,9 @@ only by them gets a 501 in the caller's shape). Ollama v0.24 serves `/v1/respons
 
 A transcription's body is multipart: it is read once (bounded by `max_body_bytes`, kept for
 a retry on another endpoint) and forwarded as it came, with its own Content-Type; the model
-is read from the `model` form field without decoding the file part.
+is read from the `model` form field without decoding the file part. Field names are read as
+Go's mime/multipart reads them, and a body Ollama could read otherwise (a field twice, a name
+spelt another way, a boundary inside a part) is refused: body_keys.py.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import hashlib
 import re
 from typing import Any
 
+from . import body_keys
 from .errors import ApiError
 
 ROUTES: dict[str, tuple[str, str]] = {
@@ -81,22 +84,30 @@ def multipart(raw: bytes) -> tuple[str, dict[str, str]]:
         raise _bad("the body must be multipart/form-data with a `file` and a `model` field")
     delimiter = b"\r\n" + first
     fields: dict[str, str] = {}
+    names: list[str] = []  # every text field, in order (body_keys.check_form_names)
     pos = len(first) + 2
     while pos < len(raw):
         head_end = raw.find(b"\r\n\r\n", pos, pos + 8192)
-        if head_end < 0:
-            break
+        if head_end < 0:  # (a part the router cannot read is one a backend might)
+            raise _bad("a multipart part has no header block within 8 KB")
         head = raw[pos:head_end].decode("latin-1")
         end = raw.find(delimiter, head_end + 4)
         if end < 0:
             raise _bad("the multipart body is cut: no closing boundary")
-        name = re.search(r'name="([^"]*)"', head)
-        if name and "filename=" not in head and end - head_end - 4 <= _MAX_FIELD:
-            fields[name.group(1)] = raw[head_end + 4:end].decode("utf-8", "replace")
+        name, is_file = body_keys.form_part(head)  # as Go's mime/multipart reads it
+        if name is not None and not is_file:
+            names.append(name)
+            if end - head_end - 4 <= _MAX_FIELD:
+                fields[name] = raw[head_end + 4:end].decode("utf-8", "replace")
         pos = end + len(delimiter)
         if raw[pos:pos + 2] == b"--":
+            if raw[pos + 2:pos + 4] not in (b"", b"\r\n"):  # (not the end for Go's reader, which reads on)
+                raise _bad("a multipart part contains its closing boundary")
             break
+        if raw[pos:pos + 2] != b"\r\n":  # a boundary is followed by CRLF or "--"; else it is part of the content
+            raise _bad("a multipart part contains its boundary")
         pos += 2
+    body_keys.check_form_names(names)
     return "multipart/form-data; boundary=" + first[2:].decode("latin-1"), fields
 
 

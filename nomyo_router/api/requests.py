@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from ..domain import model_key
-from . import newer
+from . import body_keys, newer
 from .errors import ApiError
 
 # (api, kind) for each generation route
@@ -53,9 +53,11 @@ MAX_DEPTH = 64  # JSON nesting; real requests stay under 10
 
 def load_json(raw: bytes) -> Any:
     """Parse a request body, refusing what could crash code further on: nesting deeper than
-    MAX_DEPTH and strings with lone surrogates (which cannot be encoded again)."""
+    MAX_DEPTH and strings with lone surrogates (which cannot be encoded again), and what a
+    backend could read otherwise than the router: a top-level key twice, or spelt in another
+    case (body_keys.py)."""
     try:
-        body = json.loads(raw) if raw else None
+        body = body_keys.loads(raw) if raw else None
     except RecursionError:
         raise _bad(f"the JSON body is nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as e:
