@@ -10,7 +10,13 @@
  * forwarded bytes to keep (resume.Sent) once enough have gathered.
  *
  * A client that pushes back is waited for here (EPOLLOUT on a dup of its fd) while the
- * backend's socket is not read: back-pressure reaches the backend as in the Python path. */
+ * backend's socket is not read: back-pressure reaches the backend as in the Python path.
+ *
+ * A record's beginning waits in `pending` for its end. Each read is scanned once (from where
+ * the last scan stopped), and a record that waits, or ends, longer than the stream's
+ * `record_limit` (max_record_bytes) ends the stream (EV_LONG) instead of growing `pending`
+ * without bound: a hostile 200 MiB line once made it 768 MB. Buffers a long record grew are
+ * given back once it is gone. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,7 +31,7 @@
 #include <unistd.h>
 
 enum { S_SIZE, S_EXT, S_SIZE_LF, S_DATA, S_DATA_CR, S_DATA_LF, S_TRAILER, S_TRAILER_LINE, S_END_LF, S_DONE };
-enum { EV_END = 1, EV_END_DIRTY = 2, EV_CUT = 3, EV_BAD = 4, EV_CLIENT = 5, EV_SENT = 6 };
+enum { EV_END = 1, EV_END_DIRTY = 2, EV_CUT = 3, EV_BAD = 4, EV_CLIENT = 5, EV_SENT = 6, EV_LONG = 7 };
 
 #define READ_SIZE 65536
 #define MAX_EVENTS 256
@@ -58,6 +64,19 @@ static void buf_drop(buf_t *b, size_t n) { /* the first n bytes */
     }
 }
 
+/* A buffer a long record grew is given back once mostly empty (else every stream that once
+ * carried one would keep its peak). */
+static void buf_fit(buf_t *b) {
+    if (b->cap <= 4 * READ_SIZE || b->len > b->cap / 4) return;
+    size_t cap = 256;
+    while (cap < b->len) cap *= 2;
+    char *q = realloc(b->p, cap);
+    if (q != NULL) {
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
 static void buf_free(buf_t *b) {
     free(b->p);
     b->p = NULL;
@@ -76,6 +95,7 @@ typedef struct {
     double last;        /* CLOCK_MONOTONIC seconds of the last progress (a read or a flush) */
     size_t scanned;     /* pending[:scanned] holds no separator */
     size_t sent_limit;
+    size_t record_limit; /* a record longer than this ends the stream (EV_LONG); 0: none */
     char sep[4];
     int seplen;
     buf_t pending;      /* payload not yet written: a record's beginning */
@@ -222,10 +242,26 @@ static int write_client(Pump *self, stream_t *s, Py_ssize_t h, struct iovec *iov
     return 0;
 }
 
-/* The whole records in pending (all of it without a separator) go to the client. */
+/* Just past the first separator at or after `from` in pending (0: none). */
+static size_t first_end(stream_t *s, size_t from) {
+    const char *p = s->pending.p;
+    size_t len = s->pending.len, n = (size_t)s->seplen;
+    while (from + n <= len) {
+        const char *q = memchr(p + from, s->sep[0], len - from - n + 1);
+        if (q == NULL) return 0;
+        from = (size_t)(q - p);
+        if (memcmp(q, s->sep, n) == 0) return from + n;
+        from++;
+    }
+    return 0;
+}
+
+/* The whole records in pending (all of it without a separator) go to the client; EV_LONG
+ * (nothing written) when a record waits, or ended, longer than record_limit. */
 static int emit(Pump *self, stream_t *s, Py_ssize_t h) {
     size_t end = s->pending.len;
     if (s->seplen) {
+        size_t waited = s->scanned; /* bytes of a record that waited before this read */
         size_t from = s->scanned >= (size_t)s->seplen ? s->scanned - s->seplen + 1 : 0;
         end = 0;
         if (s->pending.len >= (size_t)s->seplen) {
@@ -237,6 +273,10 @@ static int emit(Pump *self, stream_t *s, Py_ssize_t h) {
             }
         }
         s->scanned = s->pending.len;
+        size_t limit = s->record_limit;
+        if (limit && s->pending.len > limit &&
+            (s->pending.len - end > limit || (waited && end && first_end(s, from) > limit)))
+            return EV_LONG;
     }
     if (end == 0) return 0;
     char head[24];
@@ -246,6 +286,7 @@ static int emit(Pump *self, stream_t *s, Py_ssize_t h) {
     if (r) return r;
     if (buf_add(&s->sent, s->pending.p, end) < 0) return EV_CLIENT;
     buf_drop(&s->pending, end);
+    buf_fit(&s->pending);
     s->scanned = s->pending.len;
     return 0;
 }
@@ -267,6 +308,7 @@ static void unregister(Pump *self, stream_t *s) {
 /* A final event: the stream is left as it is until Python removes it. */
 static int finish(Pump *self, stream_t *s, int ev) {
     s->done = 1;
+    if (ev == EV_LONG) buf_free(&s->pending); /* (not relayed: not handed to Python either) */
     if (s->up >= 0) epoll_ctl(self->ep, EPOLL_CTL_DEL, s->up, NULL);
     if (s->blocked) {
         epoll_ctl(self->ep, EPOLL_CTL_DEL, s->client, NULL);
@@ -306,6 +348,7 @@ static int on_client(Pump *self, stream_t *s, Py_ssize_t h) {
     buf_drop(&s->out, (size_t)w);
     s->last = now();
     if (s->out.len) return 0;
+    buf_fit(&s->out);
     epoll_ctl(self->ep, EPOLL_CTL_DEL, s->client, NULL);
     s->blocked = 0;
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ((uint64_t)h << 1)};
@@ -360,14 +403,16 @@ static void Pump_dealloc(Pump *self) {
 
 static PyObject *Pump_fileno(Pump *self, PyObject *unused) { return PyLong_FromLong(self->ep); }
 
-/* add(backend_fd, client_fd, sep, pending, sent_limit) -> handle */
+/* add(backend_fd, client_fd, sep, pending, sent_limit, record_limit=0) -> handle. `pending`:
+ * a record's beginning, which holds no separator. */
 static PyObject *Pump_add(Pump *self, PyObject *args) {
     int up, client;
     const char *sep, *pending;
-    Py_ssize_t seplen, plen, limit;
-    if (!PyArg_ParseTuple(args, "iiy#y#n", &up, &client, &sep, &seplen, &pending, &plen, &limit)) return NULL;
-    if (seplen > 4) {
-        PyErr_SetString(PyExc_ValueError, "sep: at most 4 bytes");
+    Py_ssize_t seplen, plen, limit, record_limit = 0;
+    if (!PyArg_ParseTuple(args, "iiy#y#n|n", &up, &client, &sep, &seplen, &pending, &plen, &limit, &record_limit))
+        return NULL;
+    if (seplen > 4 || record_limit < 0) {
+        PyErr_SetString(PyExc_ValueError, "sep: at most 4 bytes; record_limit: >= 0");
         return NULL;
     }
     if (self->ep < 0) {
@@ -392,8 +437,10 @@ static PyObject *Pump_add(Pump *self, PyObject *args) {
     memcpy(s->sep, sep, seplen);
     s->seplen = (int)seplen;
     s->sent_limit = (size_t)limit;
+    s->record_limit = (size_t)record_limit;
     s->state = S_SIZE;
     s->last = now();
+    s->scanned = (size_t)plen; /* (no separator in it: not scanned again) */
     if (s->up < 0 || s->client < 0 || (plen && buf_add(&s->pending, pending, plen) < 0)) {
         PyErr_SetFromErrno(PyExc_OSError);
         free_stream(self, h);
@@ -450,6 +497,7 @@ static PyObject *Pump_take(Pump *self, PyObject *arg) {
     if (s == NULL) return NULL;
     PyObject *b = PyBytes_FromStringAndSize(s->sent.p, s->sent.len);
     s->sent.len = 0;
+    buf_fit(&s->sent);
     s->sent_flagged = 0;
     return b;
 }
@@ -476,7 +524,8 @@ static PyObject *Pump_remove(Pump *self, PyObject *arg) {
 
 static PyMethodDef Pump_methods[] = {
     {"fileno", (PyCFunction)Pump_fileno, METH_NOARGS, "the epoll set's fd (readable: run() has work)"},
-    {"add", (PyCFunction)Pump_add, METH_VARARGS, "add(backend_fd, client_fd, sep, pending, sent_limit) -> handle"},
+    {"add", (PyCFunction)Pump_add, METH_VARARGS,
+     "add(backend_fd, client_fd, sep, pending, sent_limit, record_limit=0) -> handle"},
     {"run", (PyCFunction)Pump_run, METH_O, "run(most): relay what is ready; [(handle, event), ...]"},
     {"take", (PyCFunction)Pump_take, METH_O, "take(handle) -> payload written since the last take"},
     {"last", (PyCFunction)Pump_last, METH_O, "last(handle) -> monotonic seconds of the last progress"},
@@ -513,5 +562,6 @@ PyMODINIT_FUNC PyInit__pump(void) {
     PyModule_AddIntConstant(m, "BAD", EV_BAD);
     PyModule_AddIntConstant(m, "CLIENT", EV_CLIENT);
     PyModule_AddIntConstant(m, "SENT", EV_SENT);
+    PyModule_AddIntConstant(m, "LONG", EV_LONG);
     return m;
 }

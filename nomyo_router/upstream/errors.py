@@ -22,6 +22,21 @@ class Cut(ClientError):
     """The connection closed in the middle of the answer's body."""
 
 
+class TooLarge(ClientError):
+    """The backend sent more than the router holds: a stream record longer than
+    `max_record_bytes`, or a whole answer it must hold (translation) beyond
+    `max_response_bytes`. Not a cut: a stream is not resumed elsewhere (another backend would
+    likely send the same), it ends with an error record. `code`: the access log's error."""
+
+    def __init__(self, message: str, code: str = "record_too_large") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def record_too_large(limit: int) -> TooLarge:
+    return TooLarge(f"a stream record longer than max_record_bytes ({limit} bytes)")
+
+
 class Timeout(NamedTuple):
     """Connect and per-read limits in seconds (None: none); the names of aiohttp's `ClientTimeout`."""
     sock_connect: float | None = None

@@ -13,12 +13,15 @@ whole answer within a total timeout), through the same pools: aiohttp and the ~1
 costs to import are not loaded by a worker that is not asked to manage models (issue 15).
 
 What it does: requests with a content-length body (POST) or none (GET); responses with
-content-length, chunked or close-delimited bodies; keep-alive reuse (a connection the backend closed while idle is
-noticed, and a request that finds its reused connection dead before any byte of the answer
-is sent once more on a fresh one); backpressure (reading pauses while 256 KiB are waiting);
-TLS through asyncio's `ssl`; connect and per-read timeouts (aiohttp's `sock_connect` and
-`sock_read`). What it does not: proxies from the environment (ignored by design, like the
-aiohttp session before it), redirects, HEAD, streamed request bodies, compression (the router asks for identity), HTTP/2.
+content-length, chunked or close-delimited bodies, after any interim 1xx answers (read and
+dropped, as HTTP/1.1 says; a 101 nobody asked for is a failure); keep-alive reuse (a
+connection the backend closed while idle is noticed, and a request that finds its reused
+connection dead before any byte of the answer is sent once more on a fresh one);
+backpressure (reading pauses while 256 KiB are waiting); TLS through asyncio's `ssl`;
+connect and per-read timeouts (aiohttp's `sock_connect` and `sock_read`). What it does not:
+proxies from the environment (ignored by design, like the aiohttp session before it),
+redirects, HEAD, streamed request bodies, compression (the router asks for identity),
+HTTP/2.
 Errors derive from `ClientError` (`errors.py`, with `Timeout` and `Headers`); `Timeout` has
 the field names of aiohttp's `ClientTimeout` (which is accepted too).
 """
@@ -34,17 +37,19 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from .errors import ClientError, Cut, Disconnected, Headers, Timeout, Unreachable  # noqa: F401 (h1.* names)
+from .errors import (ClientError, Cut, Disconnected, Headers, Timeout, TooLarge, Unreachable,  # noqa: F401 (h1.* names)
+                     record_too_large)
 from .h1_response import Response
 
 HIGH_WATER = 256 * 1024  # buffered body bytes before reading pauses
 IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop them)
+FETCH_LIMIT = 64 * 1024 * 1024  # `fetch`'s answers (model lists, /api/show): a larger one is an error
 
 
 class _Conn(asyncio.Protocol):
     __slots__ = ("transport", "parser", "chunks", "size", "status", "headers", "head", "waiter", "eof",
                  "keep", "lost", "error", "paused", "got_bytes", "idle_since", "deadline", "timer", "sink", "read_s",
-                 "due", "until", "loop", "edge")
+                 "due", "until", "loop", "edge", "interim")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -70,6 +75,7 @@ class _Conn(asyncio.Protocol):
         self.until: float | None = None  # the current request's bound (Pool.request's `within`)
         self.loop = asyncio.get_running_loop()  # (each get_running_loop() is a getpid() syscall)
         self.edge = False  # the last read ended with a chunk (Response.detach)
+        self.interim = False  # an interim (1xx) answer is being read: it is dropped
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -119,7 +125,14 @@ class _Conn(asyncio.Protocol):
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if status < 200:  # interim answers (RFC 9110 15.2) precede the final one: dropped
+            if status == 101:  # a protocol switch no request of ours asked for
+                self._fail(Cut("the backend switched protocols (HTTP 101) unasked"))
+            self.interim = True
+            self.headers = Headers()
+            return
+        self.status = status
         if self.head is not None and not self.head.done():
             self.head.set_result(None)
 
@@ -139,6 +152,9 @@ class _Conn(asyncio.Protocol):
         self.edge = True
 
     def on_message_complete(self) -> None:
+        if self.interim:  # (the end of a 1xx: the final answer follows)
+            self.interim = False
+            return
         self.eof = True
         self.keep = self.parser.should_keep_alive()
         self._wake()
@@ -163,7 +179,7 @@ class _Conn(asyncio.Protocol):
         assert self.transport is not None
         self.chunks.clear()
         self.size, self.status, self.headers = 0, 0, Headers()
-        self.eof = self.keep = self.got_bytes = False
+        self.eof = self.keep = self.got_bytes = self.interim = False
         self.error = self.sink = None
         self.head = self.loop.create_future()
         self.transport.write(data)
@@ -320,11 +336,11 @@ class Upstream:
     async def fetch(self, ep: Any, path: str, body: bytes | None = None, *,
                     total: float | None) -> tuple[int, Headers, bytes]:
         """A whole answer (status, headers, body) within `total` seconds (TimeoutError after):
-        GET without a body, POST with one."""
+        GET without a body, POST with one. TooLarge beyond FETCH_LIMIT bytes."""
         async with asyncio.timeout(total):
             resp = await self.pool(ep).request(b"GET" if body is None else b"POST", path, body, None, None)
             try:
-                data = await resp.read()
+                data = await resp.read(FETCH_LIMIT)
             except BaseException:
                 resp.close()
                 raise

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Callable
 
 import httptools
 
+from .errors import TooLarge, record_too_large
+
 if TYPE_CHECKING:
     from .h1 import Pool, _Conn
 
@@ -67,24 +69,56 @@ class Response:
             return b""
         return self._take()
 
-    async def readline(self) -> bytes:
+    async def readline(self, limit: int = 0) -> bytes:
+        """The next line, with its b"\\n" (the body's unterminated end; b"": no more). `limit`
+        > 0: a longer line raises `TooLarge`. A long line's pieces are searched as they come
+        and joined once (`buf += piece` and a search of all of it per read was quadratic)."""
         buf = self._line
         self._line = b""
+        i = buf.find(b"\n")
+        if i >= 0:
+            self._line = buf[i + 1:]
+            return buf[:i + 1]
+        parts, size = [buf], len(buf)
         while True:
-            i = buf.find(b"\n")
-            if i >= 0:
-                self._line = buf[i + 1:]
-                return buf[:i + 1]
+            if limit and size > limit:
+                raise record_too_large(limit)
             if not await self._more():
-                return buf
-            buf += self._take()
+                return b"".join(parts)
+            piece = self._take()
+            i = piece.find(b"\n")
+            if i >= 0:
+                if limit and size + i + 1 > limit:
+                    raise record_too_large(limit)
+                self._line = piece[i + 1:]
+                parts.append(piece[:i + 1])
+                return b"".join(parts)
+            parts.append(piece)
+            size += len(piece)
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int = 0) -> bytes:
+        """The rest of the body; `limit` > 0: a longer one raises `TooLarge`."""
+        data = await self.hold(limit or (1 << 62), False)
+        if data is None:
+            raise TooLarge(f"an answer longer than {limit} bytes", "response_too_large")
+        return data
+
+    async def hold(self, limit: int, keep: bool) -> bytes | None:
+        """The rest of the body if it is at most `limit` bytes; else None, having read a little
+        more than `limit`, which `keep` puts back for `readany` (the caller relays the answer
+        as it comes) or drops (it refuses it)."""
         parts = [self._line] if self._line else []
+        size = len(self._line)
         self._line = b""
         while await self._more():
-            parts.append(self._take())
-        return b"".join(parts)
+            piece = self._take()
+            parts.append(piece)
+            size += len(piece)
+            if size > limit:
+                if keep:
+                    self._line = b"".join(parts)
+                return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def sink(self, fn: Callable[[bytes], bool] | None) -> None:
         """Body pieces go to `fn` as they arrive, one per read (relay.py); what it refuses

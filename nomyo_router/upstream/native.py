@@ -72,11 +72,12 @@ def _pump_of(upstream: h1.Upstream, loop: asyncio.AbstractEventLoop) -> Pump:
 
 
 async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: bytes, pending: bytes,
-                keep: Callable[[bytes], None]) -> bytes | None:
+                keep: Callable[[bytes], None], limit: int = 0) -> bytes | None:
     """Relay the rest of `resp`'s body to the client through `writer`'s transport (a
     protocol.BodyWriter), `pending` (a record's beginning) first. `sep`: records end with it
     and only whole ones are written (b"": bytes as they come). `keep` gets what was written,
-    in order, a few KiB at a time.
+    in order, a few KiB at a time. `limit`: max_record_bytes — a longer record raises
+    h1.TooLarge (the pump holds no more than about that plus a read; 0: no limit).
 
     None: not possible now, nothing done (go on in Python). Else the body's unterminated
     remainder (usually b""), once it ended. Raises h1.Cut when the backend cut it or sent a
@@ -94,7 +95,7 @@ async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: byte
     loop = asyncio.get_running_loop()
     p = _pump_of(upstream, loop)
     try:
-        handle = p.pump.add(fd, client.fileno(), sep, pending, SENT_LIMIT)
+        handle = p.pump.add(fd, client.fileno(), sep, pending, SENT_LIMIT, limit)
     except OSError:
         resp.attach(False, False)
         raise h1.Cut("the backend's connection could not be relayed") from None
@@ -121,6 +122,8 @@ async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: byte
         writer.transport.abort()  # its loss cancels this request (api.asgi.cancel_on_disconnect)
         await asyncio.sleep(5)
         raise asyncio.CancelledError("the client's connection failed")
+    if event == _pump.LONG:
+        raise h1.record_too_large(limit)
     raise h1.Cut("the backend closed the connection mid-answer" if event == _pump.CUT
                  else "bad chunked body from the backend")
 

@@ -26,7 +26,7 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from . import h1, native, relay, translate, usage
+from . import h1, native, relay, translate, usage, whole
 from .deadline import Deadlines
 from .health import Health
 from .resume import Resumer, resumable
@@ -60,7 +60,8 @@ class Proxy:
                                    config.first_byte_timeout)
         self.rediscover: Callable[[], Awaitable[None]] = _nothing  # set to Discovery.refresh_now
         self.resumer = Resumer(scheduler, health, events, self._start_continuation, config.max_attempts,
-                               upstream if config.native_relay else None) if config.resume_streams else None
+                               upstream if config.native_relay else None,
+                               config.max_record_bytes) if config.resume_streams else None
         self.upstream = upstream  # the process's one client (discovery and probes use it too)
         self.store = store
         self.config = config
@@ -193,11 +194,8 @@ class Proxy:
         deadline = self.deadlines.deadline(ep.name, req.key, req.stream, len(body), last)
         self.health.sending(ep)
         try:
-            if req.stream:
-                resp, data, first = await self._call(ep, path, body, self._stream_timeout, translating, req.ctype,
-                                                     deadline)
-            else:
-                resp, data, first = await self._call(ep, path, body, self._whole_timeout, False, req.ctype, deadline)
+            timeout = self._stream_timeout if req.stream else self._whole_timeout
+            resp, data, first = await self._call(ep, path, body, timeout, translating, req.ctype, deadline)
         except UNREACHABLE as e:
             raise RetryableFailure(f"unreachable ({type(e).__name__})", unreachable=True) from None
         except TimeoutError:
@@ -221,6 +219,8 @@ class Proxy:
             await newer.remember_response(self.store, data or first, ep.name)  # for previous_response_id
         rec.status = resp.status  # (after the last wait before the head goes out: a client gone meanwhile got none)
         if not req.stream or resp.status != 200:
+            if data is None:  # larger than the router holds (whole.py)
+                return await whole.finish(resp, translating, self.config, headers, send, rec, self.health, ep)
             resp.release()
             try:
                 if translating:
@@ -239,8 +239,8 @@ class Proxy:
             finally:
                 resp.close()  # no-op when released; the client left: closing stops the backend
             if cut:
-                rec.error = "stream_cut"
-                await send({"type": "http.response.body", "body": relay.stream_error(resp, None), "more_body": True})
+                rec.error = getattr(cut, "code", "stream_cut")
+                await send({"type": "http.response.body", "body": relay.stream_error(resp, cut), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return
         finished = False
@@ -250,7 +250,7 @@ class Proxy:
             else:
                 cut = await self._relay(resp, first, headers, send, rec, req.body_writer)
             if cut:
-                rec.error = "stream_cut"
+                rec.error = getattr(cut, "code", "stream_cut")
                 self.health.failure(ep, "stream cut by the backend")
             finished = True
         finally:
@@ -269,20 +269,20 @@ class Proxy:
 
     async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: h1.Timeout,
                     line: bool, ctype: str | None = None,
-                    deadline: float | None = None) -> tuple[h1.Response, bytes, bytes]:
+                    deadline: float | None = None) -> tuple[h1.Response, bytes | None, bytes]:
         """Send, and read either the whole body or the first chunk of a 200 stream, all within
         `deadline` seconds (TimeoutError). `ctype`: the body's own content type (multipart
         uploads) instead of JSON."""
         resp = await self.upstream.post(ep, path, body, timeout, ctype, deadline)
         try:
             if resp.status in RETRY_STATUSES:
-                raise RetryableFailure(f"HTTP {resp.status}", resp.status, await resp.read(),
+                raise RetryableFailure(f"HTTP {resp.status}", resp.status, await resp.read(whole.HOLD),
                                        resp.headers.get("Content-Type", "application/json").encode())
-            if timeout is self._whole_timeout or resp.status != 200:
-                data = await resp.read()
+            if timeout is self._whole_timeout or resp.status != 200:  # (data None: larger than `bound`)
+                data = await resp.hold(*whole.bound(self.config, line))
                 resp.unbound()
                 return resp, data, b""
-            first = await _first_chunk(resp, line)
+            first = await _first_chunk(resp, line and self.config.max_record_bytes)
             if is_error_chunk(first):  # an error before any content: nothing sent yet, retry
                 error = first.strip().removeprefix(b"data:").strip()
                 raise RetryableFailure("error chunk before content", 502, error)
@@ -324,7 +324,7 @@ class Proxy:
         return cut
 
     async def _relay_translated(self, req: GenRequest, resp: h1.Response, first: bytes,
-                                headers: Headers, send: Send, rec: RequestRecord) -> bool:
+                                headers: Headers, send: Send, rec: RequestRecord) -> BaseException | bool:
         conv = translate.SseToNdjson(req.kind, req.model, req.t0)
         headers.append((b"content-type", b"application/x-ndjson"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -336,15 +336,15 @@ class Proxy:
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                 if conv.done:
-                    await resp.read()  # drain what follows [DONE] so the connection can be reused
+                    await resp.hold(self.config.max_record_bytes, False)  # drain what follows [DONE]: reused
                     break
-                pending = await resp.content.readline()
+                pending = await resp.content.readline(self.config.max_record_bytes)
                 if not pending:
                     break
         except (h1.ClientError, asyncio.TimeoutError) as e:
             await send({"type": "http.response.body", "body": relay.ndjson_error(e), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
-            return True
+            return e
         tail = conv.final()
         if tail:
             await send({"type": "http.response.body", "body": tail, "more_body": True})
@@ -371,9 +371,9 @@ async def _nothing() -> None:
     return None
 
 
-async def _first_chunk(resp: h1.Response, line: bool) -> bytes:
-    """The first piece of a stream, read before the client gets a byte (so a failure here retries)."""
-    chunk = await (resp.content.readline() if line else resp.content.readany())
+async def _first_chunk(resp: h1.Response, line: int) -> bytes:
+    """A stream's first piece (`line`: a line, at most that long), read before the client gets a byte."""
+    chunk = await (resp.content.readline(line) if line else resp.content.readany())
     if not chunk:
         raise h1.Cut("backend closed the stream before the first chunk")
     return chunk

@@ -19,7 +19,10 @@ ASGI path as before, which waits (back-pressure) or fails as uvicorn decides.
 from __future__ import annotations
 
 import json
+import sys
 from typing import TYPE_CHECKING, Any
+
+from .errors import TooLarge, record_too_large
 
 if TYPE_CHECKING:
     from . import usage
@@ -28,27 +31,57 @@ if TYPE_CHECKING:
 
 class Records:
     """Whole records only (NDJSON lines, SSE events), mended by a `Seam` after a resumption,
-    stripped of the usage event the router asked for (`strip`), kept in `sent`."""
+    stripped of the usage event the router asked for (`strip`), kept in `sent`.
 
-    __slots__ = ("sep", "seam", "sent", "strip", "pending", "busy", "writer", "plain")
+    A record's beginning waits for its end in `head` (one piece) or `parts` (more: the pieces
+    as they came, joined once when the end comes). Only each new piece is searched for the
+    separator, so every byte is looked at once however long the record (`pending + chunk` and
+    an `rfind` over all of it per read was quadratic: a hostile 200 MiB line blocked the event
+    loop for 84 s). A record that grows beyond `limit` bytes (max_record_bytes) raises
+    `TooLarge`, so a stream holds at most about `limit` plus one read. A record that begins and
+    ends within one read is not measured: it costs no more than the read."""
+
+    __slots__ = ("sep", "seam", "sent", "strip", "head", "parts", "held", "limit", "busy", "writer", "plain")
 
     def __init__(self, sep: bytes, seam: Seam | None, sent: Sent, strip: usage.Strip | None,
-                 writer: Any = None) -> None:
+                 writer: Any = None, limit: int = 0) -> None:
         self.sep, self.seam, self.sent, self.strip, self.writer = sep, seam, sent, strip, writer
-        self.pending = b""  # a record's beginning, waiting for its end
+        self.head = b""  # a record's beginning, in one piece, waiting for its end
+        self.parts: list[bytes] = []  # ... or in several (then `head` is empty)
+        self.held = 0  # the length of `parts`
+        self.limit = limit or sys.maxsize  # (0: none)
         self.busy = False  # the task is sending a piece: the sink must not overtake it
         self.plain = seam is None and strip is None  # whole records go out as they came
 
+    @property
+    def pending(self) -> bytes:
+        """A record's beginning (native.py takes it over, and gives back what is left)."""
+        return self.head or b"".join(self.parts)
+
+    @pending.setter
+    def pending(self, data: bytes) -> None:
+        self.head, self.parts, self.held = data, [], 0
+
     def feed(self, chunk: bytes) -> bytes:
-        """What to send of `chunk` now (maybe nothing: no record ended in it)."""
-        data = self.pending + chunk if self.pending else chunk
+        """What to send of `chunk` now (maybe nothing: no record ended in it). Raises
+        `TooLarge`, changing nothing, when a record grows beyond `limit`."""
         sep = self.sep
-        end = data.rfind(sep)
-        if end < 0:
-            self.pending = data
+        end = chunk.rfind(sep)
+        if end >= 0 and not self.parts:  # the common case: records end in `chunk`, one piece waited at most
+            end += len(sep)
+            head = self.head
+            if len(head) + len(chunk) > self.limit:
+                self._measure(chunk, end)
+            out, self.head = head + chunk[:end], chunk[end:]
+        elif self.head or self.parts:
+            out = self._join(chunk, end)
+            if not out:
+                return b""
+        else:  # a record begins, and waits
+            if len(chunk) > self.limit:
+                raise self._too_large()
+            self.head = chunk
             return b""
-        end += len(sep)
-        out, self.pending = data[:end], data[end:]
         if self.seam is not None:
             out = b"".join(self.seam.record(r + sep) for r in out[:-len(sep)].split(sep))
         if self.strip is not None:
@@ -57,16 +90,61 @@ class Records:
             self.sent.add(out)
         return out
 
+    def _join(self, chunk: bytes, end: int) -> bytes:
+        """`feed` when no separator is in `chunk` or a record's beginning waits in pieces:
+        the records that end now, whole (b"": none); the rest waits."""
+        parts, sep = self.parts, self.sep
+        if self.head:
+            parts.append(self.head)
+            self.held, self.head = len(self.head), b""
+        held = self.held + len(chunk)
+        if end >= 0:
+            stop = end + len(sep)  # just past the last separator
+        elif parts and len(sep) == 2 and parts[-1][-1:] == sep[:1] and chunk[:1] == sep[1:]:
+            stop = 1  # the separator began in the last piece
+        else:
+            if held > self.limit:
+                raise self._too_large()
+            parts.append(chunk)
+            self.held = held
+            return b""
+        if held > self.limit:
+            self._measure(chunk, stop)
+        parts.append(chunk[:stop])
+        out = b"".join(parts)
+        parts.clear()
+        self.held, self.head = 0, chunk[stop:]
+        return out
+
+    def _measure(self, chunk: bytes, stop: int) -> None:
+        """Raise `TooLarge` if the waiting record, which ends in `chunk`, or what follows the
+        last separator (`chunk[stop:]`) is longer than the limit (asked only when all of it
+        together is)."""
+        sep, parts = self.sep, self.parts
+        waiting, last = (self.held, parts[-1]) if parts else (len(self.head), self.head)
+        if waiting:
+            edge = len(sep) == 2 and last[-1:] == sep[:1] and chunk[:1] == sep[1:]
+            if waiting + (1 if edge else chunk.find(sep) + len(sep)) > self.limit:
+                raise self._too_large()
+        if len(chunk) - stop > self.limit:
+            raise self._too_large()
+
+    def _too_large(self) -> TooLarge:
+        return record_too_large(self.limit)
+
     def take(self, chunk: bytes) -> bool:
         """The sink: process and write `chunk` now, or refuse it (False)."""
         w = self.writer
         if self.busy or not w.ready():
             return False
-        if self.plain and not self.pending and chunk.endswith(self.sep):  # whole records: as they are
+        if self.plain and not self.head and not self.parts and chunk.endswith(self.sep):  # whole records: as they are
             self.sent.add(chunk)
             w.write(chunk)
             return True
-        out = self.feed(chunk)
+        try:
+            out = self.feed(chunk)
+        except TooLarge:
+            return False  # the task's own read feeds it again, where the stream can end
         if out:
             w.write(out)
         return True
@@ -97,16 +175,19 @@ class Passthrough:
         return self.before + self.last
 
 
-def _why(e: BaseException | None) -> str:
-    return "backend stream failed: " + (type(e).__name__ if e is not None else
+def _why(e: BaseException | bool | None) -> str:
+    """`e`: what broke the stream; True or None: a cut no other endpoint could continue."""
+    if isinstance(e, TooLarge):
+        return "backend stream failed: " + str(e)
+    return "backend stream failed: " + (type(e).__name__ if isinstance(e, BaseException) else
                                         "cut, and no other endpoint could continue it")
 
 
-def ndjson_error(e: BaseException | None) -> bytes:
+def ndjson_error(e: BaseException | bool | None) -> bytes:
     return json.dumps({"error": _why(e)}).encode() + b"\n"
 
 
-def stream_error(resp: Any, e: BaseException | None) -> bytes:
+def stream_error(resp: Any, e: BaseException | bool | None) -> bytes:
     """A last chunk telling the client the stream broke, in the stream's own format."""
     if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
         msg = {"error": {"message": _why(e), "type": "server_error", "param": None, "code": "upstream_error"}}

@@ -170,7 +170,8 @@ class Resumer:
     raising on anything but a good start (the proxy's own `_call`, with its deadline)."""
 
     def __init__(self, scheduler: Any, health: Any, events: Any, call: Any, max_attempts: int,
-                 upstream: h1.Upstream | None = None) -> None:
+                 upstream: h1.Upstream | None = None, record_limit: int = 0) -> None:
+        self.record_limit = record_limit  # max_record_bytes (0: none)
         self.scheduler = scheduler
         self.upstream = upstream  # for native.py's relay (None: the relay stays in Python)
         self.health = health
@@ -179,8 +180,9 @@ class Resumer:
         self.max_attempts = max_attempts
 
     async def relay(self, req: Any, ctx: Any, rec: Any, ep: Any, resp: Any, first: bytes,
-                    send: Any, strip: usage.Strip | None = None, writer: Any = None) -> bool:
-        """Relay `resp` (already started) to the client; True when it ended broken. `strip`:
+                    send: Any, strip: usage.Strip | None = None, writer: Any = None) -> bool | h1.TooLarge:
+        """Relay `resp` (already started) to the client; True when it ended broken, or the
+        `TooLarge` that ended it (a record beyond max_record_bytes: not resumed). `strip`:
         take out the usage event the router asked for on the client's behalf; `writer`: the
         protocol's `BodyWriter` (relay.py)."""
         sep = record_end(req.api == "openai")
@@ -191,7 +193,9 @@ class Resumer:
         leases = []
         try:
             while True:
-                if not await _pump(resp, first, sep, seam, sent, send, strip, writer, self.upstream):
+                broke = await _pump(resp, first, sep, seam, sent, send, strip, writer, self.upstream,
+                                    self.record_limit)
+                if broke is None:
                     resp.release()
                     if seam is not None:
                         self.health.success(ep)
@@ -199,6 +203,9 @@ class Resumer:
                     rec.prompt_tokens, rec.completion_tokens = usage.counts(tail)
                     return False
                 resp.close()
+                if isinstance(broke, h1.TooLarge):  # not resumed: another backend would likely send the same
+                    self.health.failure(ep, str(broke))
+                    return broke
                 self.health.failure(ep, "stream cut by the backend")
                 if not sent.whole:
                     return True
@@ -246,11 +253,12 @@ class Resumer:
 
 async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Sent,
                 send: Any, strip: usage.Strip | None = None, writer: Any = None,
-                upstream: h1.Upstream | None = None) -> bool:
-    """Send whole records of `resp` on (keeping what was sent); True when it broke. With a
-    `writer` (relay.py), pieces go from the connection's callback straight to the client;
-    with `upstream` too, the rest of a plain stream goes through native.py."""
-    whole = Records(sep, seam, sent, strip, writer)
+                upstream: h1.Upstream | None = None, limit: int = 0) -> BaseException | None:
+    """Send whole records of `resp` on (keeping what was sent); None when it ended, else what
+    broke it. With a `writer` (relay.py), pieces go from the connection's callback straight
+    to the client; with `upstream` too, the rest of a plain stream goes through native.py.
+    `limit`: max_record_bytes (h1.TooLarge beyond it)."""
+    whole = Records(sep, seam, sent, strip, writer, limit)
     chunk = first
     try:
         while chunk:
@@ -261,16 +269,17 @@ async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Se
                 whole.busy = False
             if writer is not None:
                 if upstream is not None and whole.plain:
-                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add)
+                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add, limit)
                     if rest is not None:
                         whole.pending = rest
                         break
                 resp.sink(whole.take)
             chunk = await resp.content.readany()
-    except (h1.ClientError, asyncio.TimeoutError):
-        return True
+    except (h1.ClientError, asyncio.TimeoutError) as e:
+        return e
     finally:
         resp.sink(None)
-    if whole.pending:  # a last record without its terminator
-        await send({"type": "http.response.body", "body": whole.pending, "more_body": True})
-    return False
+    rest = whole.pending
+    if rest:  # a last record without its terminator
+        await send({"type": "http.response.body", "body": rest, "more_body": True})
+    return None

@@ -1,0 +1,71 @@
+"""Whole (non-stream) answers larger than the router should hold.
+
+The router reads a whole answer before it sends a byte of it: a failure until then is retried
+on another endpoint, and the answer goes out in one write (`proxy._send_whole`). That holds
+all of it in memory — a hostile backend's 200 MiB answer cost the router +387 MB — so an
+answer is held only up to a bound (`bound`). Beyond it (`finish`):
+
+- an answer the router must read whole (translated to the Ollama API) is refused: 502
+  `response_too_large` in the client's API shape, counted as the backend's failure;
+- an answer passed through unchanged is relayed as it comes: what was read, then each read
+  of the backend (with the backend's content-length, else chunked), so it costs a read or
+  two of memory; the token counts come from its last KiB as before. A failure after the head
+  went out cannot be retried: the client's connection is closed before the answer's end
+  (uvicorn does that when the app returns mid-answer), so the part is never taken for the whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..api.asgi import Headers, Send
+from ..api.errors import ApiError
+from ..config import RouterConfig
+from ..domain import Endpoint
+from ..events import RequestRecord
+from . import h1, usage
+from .health import Health
+
+HOLD = 1024 * 1024  # a pass-through answer up to this is held: one write, retried when cut
+
+
+def bound(config: RouterConfig, translating: bool) -> tuple[int, bool]:
+    """(the most bytes of a whole answer held, whether a larger one is relayed as it comes)."""
+    if translating:
+        return config.max_response_bytes, False
+    return min(HOLD, config.max_response_bytes), True
+
+
+async def finish(resp: h1.Response, translating: bool, config: RouterConfig, headers: Headers,
+                 send: Send, rec: RequestRecord, health: Health, ep: Endpoint) -> None:
+    """Answer the client for a whole answer `Response.hold` found larger than `bound`: refuse
+    it (translated) or relay the rest of it, `resp`'s unread bytes first."""
+    if translating:
+        resp.close()
+        limit = config.max_response_bytes
+        health.failure(ep, f"an answer larger than max_response_bytes ({limit} bytes)")
+        raise ApiError(502, f"the backend's answer is larger than max_response_bytes ({limit} bytes)",
+                       code="response_too_large")
+    h = list(headers)  # (its content-type and content-encoding are among them: proxy._FORWARDED)
+    length = resp.headers.get("Content-Length")
+    if length is not None:
+        h.append((b"content-length", length.encode("latin-1")))
+    before = last = b""  # the final counts may span the last two pieces
+    try:
+        await send({"type": "http.response.start", "status": resp.status, "headers": h})
+        while piece := await resp.readany():
+            before, last = last, piece
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+    except (h1.ClientError, asyncio.TimeoutError) as e:
+        resp.close()
+        rec.error = "answer_cut"
+        health.failure(ep, f"whole answer cut after its head went out: {type(e).__name__}")
+        return  # without the answer's end: its connection is closed
+    except BaseException:
+        resp.close()  # the client left: closing the connection stops the backend
+        raise
+    resp.release()
+    await send({"type": "http.response.body", "body": b""})
+    if resp.status == 200:
+        rec.prompt_tokens, rec.completion_tokens = usage.counts((before + last)[-usage.TAIL:])
