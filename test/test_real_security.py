@@ -155,3 +155,33 @@ async def test_no_bypass_gets_tiny2_through_the_router(ollama_url):
         status, _ = await post(s, r.url + path, form((b'name="model"', b"tiny2")), MULTIPART)
         assert status == 403
     assert tried > 150
+
+
+async def test_a_limited_key_learns_nothing_of_tiny2(ollama_url):
+    """Listings, /api/ps, /v1/models/{id} and /api/show, against the real Ollama: tiny2 is
+    invisible to a key limited to tiny, and answers as an absent model would."""
+    cfg = {"endpoints": [{"url": ollama_url, "name": "real"}],
+           "client_keys": [{"name": "app", "key": KEY, "models": ["tiny"]}, {"name": "all", "key": "all-key-0123456789"}]}
+    async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+        async with s.post(r.url + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False,
+                                                         "options": {"num_predict": 2}}, headers=AUTH) as resp:
+            assert resp.status == 200  # tiny is loaded: /api/ps has something to show
+        async with s.post(r.url + "/api/generate", json={"model": "tiny2", "prompt": "hi", "stream": False,
+                                                         "options": {"num_predict": 2}},
+                          headers={"Authorization": "Bearer all-key-0123456789"}) as resp:
+            assert resp.status == 200  # and so is tiny2, by a key that may
+        for path in ("/api/tags", "/api/ps", "/v1/models"):
+            async with s.get(r.url + path, headers=AUTH) as resp:
+                text = await resp.text()
+                assert resp.status == 200 and "tiny2" not in text and "tiny" in text, (path, text)
+            if path != "/api/ps":  # (tiny and tiny2 share one model file: Ollama runs and lists one)
+                async with s.get(r.url + path, headers={"Authorization": "Bearer all-key-0123456789"}) as resp:
+                    assert "tiny2" in await resp.text(), path
+        for model in ("tiny2", "no-such-model"):
+            async with s.get(r.url + f"/v1/models/{model}", headers=AUTH) as resp:
+                assert resp.status == 404
+            async with s.post(r.url + "/api/show", json={"model": model}, headers=AUTH) as resp:
+                body = await resp.json()
+                assert resp.status == 404 and set(body) == {"error"}, body
+        async with s.post(r.url + "/api/show", json={"model": "tiny"}, headers=AUTH) as resp:
+            assert resp.status == 200 and "template" in await resp.json()
