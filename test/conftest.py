@@ -40,8 +40,11 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:
             pytest.fail("redis-server is not installed; `make test` installs it from the distribution")
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+        if int(version.split("v=", 1)[1].split(".", 1)[0]) >= 7:  # before 7: always allowed
+            args += ["--enable-debug-command", "local"]  # DEBUG SLEEP: how test_redis_stall stalls it
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import socket
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -1,49 +1,53 @@
 """`RedisStore`: state shared by router instances on several hosts, kept in Redis.
 
 - Acquire, release, cancel and health changes are atomic Lua scripts (redis_scripts.py).
+- Every Redis call has a deadline, `redis_timeout` (redis_link.py): a Redis that stalls is an
+  outage exactly like a Redis that is dead, with the same fallback and the same recovery.
 - Slot leases expire after `lease_ttl`; each instance extends the leases it holds every
   min(1 s, `lease_ttl / 3`), so a process killed with SIGKILL leaks its slots for at most
-  `lease_ttl`.
+  `lease_ttl`. Lease and waiter ids name their instance, and the same sweep reconciles Redis
+  with what the instance really holds (redis_reconcile.py).
 - Waiters sleep on a future, woken through pub/sub when a slot is handed to them; no
-  polling. The same periodic sweep that extends leases hands on slots freed by expiry.
-- If Redis becomes unreachable, the instance logs loudly, counts it (`/health`), and keeps
-  serving from a per-process MemoryStore; a probe every second switches back when Redis
-  answers again (and re-registers the slot table, which a restarted Redis has lost).
+  polling. The same periodic sweep hands on slots freed by expiry.
+- If Redis becomes unreachable or stalls, the instance logs loudly, counts it (`/health`),
+  and keeps serving from a per-process MemoryStore that also counts the leases the process
+  already holds (so one process alone never exceeds an endpoint's slots); waiters queued in
+  Redis move to it at once. A probe every second switches back when Redis answers again: it
+  re-registers the slot table (a restarted Redis has lost it), subscribes afresh, reconciles,
+  and the requests still waiting locally then queue in Redis again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import random
 import time
 import uuid
-from collections import Counter
 from typing import Any, Callable, Sequence
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from ..config import RouterConfig
 from ..domain import Endpoint
 from ..routing.policies import Policy
-from . import redis_scripts as lua
 from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
 from .memory import MemoryStore
+from .redis_link import RedisLink
+from .redis_messages import Messages
+from .redis_pins import RedisPins
+from .redis_reconcile import Ledger, as_str
+from .redis_usage import UsageBatches
 
 log = logging.getLogger("nomyo_router.redis")
 
 RETRY_S = 1.0
 
 
-
 class _RedisLost(Exception):
-    """Set on waiters' futures when Redis becomes unreachable: wait locally instead."""
+    """Redis failed or stalled during an acquire: the request waits locally instead."""
+
 
 class RedisStore(StateStore):
     def __init__(self, url: str, endpoints: Sequence[Endpoint], config: RouterConfig, policy: Policy) -> None:
@@ -54,36 +58,34 @@ class RedisStore(StateStore):
         self.prefix = f"nomyo:{tag}"
         self.owner = uuid.uuid4().hex[:12]
         self.lease_ms = int(config.lease_ttl * 1000)
+        self.link = RedisLink(url, config.redis_timeout, self.prefix, self.lease_ms)
+        self.ledger = Ledger(self.owner)
+        # Counts every lease of this process, whichever store granted it: while Redis is away
+        # its limits are the process's, and those include the leases Redis granted before.
         self.local = MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
         self.degraded = False
         self.degraded_events = 0
-        # One quick retry on a fresh connection hides a pooled connection that died with an
-        # earlier server; anything longer is an outage and degrades.
-        self._redis = aioredis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0,
-                                        retry=Retry(NoBackoff(), 1),
-                                        retry_on_error=[RedisConnectionError])
-        self._scripts: dict[str, Any] = {}
-        self._waiters: dict[str, asyncio.Future] = {}
-        self._active: dict[str, str] = {}  # lease id -> endpoint, for lease extension
+        self._back = asyncio.Event()  # set when Redis answers again; a new one per outage
         self._unhealthy: set[str] = set()
+        self._unsent_health: set[str] = set()  # verdicts Redis missed (it was away)
         self._tasks: set[asyncio.Task] = set()
-        self._usage: Counter[tuple[str, str]] = Counter()  # not yet flushed to Redis
         self._loops: list[asyncio.Task] = []
-        self._subs: dict[str, Callable[[Any], None]] = {}
-        self._global: dict[str, int] = {}  # in flight over all instances, as of our last grant
+        self.messages = Messages(self.link, self.ledger, self._is_degraded, self._degrade, self._background)
+        self.pins = RedisPins(self.link, config.affinity_ttl, self.local, self._is_degraded, self._degrade)
+        self.usage = UsageBatches(self.owner)
 
     # ---- life cycle -----------------------------------------------------------
     async def start(self) -> None:
-        for name in ("ACQUIRE", "RELEASE", "CANCEL", "SWEEP", "HEALTH"):
-            self._scripts[name] = self._redis.register_script(getattr(lua, name))
         try:
             await self._register()
+            await self.messages.listen()
         except (RedisError, OSError) as e:
             self._degrade(e)
-        self._loops = [asyncio.create_task(self._sweep_loop()), asyncio.create_task(self._wake_loop())]
+        self._loops = [asyncio.create_task(self._sweep_loop())]
 
     async def _register(self) -> None:
-        await self._redis.hset(f"{self.prefix}:slots", mapping={n: e.slots for n, e in self.endpoints.items()})
+        await self.link.call(self.link.client.hset(f"{self.prefix}:slots",
+                                                   mapping={n: e.slots for n, e in self.endpoints.items()}))
 
     def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
         self.endpoints.update((e.name, e) for e in endpoints)
@@ -99,22 +101,54 @@ class RedisStore(StateStore):
     async def close(self) -> None:
         for t in self._loops:
             t.cancel()
-        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
-        await self._redis.aclose()
+        await asyncio.gather(*self._loops, *self._tasks, self.messages.close(), return_exceptions=True)
+        await self.link.close()
+
+    def _is_degraded(self) -> bool:
+        return self.degraded
 
     def _degrade(self, error: BaseException) -> None:
         if not self.degraded:
             self.degraded = True
             self.degraded_events += 1
+            self._back = asyncio.Event()
             log.error("REDIS UNREACHABLE (%s: %s): serving with per-process limits until it is back",
                       type(error).__name__, error)
-        # Nobody is stranded in a queue that is gone: waiters move to the local queue now.
-        for fut in self._waiters.values():
+        # Nobody is stranded in a queue that does not answer: waiters move to the local queue now.
+        for fut in self.ledger.waiting.values():
             if not fut.done():
-                fut.set_exception(_RedisLost())
+                fut.set_result(None)
 
-    async def _run(self, name: str, *args: Any) -> Any:
-        return await self._scripts[name](args=[self.prefix, self.lease_ms, *args])
+    async def _recover(self) -> None:
+        """Redis answers again: share limits again, leaving nothing of the outage in it."""
+        await self.link.reset()
+        await self.link.call(self.link.client.ping())
+        await self._register()
+        unsent, self._unsent_health = self._unsent_health, set()
+        try:
+            for name in self._unhealthy | unsent:  # a restarted Redis knows none
+                await self.link.run("HEALTH", name, 0 if name in self._unhealthy else 1)
+        except BaseException:
+            self._unsent_health |= unsent
+            raise
+        await self.messages.listen()  # before anyone queues there again
+        ghosts = self.ledger.ghosts
+        # The reconciliation, again while a slot was handed out locally meanwhile: Redis must
+        # count every slot this process holds before it grants any (and no await between the
+        # last check and switching over, so that no local grant slips in).
+        for _ in range(5):
+            await self._sweep()
+            held = sum(self.local.in_flight(ep) for ep in self.endpoints.values())
+            if self.ledger.all_swept() and held == len(self.ledger.held):
+                break
+        self.degraded = False
+        self._back.set()  # requests waiting locally queue in Redis again
+        for name in self._unsent_health:  # changed while this ran
+            self._background(self._health(name, name not in self._unhealthy))
+        self._unsent_health.clear()
+        log.error("Redis is reachable again: limits are shared again (%d stale entries of the outage "
+                  "removed, %d leases of this instance registered)", self.ledger.ghosts - ghosts,
+                  len(self.ledger.held))
 
     def _background(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -131,189 +165,179 @@ class RedisStore(StateStore):
 
     async def _acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
                        timeout: float, order: int | None) -> Lease:
-        if self.degraded:
-            return await self.local.acquire(model, candidates, choose, timeout)
-        lid = uuid.uuid4().hex
+        """In Redis while it answers, else locally; across an outage, a request moves from one
+        to the other (and back) with what is left of its timeout."""
+        t0 = time.monotonic()
+        while True:
+            left = max(timeout - (time.monotonic() - t0), 0.001)
+            if self.degraded:
+                lease = await self._acquire_local(model, candidates, choose, left)
+                if lease is None:
+                    continue  # Redis is back: queue there
+            else:
+                try:
+                    lease = await self._acquire_shared(model, candidates, left, order)
+                except _RedisLost:
+                    continue
+            lease.queued_s = time.monotonic() - t0
+            return lease
+
+    async def _acquire_shared(self, model: str, candidates: Sequence[Endpoint], timeout: float,
+                              order: int | None) -> Lease:
+        ledger = self.ledger
+        lid = ledger.new_id()
         shuffled = list(candidates)
         random.shuffle(shuffled)  # ties go to a random endpoint, never always the first
         args: list[Any] = [lid, self.config.max_queue, self.owner, "" if order is None else order,
                            int((timeout + 5) * 1000)]
         for e in shuffled:
             args += [e.name, 1 if model in e.loaded else 0]
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._waiters[lid] = fut  # before the script: the wake-up may beat its reply
-        t0 = time.monotonic()
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        ledger.waiting[lid] = fut  # before the script: the wake-up may beat its reply
         try:
             try:
-                res = await self._run("ACQUIRE", *args)
+                res = await self.link.run("ACQUIRE", *args)
             except (RedisError, OSError) as e:
                 self._degrade(e)
-                return await self.local.acquire(model, candidates, choose, timeout)
-            kind = _s(res[0])
+                raise _RedisLost from None  # if it ran after all, the reconciliation undoes it
+            kind = as_str(res[0])
             if kind == "ok":
-                name = _s(res[1])
-                for i in range(2, len(res) - 1, 2):  # every instance's in-flight, as of this grant
-                    self._global[_s(res[i])] = int(res[i + 1])
-                self._global[name] = self._global.get(name, 0) + 1
-                return self._lease(name, lid, 0.0)
+                name = as_str(res[1])
+                ledger.granted(name, res[2:])
+                return self._hold_granted(name, lid)
             if kind == "none":
                 raise NoEndpoint(model)
             if kind == "full":
                 raise QueueFull(model)
-            queued_order = int(_s(res[1]))
+            queued_order = int(as_str(res[1]))
+            ledger.enqueued()
             try:
                 async with asyncio.timeout(timeout):
                     ep = await fut
-            except _RedisLost:
-                # Redis vanished while we waited: wait on in the local queue for what is left of
-                # the timeout (the shared entry expires with the old server).
-                waited = time.monotonic() - t0
-                lease = await self.local.acquire(model, candidates, choose, max(timeout - waited, 0.001))
-                lease.queued_s += waited
-                return lease
             except BaseException as exc:
-                self._background(self._cancel(lid))  # gives the slot back if it came too late
+                if not self.degraded:
+                    self._background(self._cancel(lid))  # gives the slot back if it came too late
                 if isinstance(exc, TimeoutError):
                     raise QueueTimeout(model, queued_order) from None
                 raise
-            return self._lease(ep, lid, time.monotonic() - t0)
+            finally:
+                ledger.dequeued()
+            if ep is None:
+                raise _RedisLost  # Redis went away while we waited; the entry is reconciled away
+            ledger.granted(ep)
+            return self._hold_granted(ep, lid)
         finally:
-            self._waiters.pop(lid, None)
+            ledger.waiting.pop(lid, None)
 
-    def _lease(self, name: str, lid: str, queued_s: float) -> Lease:
-        self._active[lid] = name
-        lease = Lease(self, self.endpoints[name], queued_s)
+    def _hold_granted(self, name: str, lid: str) -> Lease:
+        endpoint = self.endpoints[name]
+        self.local._take(endpoint)  # counted locally too: the limit while Redis is away
+        return self._hold(endpoint, lid)
+
+    async def _acquire_local(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
+                             timeout: float) -> Lease | None:
+        """The local queue while Redis is away; None if Redis answers again first (the
+        request then queues there, so that one queue orders everyone again)."""
+        task = asyncio.ensure_future(self.local.acquire(model, candidates, choose, timeout))
+        back = asyncio.ensure_future(self._back.wait())
+        try:
+            await asyncio.wait((task, back), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the client went away
+            back.cancel()
+            task.cancel()
+            await asyncio.wait((task,))
+            if not task.cancelled() and task.exception() is None:
+                task.result().release()  # the slot came just before
+            raise
+        back.cancel()
+        if not task.done():
+            task.cancel()  # MemoryStore passes on a slot handed over just as it gave up
+            await asyncio.wait((task,))
+        if task.cancelled():
+            return None
+        try:
+            local = task.result()
+        except QueueTimeout:
+            raise QueueTimeout(model) from None  # a local place means nothing in Redis
+        if not self.degraded:  # handed out after Redis came back, which alone grants now
+            local.release()
+            return None
+        # Already counted in the local store; Redis learns of it with the next sweep.
+        return self._hold(local.endpoint, self.ledger.new_id())
+
+    def _hold(self, endpoint: Endpoint, lid: str) -> Lease:
+        self.ledger.held[lid] = endpoint.name
+        lease = Lease(self, endpoint)
         lease.token = lid
         return lease
 
     async def _cancel(self, lid: str) -> None:
         try:
-            await self._run("CANCEL", lid)
+            await self.link.run("CANCEL", lid)
         except (RedisError, OSError) as e:
-            self._degrade(e)  # the waiter entry expires by itself
+            self._degrade(e)  # the reconciliation removes the entry
 
     def release(self, endpoint: Endpoint, token: Any = None) -> None:
-        if token is None:  # a lease from the local fallback store
-            self.local.release(endpoint)
+        name = self.ledger.held.pop(token, None)
+        if name is None:
             return
-        self._active.pop(token, None)
-        n = self._global.get(endpoint.name, 0)
-        if n > 0:
-            self._global[endpoint.name] = n - 1
-        self._background(self._release(endpoint.name, token))
+        self.local.release(endpoint)  # and a request waiting locally gets the slot
+        self.ledger.released(name)
+        if not self.ledger.defer(name, token) and not self.degraded:
+            self._background(self._release(name, token))
 
     async def _release(self, name: str, lid: str) -> None:
         try:
-            await self._run("RELEASE", name, lid)
+            await self.link.run("RELEASE", name, lid)
         except (RedisError, OSError) as e:
-            self._degrade(e)  # the lease expires within lease_ttl
+            self._degrade(e)  # the reconciliation removes the lease
 
     # ---- background -----------------------------------------------------------------
     async def _sweep_loop(self) -> None:
-        """Extend our leases, hand on expired ones; while degraded, probe Redis instead."""
+        """Sweep (extend, reconcile, hand on expired leases); while degraded, try to recover."""
         while True:
             # At least every second: a sweep is one cheap script call, and it is also how a
-            # degraded instance notices that Redis is back.
+            # stall is noticed when no request is talking to Redis.
             await asyncio.sleep(min(RETRY_S, max(self.config.lease_ttl / 3, 0.05)))
             try:
                 if self.degraded:
-                    await self._redis.connection_pool.disconnect()  # drop connections to the old server
-                    await self._redis.ping()
-                    await self._register()
-                    for name in self._unhealthy:
-                        await self._run("HEALTH", name, 0)
-                    self.degraded = False
-                    log.error("Redis is reachable again: limits are shared again")
+                    await self._recover()
                     continue
-                args: list[Any] = []
-                for lid, name in list(self._active.items()):
-                    args += [name, lid]
-                await self._run("SWEEP", *args)
-                await self._flush_usage()
+                await self._sweep()
+                await self.usage.flush(self.link)
             except (RedisError, OSError) as e:
                 self._degrade(e)
+            except Exception:  # a bug here must not end sweeping for good
+                log.exception("Redis sweep failed")
 
-    async def _wake_loop(self) -> None:
-        """Pub/sub: wake local waiters when a slot is handed to them."""
-        channel = f"{self.prefix}:wake:{self.owner}"
-        shared = f"{self.prefix}:pub"
-        while True:
-            pubsub = self._redis.pubsub()
-            try:
-                await pubsub.subscribe(channel, shared)
-                await self._recheck_waiters()
-                async for msg in pubsub.listen():
-                    if msg.get("type") != "message":
-                        continue
-                    if _s(msg["channel"]) == shared:
-                        self._published(msg["data"])
-                        continue
-                    lid, _, ep = _s(msg["data"]).partition(" ")
-                    fut = self._waiters.get(lid)
-                    if fut is not None and not fut.done():
-                        fut.set_result(ep)
-            except (RedisError, OSError) as e:
-                self._degrade(e)
-                await asyncio.sleep(RETRY_S)
-            finally:
-                try:
-                    await pubsub.aclose()
-                except (RedisError, OSError):
-                    pass
-
-    async def _recheck_waiters(self) -> None:
-        """After (re)subscribing, a wake-up may have been missed: look the grants up once."""
-        for lid, fut in list(self._waiters.items()):
-            ep = await self._redis.get(f"{self.prefix}:granted:{lid}")
-            if ep is not None and not fut.done():
-                fut.set_result(_s(ep))
+    async def _sweep(self) -> None:
+        res = None
+        try:
+            res = await self.link.run("SWEEP", *self.ledger.sweep_args())
+        finally:  # releases it held back: sent if it was answered (the reconciliation too)
+            for name, lid in self.ledger.swept(res):
+                self._background(self._release(name, lid))
 
     def publish(self, topic: str, data: Any) -> None:
-        if not self.degraded and topic in self._subs:
-            payload = json.dumps([self.owner, topic, data])
-            self._background(self._publish(payload))
-
-    async def _publish(self, payload: str) -> None:
-        try:
-            await self._redis.publish(f"{self.prefix}:pub", payload)
-        except (RedisError, OSError) as e:
-            self._degrade(e)
+        self.messages.publish(topic, data)
 
     def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:
-        self._subs[topic] = callback
-
-    def _published(self, raw: Any) -> None:
-        try:
-            owner, topic, data = json.loads(raw)
-        except (ValueError, TypeError):
-            return
-        cb = self._subs.get(topic)
-        if owner != self.owner and cb is not None:
-            cb(data)
+        self.messages.subscribe(topic, callback)
 
     def record(self, endpoint: str, model: str) -> None:
-        self._usage[(endpoint, model)] += 1  # flushed with the next sweep, in one pipeline
-
-    async def _flush_usage(self) -> None:
-        if not self._usage:
-            return
-        pending, self._usage = self._usage, Counter()
-        pipe = self._redis.pipeline(transaction=False)
-        for (ep, model), n in pending.items():
-            pipe.hincrby(f"{self.prefix}:usage:{ep}", model, n)
-        try:
-            await pipe.execute()
-        except (RedisError, OSError):
-            self._usage.update(pending)  # try again next time
-            raise
+        self.usage.record(endpoint, model)  # sent with the next sweep, in one script call
 
     # ---- views, health, pins ----------------------------------------------------------
     def in_flight(self, endpoint: Endpoint) -> int:
-        own = sum(1 for n in self._active.values() if n == endpoint.name) + self.local.in_flight(endpoint)
-        return own if self.degraded else max(own, self._global.get(endpoint.name, 0))
+        """Over all instances, as the last grant or sweep (at most a second ago) reported it,
+        and never less than this process holds. No round trip: the gauges read it."""
+        own = self.local.in_flight(endpoint)
+        return own if self.degraded else max(own, self.ledger.shared.get(endpoint.name, 0))
 
     def queue_length(self) -> int:
-        return sum(1 for f in self._waiters.values() if not f.done())
+        """Requests waiting over all instances, as of the last sweep; this process's own exactly."""
+        own = self.local.queue_length() + self.ledger.queued
+        return own if self.degraded else max(own, self.ledger.shared_queue)
 
     async def snapshot(self) -> dict[str, Any]:
         snap: dict[str, Any] = {"mode": "redis", "degraded": self.degraded,
@@ -323,21 +347,21 @@ class RedisStore(StateStore):
             return {**snap, "in_flight": local["in_flight"], "queue_length": local["queue_length"]}
         try:
             now_ms = int(time.time() * 1000)
-            pipe = self._redis.pipeline()
+            pipe = self.link.client.pipeline()
             for name in self.endpoints:
                 pipe.zcount(f"{self.prefix}:lease:{name}", now_ms, "+inf")
             pipe.zcard(f"{self.prefix}:queue")
             for name in self.endpoints:
                 pipe.hgetall(f"{self.prefix}:usage:{name}")
-            res = await pipe.execute()
+            res = await self.link.call(pipe.execute())
         except (RedisError, OSError) as e:
             self._degrade(e)
             return {**snap, "degraded": True, "in_flight": {}, "queue_length": 0}
         n = len(self.endpoints)
         usage: dict[str, dict[str, int]] = {}
         for name, counts in zip(self.endpoints, res[n + 1:]):
-            usage[name] = {_s(k): int(v) for k, v in counts.items()}
-        for (ep, model), c in self._usage.items():  # not flushed yet
+            usage[name] = {as_str(k): int(v) for k, v in counts.items()}
+        for (ep, model), c in self.usage.pending().items():  # not counted in Redis yet
             usage.setdefault(ep, {})[model] = usage.get(ep, {}).get(model, 0) + c
         return {**snap, "in_flight": dict(zip(self.endpoints, res[:n])), "queue_length": res[n],
                 "usage": usage}
@@ -350,46 +374,23 @@ class RedisStore(StateStore):
         if healthy == (endpoint.name not in self._unhealthy):
             return
         (self._unhealthy.discard if healthy else self._unhealthy.add)(endpoint.name)
-        if not self.degraded:
+        if self.degraded:
+            self._unsent_health.add(endpoint.name)  # a stalled Redis still has the old verdict
+        else:
             self._background(self._health(endpoint.name, healthy))
 
     async def _health(self, name: str, healthy: bool) -> None:
         try:
-            await self._run("HEALTH", name, 1 if healthy else 0)
+            await self.link.run("HEALTH", name, 1 if healthy else 0)
         except (RedisError, OSError) as e:
+            self._unsent_health.add(name)
             self._degrade(e)
 
     async def find_pin(self, keys: Sequence[str]) -> tuple[str, str] | None:
-        if self.degraded or not keys:
-            return await self.local.find_pin(keys)
-        try:
-            values = await self._redis.mget([f"{self.prefix}:pin:{k}" for k in keys])
-            for key, value in zip(keys, values):
-                if value is not None:
-                    await self._redis.pexpire(f"{self.prefix}:pin:{key}", int(self.config.affinity_ttl * 1000))
-                    return key, _s(value)
-        except (RedisError, OSError) as e:
-            self._degrade(e)
-            return await self.local.find_pin(keys)
-        return None
+        return await self.pins.find(keys)
 
     async def set_pin(self, key: str, endpoint: str) -> None:
-        await self.local.set_pin(key, endpoint)  # also valid if Redis goes away later
-        if not self.degraded:
-            try:
-                await self._redis.set(f"{self.prefix}:pin:{key}", endpoint,
-                                      px=int(self.config.affinity_ttl * 1000))
-            except (RedisError, OSError) as e:
-                self._degrade(e)
+        await self.pins.set(key, endpoint)
 
     async def drop_pin(self, key: str) -> None:
-        await self.local.drop_pin(key)
-        if not self.degraded:
-            try:
-                await self._redis.delete(f"{self.prefix}:pin:{key}")
-            except (RedisError, OSError) as e:
-                self._degrade(e)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+        await self.pins.drop(key)

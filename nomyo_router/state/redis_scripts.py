@@ -2,6 +2,10 @@
 rules as MemoryStore: exact slots, one FIFO queue, a freed slot to the oldest waiter that
 may use it.
 
+Ids of leases and waiters are "<owner>:<n>": the instance that holds or waits (its random
+owner tag) and its own running number. The owner makes every entry attributable; the number
+lets a sweep tell an entry it has not heard of yet from one whose reply was lost.
+
 Keys under the prefix P (passed as ARGV[1]):
   P:slots            hash  endpoint -> slots
   P:unhealthy        set   endpoints out of rotation
@@ -9,6 +13,9 @@ Keys under the prefix P (passed as ARGV[1]):
   P:queue            zset  waiter id -> queue order
   P:waiter:<id>      hash  cands (",a,b,"), owner (the instance to wake)
   P:granted:<id>     str   endpoint a waiter was handed (so a late cancel can give it back)
+  P:own:<owner>      hash  id -> endpoint ('' while it waits): all an instance holds or waits
+                           for, so its sweep finds what it no longer knows of (reconciliation)
+  P:usage-sent:<owner>  int   the last usage batch counted (a batch sent twice counts once)
   P:ticket           int   queue order counter
   channel P:wake:<owner>   "<waiter id> <endpoint>"
 """
@@ -28,6 +35,16 @@ local function slots(ep)
   return tonumber(redis.call('HGET', P .. ':slots', ep) or '0')
 end
 
+-- the index of everything the instance behind `id` holds or waits for
+local function own_key(id)
+  return P .. ':own:' .. string.match(id, '^[^:]*')
+end
+
+-- expire `key` no sooner than in `ms` (an index lives as long as what it indexes)
+local function keep(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+
 -- hand free slots of ep to the oldest waiters that may use it
 local function dispatch(ep, ttl)
   if redis.call('SISMEMBER', P .. ':unhealthy', ep) == 1 then return end
@@ -44,6 +61,8 @@ local function dispatch(ep, ttl)
       redis.call('ZREM', P .. ':queue', w)
       redis.call('DEL', P .. ':waiter:' .. w)
       redis.call('ZADD', P .. ':lease:' .. ep, now + ttl, w)
+      redis.call('HSET', own_key(w), w, ep)
+      keep(own_key(w), ttl)
       redis.call('SET', P .. ':granted:' .. w, ep, 'PX', 60000)
       redis.call('PUBLISH', P .. ':wake:' .. owner, w .. ' ' .. ep)
       free = free - 1
@@ -76,8 +95,11 @@ for i = 8, #ARGV, 2 do
     end
   end
 end
+local own = own_key(id)
 if best then
   redis.call('ZADD', P .. ':lease:' .. best, now + ttl, id)
+  redis.call('HSET', own, id, best)
+  keep(own, ttl)
   return {'ok', best, unpack(loads)}
 end
 if healthy == 0 then return {'none'} end
@@ -86,12 +108,16 @@ if order == '' then order = redis.call('INCR', P .. ':ticket') end
 redis.call('HSET', P .. ':waiter:' .. id, 'cands', cands, 'owner', owner)
 redis.call('PEXPIRE', P .. ':waiter:' .. id, waiter_ttl)
 redis.call('ZADD', P .. ':queue', order, id)
+redis.call('HSET', own, id, '')
+keep(own, math.max(ttl, waiter_ttl))
 return {'queued', tostring(order)}
 """
 
 # ARGV: P, lease_ttl_ms, endpoint, lease id
 RELEASE = _COMMON + r"""
 redis.call('ZREM', P .. ':lease:' .. ARGV[3], ARGV[4])
+redis.call('HDEL', own_key(ARGV[4]), ARGV[4])
+redis.call('DEL', P .. ':granted:' .. ARGV[4])
 dispatch(ARGV[3], tonumber(ARGV[2]))
 return 1
 """
@@ -99,6 +125,7 @@ return 1
 # A waiter gives up (timeout or client gone). ARGV: P, lease_ttl_ms, waiter id
 CANCEL = _COMMON + r"""
 local id = ARGV[3]
+redis.call('HDEL', own_key(id), id)
 if redis.call('ZREM', P .. ':queue', id) == 1 then
   redis.call('DEL', P .. ':waiter:' .. id)
   return 'removed'
@@ -113,17 +140,49 @@ end
 return 'gone'
 """
 
-# Periodic: extend our leases, let expired ones go, hand freed slots on.
-# ARGV: P, lease_ttl_ms, then endpoint, lease id pairs to extend
+# Periodic, and the reconciliation after an outage: (re-)register every lease the instance
+# holds — extended, or added back if Redis lost it or never saw it (granted locally while Redis
+# was away) —; remove what Redis holds for the instance that the instance does not know of
+# (ghosts: grants and queue entries whose replies a stalled or dead connection lost) but only
+# up to number `max_seq`, as higher ones may still be on their way; let expired leases go;
+# hand freed slots on; report every endpoint's count and the queue's length.
+# ARGV: P, lease_ttl_ms, owner, max_seq, then endpoint, id pairs (endpoint '' for an id the
+#       instance waits on, queued or with its acquire under way)
+# Returns {ghosts removed, queue length, endpoint, in flight, ...}
 SWEEP = _COMMON + r"""
-local ttl = tonumber(ARGV[2])
-for i = 3, #ARGV, 2 do
-  redis.call('ZADD', P .. ':lease:' .. ARGV[i], 'XX', now + ttl, ARGV[i + 1])
+local ttl, owner, max_seq = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local own = P .. ':own:' .. owner
+local known = {}
+for i = 5, #ARGV, 2 do
+  local ep, id = ARGV[i], ARGV[i + 1]
+  known[id] = true
+  if ep ~= '' then
+    redis.call('ZADD', P .. ':lease:' .. ep, now + ttl, id)
+    redis.call('HSET', own, id, ep)
+  end
 end
+local ghosts = 0
+local entries = redis.call('HGETALL', own)
+for i = 1, #entries, 2 do
+  local id, ep = entries[i], entries[i + 1]
+  local seq = tonumber(string.match(id, ':(%d+)$'))
+  if not known[id] and seq and seq <= max_seq then
+    redis.call('ZREM', P .. ':queue', id)
+    redis.call('DEL', P .. ':waiter:' .. id, P .. ':granted:' .. id)
+    if ep ~= '' then redis.call('ZREM', P .. ':lease:' .. ep, id) end
+    redis.call('HDEL', own, id)
+    ghosts = ghosts + 1
+  end
+end
+if redis.call('EXISTS', own) == 1 then keep(own, ttl) end
+local out = {ghosts, 0}
 for _, ep in ipairs(redis.call('HKEYS', P .. ':slots')) do
   dispatch(ep, ttl)
+  out[#out + 1] = ep
+  out[#out + 1] = live(ep)
 end
-return 1
+out[2] = redis.call('ZCARD', P .. ':queue')
+return out
 """
 
 # ARGV: P, lease_ttl_ms, endpoint, healthy (0/1)
@@ -136,3 +195,19 @@ else
 end
 return 1
 """
+
+# Requests served, counted once per batch: a batch whose reply was lost is sent again with the
+# same number, and Redis skips it if it already counted it.
+# ARGV: P, lease_ttl_ms, owner, batch number, then endpoint, model, count triples
+USAGE = r"""
+local P = ARGV[1]
+local sent = P .. ':usage-sent:' .. ARGV[3]
+if tonumber(redis.call('GET', sent) or '0') >= tonumber(ARGV[4]) then return 0 end
+for i = 5, #ARGV, 3 do
+  redis.call('HINCRBY', P .. ':usage:' .. ARGV[i], ARGV[i + 1], ARGV[i + 2])
+end
+redis.call('SET', sent, ARGV[4], 'PX', 3600000)
+return 1
+"""
+
+NAMES = ("ACQUIRE", "RELEASE", "CANCEL", "SWEEP", "HEALTH", "USAGE")
