@@ -71,7 +71,7 @@ class Router:
         self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag),
                                self.serves)
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
-        self.usage = make_usage(self.events, config.usage_db, config.state)
+        self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
         self.upstream = Upstream()  # the one client of every upstream call but model management
         self.manage_session = ManageSession(config)  # aiohttp, made when first needed

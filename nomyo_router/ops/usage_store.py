@@ -202,14 +202,15 @@ class RedisUsage(Usage):
 
     SEP = "\x1f"
 
-    def __init__(self, events: Events, url: str, prefix: str = "nomyo") -> None:
+    def __init__(self, events: Events, url: str, prefix: str = "nomyo", timeout: float = 1.0) -> None:
         super().__init__(events)
-        self.url, self.prefix = url, prefix
+        self.url, self.prefix, self.timeout = url, prefix, timeout
         self._redis: Any = None
 
     async def _open(self) -> None:
         import redis.asyncio as aioredis
-        self._redis = aioredis.from_url(self.url, decode_responses=True, socket_timeout=5)
+        self._redis = aioredis.from_url(self.url, decode_responses=True, socket_timeout=self.timeout,
+                                          socket_connect_timeout=self.timeout)  # (a stalled Redis: a failed batch)
 
     async def _close(self) -> None:
         if self._redis is not None:
@@ -233,9 +234,9 @@ class RedisUsage(Usage):
         return sorted(out.items())
 
 
-def make_usage(events: Events, usage_db: str | None, state: str) -> Usage | None:
+def make_usage(events: Events, usage_db: str | None, state: str, redis_timeout: float = 1.0) -> Usage | None:
     if state.startswith(("redis://", "rediss://", "unix://")):
-        return RedisUsage(events, state)
+        return RedisUsage(events, state, timeout=redis_timeout)
     if usage_db:
         return SqliteUsage(events, usage_db)
     return None
