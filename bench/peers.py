@@ -37,28 +37,17 @@ import tempfile
 import time
 import venv
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import yaml
 
 import scaling
-from common import MockConfig, cpu_of, free_port, mock_process, rss_mb, _children, wait_http, wait_tcp, wrk
+from common import MockConfig, cpu_of, free_port, mock_process, rss_mb, _children, wait_tcp, wrk
+from spawn import PATH, MODEL, Peer, _nomyo_at, _served, _spawn, _stop, run_nomyo
 
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "nomyo-router", "peers")
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODEL = "llama3"
 TOKENS = 200  # the mock's answer length; non-stream requests ask for 8 of them
-PATH = "/v1/chat/completions"
-
-
-@dataclass
-class Peer:
-    name: str
-    url: str  # base URL; requests go to url + PATH (or `path`)
-    pid: int
-    path: str = PATH
-    restart: Callable[["Peer"], "Peer"] | None = None  # a fresh process, after runs that leave it broken
 
 
 def log(msg: str) -> None:
@@ -106,75 +95,6 @@ def vllm_router_binary(args: argparse.Namespace) -> str | None:
 
 
 # ---- running them (on core 0) -------------------------------------------------------------
-
-def _spawn(cmd: list[str], core: int | None, **kw) -> subprocess.Popen:
-    if core is not None:
-        cmd = ["taskset", "-c", str(core), *cmd]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, **kw)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    import signal
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
-def _served(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    """Wait until a chat request through `url` answers 200 (the peer found the mock's model)."""
-    import urllib.request
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}: "
-                               f"{proc.stderr.read().decode(errors='replace')[-2000:]}")
-        try:
-            req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} did not serve a chat request within {timeout:g}s")
-        time.sleep(0.2)
-
-
-@contextmanager
-def run_nomyo(mock: str, core: int | None, workers: int = 1, shared: bool = False) -> Iterator[Peer]:
-    """`shared`: one worker exactly as each of N (the shared store, multiprocess metrics)."""
-    fd, path = tempfile.mkstemp(suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump({"endpoints": [{"url": mock, "name": "mock", "max_concurrent": 4096}],
-                        "max_queue": 100_000, **({"state": "shared"} if shared else {})}, f)
-    port = free_port()
-    env = dict(os.environ)
-    if shared:
-        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="nomyo-metrics-")
-    proc = _spawn([sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
-                   "--workers", str(workers), "--log-level", "warning"], core, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", 30, proc)
-        _served(url + PATH, proc)
-        yield Peer("nomyo-router", url, proc.pid)
-    finally:
-        _stop(proc)
-        os.unlink(path)
-
-
-@contextmanager
-def _nomyo_at(mock: str, core: int | None, workers: int, shared: bool = False) -> Iterator[tuple[str, int]]:
-    with run_nomyo(mock, core, workers, shared) as peer:
-        yield peer.url, peer.pid
-
 
 @contextmanager
 def run_floor(mock: str, core: int | None) -> Iterator[Peer]:

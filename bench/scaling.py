@@ -140,7 +140,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     from common import MockConfig, mock_process
-    from peers import _nomyo_at
+    from spawn import _nomyo_at
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", default="1,2,4")

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import http as web
+from .generation import BadRequest, read_json
 from .text import content_text, count_tokens, output_tokens
 
 if TYPE_CHECKING:
@@ -34,9 +35,8 @@ class Extra:
         return _json({"cloud": {"disabled": True, "source": "env"}})
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        from .server import _read_json
         self.b.requests[request.path] += 1
-        body = await _read_json(request)
+        body = await read_json(request)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise _bad("model is required")
@@ -145,5 +145,4 @@ def _json(obj: Any) -> web.Response:
 
 
 def _bad(message: str) -> Exception:
-    from .server import BadRequest
     return BadRequest(400, message)

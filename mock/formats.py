@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .server import Generation
+    from .generation import Generation
 
 OLLAMA_VERSION = "0.12.6"
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from . import fidelity
+from . import http as web
 from .continuation import answer_offset
 from .text import chat_prompt
 
@@ -76,3 +79,15 @@ def _parse_generation(api: str, kind: str, body: dict) -> Generation:
         gen.offset = answer_offset(body.get("messages") or [])
     gen.extras = fidelity.parse(api, kind, body)
     return gen
+
+
+async def read_json(request: web.Request) -> dict:
+    """A request's JSON object, or a 400 the server answers in the route's shape."""
+    raw = await request.read()
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        raise BadRequest(400, "invalid JSON body")
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the JSON body must be an object")
+    return body

@@ -20,7 +20,7 @@ from . import http as web  # Request, Response, StreamResponse
 
 from . import fidelity, formats
 from .extra import Extra
-from .generation import BadRequest, Generation, _parse_generation
+from .generation import BadRequest, Generation, _parse_generation, read_json
 from .manage import BadInput, Manage
 from .capacity import QueueFull, Slots
 from .config import MockConfig
@@ -161,7 +161,7 @@ class MockBackend:
             for m in self.config.models]})
 
     async def show(self, request: web.Request) -> web.Response:
-        body = await _read_json(request)
+        body = await read_json(request)
         model = body.get("model") or body.get("name")
         if not isinstance(model, str) or not model:
             raise BadRequest(400, "model is required")
@@ -173,7 +173,7 @@ class MockBackend:
 
     async def config_route(self, request: web.Request) -> web.Response:
         if request.method == "POST":
-            changes = await _read_json(request)
+            changes = await read_json(request)
             try:
                 self.update(**changes)
             except (ValueError, TypeError) as e:
@@ -188,7 +188,7 @@ class MockBackend:
     async def stall_route(self, request: web.Request) -> web.Response:
         """Freeze the whole server for `ms` (a GC pause, a swapped-out process): every request
         in flight and every new one waits. The answer comes after the stall."""
-        body = await _read_json(request)
+        body = await read_json(request)
         ms = body.get("ms", 500)
         if not isinstance(ms, (int, float)) or isinstance(ms, bool) or not 0 <= ms <= 60_000:
             raise BadRequest(400, "ms must be a number between 0 and 60000")
@@ -210,7 +210,7 @@ class MockBackend:
         async def handler(request: web.Request) -> Reply:
             route = request.path
             self.requests[route] += 1
-            gen = _parse_generation(api, kind, await _read_json(request))
+            gen = _parse_generation(api, kind, await read_json(request))
             self._check_model(gen.model)
             return await self._serve(request, gen, route)
 
@@ -386,14 +386,3 @@ async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None
 
 def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status, json.dumps(obj).encode(), JSON)
-
-
-async def _read_json(request: web.Request) -> dict:
-    raw = await request.read()
-    try:
-        body = json.loads(raw) if raw else {}
-    except ValueError:
-        raise BadRequest(400, "invalid JSON body")
-    if not isinstance(body, dict):
-        raise BadRequest(400, "the JSON body must be an object")
-    return body

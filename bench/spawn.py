@@ -1,0 +1,102 @@
+"""Starting and stopping the routers the benchmarks compare, pinned to a core.
+
+Shared by bench/peers.py (every peer beside the others) and bench/scaling.py (nomyo-router
+with N workers); kept apart so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import yaml
+
+from common import free_port, wait_http
+
+MODEL = "llama3"
+PATH = "/v1/chat/completions"
+
+
+@dataclass
+class Peer:
+    name: str
+    url: str  # base URL; requests go to url + PATH (or `path`)
+    pid: int
+    path: str = PATH
+    restart: Callable[["Peer"], "Peer"] | None = None  # a fresh process, after runs that leave it broken
+
+
+def _spawn(cmd: list[str], core: int | None, **kw) -> subprocess.Popen:
+    if core is not None:
+        cmd = ["taskset", "-c", str(core), *cmd]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, **kw)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import signal
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _served(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Wait until a chat request through `url` answers 200 (the peer found the mock's model)."""
+    import urllib.request
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}: "
+                               f"{proc.stderr.read().decode(errors='replace')[-2000:]}")
+        try:
+            req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not serve a chat request within {timeout:g}s")
+        time.sleep(0.2)
+
+
+@contextmanager
+def run_nomyo(mock: str, core: int | None, workers: int = 1, shared: bool = False) -> Iterator[Peer]:
+    """`shared`: one worker exactly as each of N (the shared store, multiprocess metrics)."""
+    fd, path = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump({"endpoints": [{"url": mock, "name": "mock", "max_concurrent": 4096}],
+                        "max_queue": 100_000, **({"state": "shared"} if shared else {})}, f)
+    port = free_port()
+    env = dict(os.environ)
+    if shared:
+        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="nomyo-metrics-")
+    proc = _spawn([sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
+                   "--workers", str(workers), "--log-level", "warning"], core, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", 30, proc)
+        _served(url + PATH, proc)
+        yield Peer("nomyo-router", url, proc.pid)
+    finally:
+        _stop(proc)
+        os.unlink(path)
+
+
+@contextmanager
+def _nomyo_at(mock: str, core: int | None, workers: int, shared: bool = False) -> Iterator[tuple[str, int]]:
+    with run_nomyo(mock, core, workers, shared) as peer:
+        yield peer.url, peer.pid
