@@ -14,7 +14,7 @@ import shutil
 import signal
 import sys
 
-# Idle memory (issue 15): uvicorn imports watchfiles (and with it anyio and a Rust library)
+# Idle memory: uvicorn imports watchfiles (and with it anyio and a Rust library)
 # only to offer --reload, which the router never uses; hiding it makes uvicorn fall back to
 # its stat reloader and saves ~2 MB in the master and in every worker (workers import this
 # module again as their __mp_main__).
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level of the router and uvicorn")
     p.add_argument("--check", action="store_true", help="validate the config and exit")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     args = p.parse_args(argv)
     try:
         config = load_config(args.config)
@@ -102,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     if shared_files or own_metrics:
         leftovers.remove_own(private.state_dir())
     return 0
+
+
+def _version() -> str:
+    """The installed distribution's version (pip/pipx install, or `pip install -e .`)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("nomyo-router")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 class Supervisor(Multiprocess):
