@@ -1,0 +1,35 @@
+# nomyo-router in a container: a non-root user, the config mounted at
+# /etc/nomyo-router/config.yaml, port 12434. See docs/deployment.md.
+#   docker build -t nomyo-router .
+#   docker run -p 12434:12434 -v "$PWD/examples/ollama-hosts.yaml:/etc/nomyo-router/config.yaml:ro" nomyo-router
+
+# Build the wheels, the optional compiled relay included (it needs a C compiler).
+FROM python:3.11-slim AS build
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY nomyo_router ./nomyo_router
+COPY loadtest ./loadtest
+COPY mock ./mock
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index /wheels/*.whl \
+ && rm -rf /wheels \
+ && useradd --system --uid 10001 --home-dir /var/lib/nomyo-router --create-home --shell /usr/sbin/nologin nomyo \
+ && mkdir -p /etc/nomyo-router
+# the usage database (usage_db: ./nomyo-usage.db) is written here; mount a volume to keep it
+WORKDIR /var/lib/nomyo-router
+USER 10001
+EXPOSE 12434
+# /health: 200 while at least one backend is healthy, else 503 (no key needed)
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:12434/health', timeout=2)"]
+ENTRYPOINT ["nomyo-router"]
+CMD ["--config", "/etc/nomyo-router/config.yaml", "--host", "0.0.0.0"]
