@@ -1,384 +1,324 @@
-"""The router's configuration: one validated, immutable structure, loaded once at start.
+"""The router's configuration: every key declared once, here, loaded once at start.
 
-Both the documented form and NOMYO's original form (a plain list of URLs in
-`endpoints`, an `api_keys` map keyed by URL) are accepted. Every error names the
-key, the value and what is expected, and stops start-up.
+Each key is a field of a msgspec Struct with its type, default, bounds and one line of
+documentation; msgspec checks types and bounds, docs/configuration.md is generated from the
+same declaration (`python -m nomyo_router.config_doc`), so the code, the checks and the
+reference cannot drift apart. What msgspec cannot say (URL shapes, key strength, one key one
+holder, unique names) is checked explicitly below and in `config_checks.py`.
+
+Both the documented form and NOMYO's original form (a plain list of URLs in `endpoints`, an
+`api_keys` map keyed by URL) are accepted. Every error names the key, the value (never a
+secret's) and what is expected, and stops start-up.
 """
 
-from __future__ import annotations
+import typing
+from typing import Annotated, Any, Iterator, Literal
 
-import hashlib
-import os
-import re
-from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
-
+import msgspec
 import yaml
+from msgspec import Meta
+
+from .config_checks import (ConfigError, a_type, accepted_keys, check_key, check_url, default_name, defaults,
+                            digest_of, expand_env, explain, one_holder_per_key, redact_url, refuse_unknown,
+                            specs, split_userinfo)
+
+__all__ = ["CONFIG_ENV", "ENDPOINT_TYPES", "ROUTING_POLICIES", "ClientKey", "ConfigError", "EndpointConfig",
+           "RouterConfig", "digest_of", "expand_env", "load_config", "parse_config", "redact_url",
+           "split_userinfo"]
 
 CONFIG_ENV = "NOMYO_ROUTER_CONFIG"  # the config path, handed from `nomyo-router` to its workers
-ENDPOINT_TYPES = ("ollama", "openai")
-ROUTING_POLICIES = ("cache_aware", "least_busy", "sglang")  # routing/policies POLICIES
-_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+EndpointType = Literal["ollama", "openai"]
+Routing = Literal["cache_aware", "least_busy", "sglang"]  # routing/policies POLICIES
+ENDPOINT_TYPES: tuple[str, ...] = typing.get_args(EndpointType)
+ROUTING_POLICIES: tuple[str, ...] = typing.get_args(Routing)
 
 
-class ConfigError(ValueError):
-    """A bad configuration; the message names the key and the fix."""
+def doc(text: str, group: str = "", **extra: Any) -> Meta:
+    """One key's documentation, read by the error messages and by config_doc. `extra` may say
+    `expected` (valid values in words, when the type alone does not), `unit`, `default` and
+    `type` (in words, for the reference, when the declaration's own would mislead), `secret`
+    (never printed) or `derived` (set by the router from other keys, not a key of the file)."""
+    if group:
+        extra["group"] = group
+    return Meta(description=text, extra=extra or None)
 
 
-@dataclass(frozen=True)
-class EndpointConfig:
-    url: str
-    name: str
-    type: str | None = None  # None: detected at start
-    max_concurrent: int = 2
-    api_key: str | None = None
-    models: tuple[str, ...] | None = None  # None: discovered
-    kv_cache_tokens: int = 131072  # its KV cache size, bounding the router's prefix index
-    kv_events: str | None = None  # vLLM KV-event publisher (zmq tcp://host:port): precise mode
-    # "user:password" taken out of the url (http://user:pass@host): sent as Authorization: Basic
-    basic_auth: str | None = field(default=None, repr=False)
+# value shapes shared by many keys; their bounds are part of each key's declaration
+Slots = Annotated[int, Meta(ge=1)]
+Count = Annotated[int, Meta(ge=0)]
+Seconds = Annotated[float, Meta(gt=0, extra={"unit": "seconds"})]
+SecondsOrOff = Annotated[float, Meta(ge=0, extra={"unit": "seconds"})]
+Millis = Annotated[float, Meta(ge=0, extra={"unit": "ms"})]
+Bytes = Annotated[int, Meta(ge=1024, extra={"unit": "bytes"})]
+Name = Annotated[str, Meta(min_length=1)]
+Names = Annotated[tuple[Name, ...], Meta(min_length=1)]
+Key = Annotated[str, Meta(extra={"secret": True,
+                                 "expected": "a key of 8 or more characters, or sha256:<64 hex digits>"})]
+Secret = Key | None
 
-    def __repr__(self) -> str:  # never print credentials
-        return f"EndpointConfig(name={self.name!r}, url={self.url!r}, type={self.type!r})"
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    endpoints: tuple[EndpointConfig, ...]
-    max_concurrent_connections: int = 2
-    max_queue: int = 1024
-    queue_timeout: float = 300.0
-    connect_timeout: float = 5.0
-    first_byte_timeout: float = 300.0
-    stream_idle_timeout: float = 120.0
-    model_refresh_interval: float = 30.0
-    health_interval: float = 2.0
-    health_timeout: float = 2.0
-    max_body_bytes: int = 16 * 1024 * 1024
-    max_attempts: int = 3
-    retry_after: int = 1
-    access_log: bool = False
-    log_format: str = "text"  # text | json (the router's access lines)
-    state: str = "auto"  # auto | memory | shared | redis://...
-    lease_ttl: float = 30.0  # Redis: a dead instance's slots come back after this
-    conversation_affinity: bool = True
-    session_header: str = "X-Session-ID"
-    affinity_ttl: float = 600.0
-    affinity_max_pins: int = 100_000
-    affinity_wait_ms: float = 2000.0
-    routing: str = "cache_aware"  # cache_aware | least_busy | sglang
-    eject_after: int = 3  # consecutive backend failures that eject an endpoint
-    eject_backoff: float = 1.0  # first ejection's length; doubles while it keeps failing
-    eject_backoff_max: float = 30.0
-    probe_interval_down: float = 0.25  # probe period for ejected or unreachable endpoints
-    retry_budget: float = 0.2  # retries / requests over a 10 s window (at least 10 retries)
-    first_byte_floor: float = 10.0  # the learned first-byte deadline is never shorter
-    first_byte_factor: float = 4.0  # deadline = factor x what the endpoint has shown
-    router_api_key: str | None = field(default=None, repr=False)  # one client key (NOMYO's name)
-    # (name, key, models or None, max_concurrent or None)
-    client_keys: tuple[tuple[str, str, tuple[str, ...] | None, int | None], ...] = field(default=(), repr=False)
-    allowed_origins: tuple[str, ...] = ()  # browser origins beyond localhost/app schemes
-    max_connections: int = 0  # concurrent connections before uvicorn answers 503; 0: no limit
-    max_header_bytes: int = 64 * 1024  # a larger request head: 431, connection closed
-    header_timeout: float = 10.0  # seconds to send a request head
-    body_idle_timeout: float = 30.0  # seconds a request body may idle between two pieces
-    resume_streams: bool = True  # continue a stream cut mid-way on another endpoint
-    native_relay: bool = True  # streams relayed by the compiled pump (upstream/native.py) when built
-    shutdown_grace: float = 30.0  # SIGTERM: seconds in-flight streams may take to finish
-    manage_concurrency: int = 2  # model management calls (pull, create, ...) at once per process
-    overload_lag_ms: float = 1000.0  # loop lag beyond which new requests get 503 router_overloaded; 0: off
-    usage_db: str | None = "./nomyo-usage.db"  # SQLite token accounting; None: off (Redis state: in Redis)
-    admin_key: str | None = field(default=None, repr=False)  # POST /admin/reload, everyone's /api/usage
-    metrics_key: str | None = field(default=None, repr=False)  # /metrics and the dashboard's data (Prometheus)
-    max_record_bytes: int = 8 * 1024 * 1024  # the longest stream record (NDJSON line, SSE event) relayed
-    max_response_bytes: int = 64 * 1024 * 1024  # the largest whole answer the router holds (translation, usage)
-    redis_timeout: float = 1.0  # deadline of every Redis call; a stalled Redis counts as a dead one
-    gc_full_interval: float = 60.0  # seconds between full GC passes while the router runs; 0: CPython's own
+BACKENDS, QUEUE, TIMEOUTS, FAILURES = "Backends", "Queueing and limits", "Timeouts", "Failures and retries"
+ROUTING, ACCESS, CONNECTIONS = "Routing and conversation affinity", "Access: keys and origins", "Connections"
+STATE, OBSERVE, PROCESS = "State: workers and instances", "Logs and accounting", "Process"
 
 
-# key -> (python type(s), check, what is expected)
-_POSITIVE_INT = (int, lambda v: v >= 1, "an integer >= 1")
-_NON_NEG_INT = (int, lambda v: v >= 0, "an integer >= 0")
-_POSITIVE_NUM = ((int, float), lambda v: v > 0, "a number > 0 (seconds)")
-_NON_NEG_NUM = ((int, float), lambda v: v >= 0, "a number >= 0")
-_BOOL = (bool, lambda v: True, "true or false")
-_SCALARS: dict[str, tuple[Any, Any, str]] = {
-    "max_concurrent_connections": _POSITIVE_INT,
-    "max_queue": _NON_NEG_INT,
-    "queue_timeout": _POSITIVE_NUM,
-    "connect_timeout": _POSITIVE_NUM,
-    "first_byte_timeout": _POSITIVE_NUM,
-    "stream_idle_timeout": _POSITIVE_NUM,
-    "model_refresh_interval": _POSITIVE_NUM,
-    "health_interval": _POSITIVE_NUM,
-    "health_timeout": _POSITIVE_NUM,
-    "max_body_bytes": _POSITIVE_INT,
-    "max_attempts": _POSITIVE_INT,
-    "retry_after": _NON_NEG_INT,
-    "access_log": _BOOL,
-    "log_format": (str, lambda v: v in ("text", "json"), "'text' or 'json'"),
-    "state": (str, lambda v: v in ("auto", "memory", "shared") or v.startswith(("redis://", "rediss://", "unix://")),
-              "'auto', 'memory', 'shared' or a redis:// URL"),
-    "lease_ttl": _POSITIVE_NUM,
-    "conversation_affinity": _BOOL,
-    "session_header": (str, lambda v: bool(v.strip()), "a header name"),
-    "affinity_ttl": _POSITIVE_NUM,
-    "affinity_max_pins": _POSITIVE_INT,
-    "affinity_wait_ms": _NON_NEG_NUM,
-    "eject_after": _POSITIVE_INT,
-    "eject_backoff": _POSITIVE_NUM,
-    "eject_backoff_max": _POSITIVE_NUM,
-    "probe_interval_down": _POSITIVE_NUM,
-    "retry_budget": ((int, float), lambda v: 0 <= v <= 1, "a share of requests between 0 and 1"),
-    "first_byte_floor": _POSITIVE_NUM,
-    "first_byte_factor": ((int, float), lambda v: v >= 1, "a number >= 1"),
-    "overload_lag_ms": _NON_NEG_NUM,
-    "gc_full_interval": _NON_NEG_NUM,
-    "manage_concurrency": _POSITIVE_INT,
-    "resume_streams": _BOOL,
-    "native_relay": _BOOL,
-    "max_connections": _NON_NEG_INT,
-    "max_header_bytes": ((int,), lambda v: v >= 1024, "an integer >= 1024 (bytes)"),
-    "header_timeout": _POSITIVE_NUM,
-    "body_idle_timeout": _POSITIVE_NUM,
-    "shutdown_grace": _NON_NEG_NUM,
-    "routing": (str, lambda v: v in ROUTING_POLICIES, f"one of {', '.join(ROUTING_POLICIES)}"),
-    "max_record_bytes": ((int,), lambda v: v >= 1024, "an integer >= 1024 (bytes)"),
-    "max_response_bytes": ((int,), lambda v: v >= 1024, "an integer >= 1024 (bytes)"),
-    "redis_timeout": _POSITIVE_NUM,
+class _Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The config structs' base: printed with every field but its secrets, which show only
+    whether they are set ('***'), so a config in a log line or a traceback leaks no key."""
+
+    def __rich_repr__(self) -> Iterator[tuple[str, Any]]:
+        for name, spec in specs(type(self)).items():
+            value = getattr(self, name)
+            yield name, ("***" if value is not None else None) if spec.secret else value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__rich_repr__())})"
+
+
+class EndpointConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One backend: an entry of `endpoints`, a URL or a mapping with these keys."""
+
+    url: Annotated[str, doc(
+        "the backend's base URL (a trailing /v1 is dropped); user:password@ in it is sent as "
+        "Authorization: Basic, never in Host or a log line (percent-encode @ and : inside them)",
+        expected="an http:// or https:// URL such as http://127.0.0.1:11434")]
+    name: Annotated[Name, doc("the endpoint's name in routing, /health, logs and metrics; unique",
+                              default="host:port of url")]
+    type: Annotated[EndpointType | None, doc(
+        "its API; when omitted, detected at start (/api/version answers: ollama, else /v1/models: openai)",
+        expected="one of 'ollama', 'openai' (or omit it to detect)", default="detected")] = None
+    max_concurrent: Annotated[Slots, doc("requests it serves at once (its slots); more wait in the queue",
+                                         default="max_concurrent_connections")] = 2
+    api_key: Annotated[str | None, doc("the backend's API key, sent as a bearer token; ${ENV} expanded; "
+                                       "not together with credentials in url", secret=True)] = None
+    models: Annotated[Names | None, doc("the models it serves, given instead of discovered",
+                                        expected="a non-empty list of model names", default="discovered")] = None
+    kv_cache_tokens: Annotated[Count, doc(
+        "its KV cache size in tokens: bounds what the router's prefix index believes it holds")] = 131072
+    kv_events: Annotated[Annotated[str, Meta(pattern=r"^(tcp|ipc)://")] | None, doc(
+        "vLLM's KV-event publisher (vLLM --kv-events-config): precise cache-aware routing",
+        expected="vLLM's KV-event publisher address such as tcp://127.0.0.1:5557")] = None
+    basic_auth: Annotated[str | None, doc("user:password taken out of url", secret=True, derived=True)] = None
+
+
+class ClientKey(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One client: an entry of `client_keys`."""
+
+    name: Annotated[Name, doc("the client, in usage, logs and metrics; unique; not default, admin or metrics")]
+    key: Annotated[Key, doc("its key: sent as Authorization: Bearer KEY or x-api-key: KEY; ${ENV} "
+                               "expanded; sha256:<hex> stores only its hash")]
+    models: Annotated[tuple[Name, ...] | None, doc("the models it may use (403 for others)",
+                                                   expected="a list of model names", default="all")] = None
+    max_concurrent: Annotated[Slots | None, doc(
+        "its requests holding or waiting for a slot; more wait aside, so others are not queued behind it",
+        default="no cap")] = None
+
+
+class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The whole configuration. Field order is the reference's order."""
+
+    endpoints: Annotated[tuple[EndpointConfig, ...], doc(
+        "the backends: URLs, or mappings with url and the keys below", BACKENDS,
+        expected="a non-empty list of URLs or mappings with 'url'", type="list of URLs or mappings")]
+    max_concurrent_connections: Annotated[Slots, doc("slots of an endpoint that sets no max_concurrent",
+                                                     BACKENDS)] = 2
+    model_refresh_interval: Annotated[Seconds, doc(
+        "time between model discoveries (/api/tags + /api/ps, or /v1/models); a failed one keeps the list",
+        BACKENDS)] = 30.0
+    max_queue: Annotated[Count, doc("requests waiting for a slot; beyond: 503 + Retry-After", QUEUE)] = 1024
+    queue_timeout: Annotated[Seconds, doc("how long a request may wait for a slot; then 503 + Retry-After",
+                                          QUEUE)] = 300.0
+    retry_after: Annotated[Count, doc("seconds in Retry-After on 503", QUEUE)] = 1
+    max_body_bytes: Annotated[Slots, doc(
+        "the largest request body read into memory (413 beyond); blob uploads stream through", QUEUE,
+        unit="bytes")] = 16 * 1024 * 1024
+    max_record_bytes: Annotated[Bytes, doc(
+        "the longest stream record (NDJSON line, SSE event) relayed; longer: the stream ends with an "
+        "error record and counts as the backend's failure", QUEUE)] = 8 * 1024 * 1024
+    max_response_bytes: Annotated[Bytes, doc(
+        "the largest whole answer the router holds (to translate it, count usage); larger: 502 "
+        "response_too_large", QUEUE)] = 64 * 1024 * 1024
+    manage_concurrency: Annotated[Slots, doc(
+        "model management calls (pull, create, copy, delete, ...) at once per process; more wait",
+        QUEUE)] = 2
+    overload_lag_ms: Annotated[Millis, doc(
+        "event-loop lag beyond which new requests get 503 router_overloaded; 0: off", QUEUE)] = 1000.0
+    connect_timeout: Annotated[Seconds, doc("how long connecting to a backend may take", TIMEOUTS)] = 5.0
+    first_byte_timeout: Annotated[Seconds, doc(
+        "cap on the wait for a whole answer or a stream's first chunk (the learned deadline is "
+        "usually shorter)", TIMEOUTS)] = 300.0
+    first_byte_floor: Annotated[Seconds, doc("the learned first-byte deadline is never shorter",
+                                             TIMEOUTS)] = 10.0
+    first_byte_factor: Annotated[Annotated[float, Meta(ge=1)], doc(
+        "learned deadline = max(floor, factor x what the endpoint has shown), capped by first_byte_timeout",
+        TIMEOUTS)] = 4.0
+    stream_idle_timeout: Annotated[Seconds, doc("the longest silence between two chunks of a stream", TIMEOUTS)] = 120.0
+    max_attempts: Annotated[Slots, doc(
+        "attempts per request across endpoints (retried only before any byte went out)", FAILURES)] = 3
+    retry_budget: Annotated[Annotated[float, Meta(ge=0, le=1)], doc(
+        "retries as a share of requests over a 10 s window (at least 10 retries)", FAILURES)] = 0.2
+    resume_streams: Annotated[bool, doc("continue a stream cut mid-way on another endpoint", FAILURES)] = True
+    eject_after: Annotated[Slots, doc("consecutive backend failures that eject an endpoint", FAILURES)] = 3
+    eject_backoff: Annotated[Seconds, doc("the first ejection's length; doubles while it keeps failing",
+                                          FAILURES)] = 1.0
+    eject_backoff_max: Annotated[Seconds, doc("the longest ejection", FAILURES)] = 30.0
+    health_interval: Annotated[Seconds, doc("time between probes of every endpoint", FAILURES)] = 2.0
+    health_timeout: Annotated[Seconds, doc("how long a probe may take", FAILURES)] = 2.0
+    probe_interval_down: Annotated[Seconds, doc("time between probes of ejected or unreachable endpoints",
+                                                FAILURES)] = 0.25
+    routing: Annotated[Routing, doc(
+        "the policy: cache_aware (shared prefixes go where they are cached), least_busy (lowest "
+        "in-flight/slots), sglang (SGLang router's thresholds, for comparison)", ROUTING)] = "cache_aware"
+    conversation_affinity: Annotated[bool, doc("keep a conversation on the endpoint that holds its cache",
+                                               ROUTING)] = True
+    session_header: Annotated[str, Meta(pattern=r"\S"), doc(
+        "the request header naming a conversation", ROUTING, expected="a header name")] = "X-Session-ID"
+    affinity_ttl: Annotated[Seconds, doc("a conversation's pin lasts this long after its last request",
+                                         ROUTING)] = 600.0
+    affinity_max_pins: Annotated[Slots, doc("pins kept at most (the oldest go first)", ROUTING)] = 100_000
+    affinity_wait_ms: Annotated[Millis, doc("how long a pinned request may wait for its endpoint before going "
+                                            "elsewhere", ROUTING)] = 2000.0
+    router_api_key: Annotated[Secret, doc(
+        "one client key (NOMYO's name); every route but / and /health then needs it; ${ENV} expanded; "
+        "sha256:<hex> stores only its hash", ACCESS)] = None
+    client_keys: Annotated[tuple[ClientKey, ...], doc(
+        "named keys for several clients, with the keys below; each key has one holder", ACCESS,
+        expected="a list of {name, key, models?, max_concurrent?} mappings")] = ()
+    admin_key: Annotated[Secret, doc("the key for POST /admin/reload and everyone's /api/usage", ACCESS)] = None
+    metrics_key: Annotated[Secret, doc("the operator's key for /metrics and the dashboard's data", ACCESS)] = None
+    allowed_origins: Annotated[tuple[Name, ...], doc(
+        "browser origins allowed besides localhost and app schemes; wildcards: https://*.example.com",
+        ACCESS, expected="a list of origins such as https://chat.example.com "
+        "(wildcards allowed: https://*.example.com)")] = ()
+    max_connections: Annotated[Count, doc("concurrent connections before the router answers 503; 0: no limit",
+                                          CONNECTIONS)] = 0
+    max_header_bytes: Annotated[Bytes, doc("a larger request head gets 431, the connection closed",
+                                           CONNECTIONS)] = 64 * 1024
+    header_timeout: Annotated[Seconds, doc("how long a request head may take; then 408, the connection closed",
+                                           CONNECTIONS)] = 10.0
+    body_idle_timeout: Annotated[Seconds, doc("how long a request body may idle between two pieces; then it is cut",
+                                              CONNECTIONS)] = 30.0
+    state: Annotated[str, Meta(pattern=r"^(auto|memory|shared)\Z|^(redis|rediss|unix)://"), doc(
+        "where slots, the queue, pins and health live: auto, memory, shared (workers) or redis://... "
+        "(instances)", STATE, expected="'auto', 'memory', 'shared' or a redis:// URL")] = "auto"
+    lease_ttl: Annotated[Seconds, doc("Redis: a dead instance's slots come back after this", STATE)] = 30.0
+    redis_timeout: Annotated[Seconds, doc("Redis: every call's deadline; a stalled Redis counts as a dead one",
+                                          STATE)] = 1.0
+    access_log: Annotated[bool, doc("one access line per request on the nomyo_router.access logger (never "
+                                    "prompt text)", OBSERVE)] = False
+    log_format: Annotated[Literal["text", "json"], doc("the access lines: key=value text or one JSON object",
+                                                       OBSERVE)] = "text"
+    usage_db: Annotated[Annotated[str, Meta(pattern=r"\S")] | None, doc(
+        "SQLite file for token accounting (GET /api/usage); null: off; with Redis state, in Redis", OBSERVE,
+        expected="a file path (e.g. ./nomyo-usage.db) or null to turn token accounting off")] = "./nomyo-usage.db"
+    native_relay: Annotated[bool, doc("relay streams through the compiled pump when it is built; read at start",
+                                      PROCESS)] = True
+    shutdown_grace: Annotated[SecondsOrOff, doc("how long in-flight streams may take to finish after SIGTERM",
+                                                PROCESS)] = 30.0
+    gc_full_interval: Annotated[SecondsOrOff, doc(
+        "time between full garbage-collector passes while the router runs (doubling while they find little); "
+        "0: CPython's own", PROCESS)] = 60.0
+
+
+# Keys read from the file but not kept: NOMYO's original form, folded into each endpoint.
+INPUT_ONLY: dict[str, tuple[str, str, str]] = {  # key: (group, type, meaning)
+    "api_keys": (BACKENDS, "mapping of endpoint URL to key",
+                 "NOMYO's form: each endpoint's api_key by its URL; ${ENV} expanded"),
 }
-_ENDPOINT_KEYS = {"url", "name", "type", "max_concurrent", "api_key", "models", "kv_cache_tokens",
-                  "kv_events"}
-_TOP_KEYS = set(_SCALARS) | {"endpoints", "api_keys", "router_api_key", "client_keys", "allowed_origins",
-                             "usage_db", "admin_key", "metrics_key"}
+_RESERVED = {"default", "admin", "metrics"}  # the client names of router_api_key, admin_key, metrics_key
+_KEY_SETTINGS = ("router_api_key", "admin_key", "metrics_key")
 
 
-def expand_env(value: str, where: str) -> str:
-    def sub(m: re.Match) -> str:
-        name, default = m.group(1), m.group(2)
-        if name in os.environ:
-            return os.environ[name]
-        if default is not None:
-            return default
-        raise ConfigError(f"{where}: environment variable ${{{name}}} is not set; "
-                          f"export it or write ${{{name}:-default}}")
-    return _ENV_RE.sub(sub, value)
-
-
-def _check(key: str, value: Any, spec: tuple[Any, Any, str]) -> Any:
-    typ, ok, expected = spec
-    if isinstance(value, bool) and typ is not bool:
-        ok_type = False
-    else:
-        ok_type = isinstance(value, typ)
-    if not ok_type or not ok(value):
-        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
-    return float(value) if typ == (int, float) else value
-
-
-def _check_url(key: str, url: Any) -> str:
-    if not isinstance(url, str):
-        raise ConfigError(f"{key}: expected a URL such as http://127.0.0.1:11434, got {type(url).__name__}")
-    shown = redact_url(url.strip())
-    try:
-        parts = urlsplit(url.strip())
-        parts.port
-    except ValueError:
-        raise ConfigError(f"{key}: the port in {shown!r} is not a number") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {shown!r}")
-    return url.strip().rstrip("/")
-
-
-def redact_url(url: str) -> str:
-    """The url as it may be printed: `user:pass@` becomes `***@`."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "***@" + url.rpartition("@")[2] if "@" in url else url
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return f"{scheme}://{authority}{slash}{path}"
-
-
-def _default_name(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
-
-
-def _endpoint(i: int, raw: Any, default_slots: int, api_keys: dict[str, str]) -> EndpointConfig:
+def _endpoint(i: int, raw: Any, default_slots: int, api_keys: dict[str, Any]) -> dict[str, Any]:
+    """One entry of `endpoints`, in either form, as the mapping EndpointConfig is made from:
+    the url checked and split from its credentials, the defaults taken from the rest."""
     key = f"endpoints[{i}]"
     if isinstance(raw, str):
         raw = {"url": raw}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{key}: expected a URL or a mapping with 'url', got {raw!r}")
-    unknown = set(raw) - _ENDPOINT_KEYS
-    if unknown:
-        raise ConfigError(f"{key}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENDPOINT_KEYS)}")
+        raise ConfigError(f"{key}: expected a URL or a mapping with 'url', got {a_type(raw)}")
+    refuse_unknown(f"{key}.", raw, accepted_keys(EndpointConfig))
     if "url" not in raw:
         raise ConfigError(f"{key}: 'url' is required")
-    url = _check_url(f"{key}.url", raw["url"])
-    url, basic_auth = split_userinfo(url)
+    url, basic_auth = split_userinfo(check_url(f"{key}.url", raw["url"]))
     if basic_auth is not None and raw.get("api_key"):
         raise ConfigError(f"{key}: the url carries credentials (user:pass@) and api_key is set too; "
                           f"keep one: remove the credentials from the url or drop api_key")
-    # `/v1` is where OpenAI routes live; keep the base URL without it.
-    if url.endswith("/v1"):
+    if url.endswith("/v1"):  # where OpenAI routes live; keep the base URL without it
         url = url[:-3]
-    name = raw.get("name", _default_name(url))
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{key}.name: expected a non-empty string, got {name!r}")
-    typ = raw.get("type")
-    if typ is not None and typ not in ENDPOINT_TYPES:
-        raise ConfigError(f"{key}.type: expected one of {ENDPOINT_TYPES} (or omit it to detect), got {typ!r}")
-    slots = _check(f"{key}.max_concurrent", raw.get("max_concurrent", default_slots), _POSITIVE_INT)
     api_key = raw.get("api_key", api_keys.get(url) or api_keys.get(url + "/v1") or api_keys.get(str(raw["url"])))
     if api_key is not None:
         if not isinstance(api_key, str):
-            raise ConfigError(f"{key}.api_key: expected a string, got a {type(api_key).__name__}")
+            raise ConfigError(f"{key}.api_key: expected a string, got {a_type(api_key)}")
         api_key = expand_env(api_key, f"{key}.api_key") or None
-    models = raw.get("models")
-    if models is not None:
-        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
-            raise ConfigError(f"{key}.models: expected a non-empty list of model names, got {models!r}")
-        models = tuple(models)
-    kv_tokens = _check(f"{key}.kv_cache_tokens", raw.get("kv_cache_tokens", 131072), _NON_NEG_INT)
-    kv_events = raw.get("kv_events")
-    if kv_events is not None and not (isinstance(kv_events, str) and kv_events.startswith(("tcp://", "ipc://"))):
-        raise ConfigError(f"{key}.kv_events: expected vLLM's KV-event publisher address such as "
-                          f"tcp://127.0.0.1:5557, got {kv_events!r}")
-    return EndpointConfig(url=url, name=name.strip(), type=typ, max_concurrent=slots, api_key=api_key,
-                          models=models, kv_cache_tokens=kv_tokens, kv_events=kv_events, basic_auth=basic_auth)
+    name = raw.get("name", default_name(url))
+    return {**raw, "url": url, "name": name.strip() if isinstance(name, str) else name, "api_key": api_key,
+            "max_concurrent": raw.get("max_concurrent", default_slots), "basic_auth": basic_auth}
 
 
-def split_userinfo(url: str) -> tuple[str, str | None]:
-    """(the url without `user:pass@`, "user:pass" percent-decoded or None). Credentials in a
-    url must never reach the Host header, a log line or an error message: they are sent as
-    `Authorization: Basic` instead (what curl and browsers do with them)."""
-    parts = urlsplit(url)
-    if parts.username is None and "@" not in parts.netloc:
-        return url, None
-    host = parts.netloc.rpartition("@")[2]
-    user, password = unquote(parts.username or ""), unquote(parts.password or "")
-    return urlunsplit(parts._replace(netloc=host)), f"{user}:{password}"
+def _client_keys(raw: Any) -> list[dict[str, Any]]:
+    """`client_keys` as the mappings ClientKey is made from, each key checked and expanded."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"client_keys: expected a list of {{name, key, models?, max_concurrent?}} mappings, "
+                          f"got {a_type(raw)}")
+    keys = []
+    for i, entry in enumerate(raw):
+        where = f"client_keys[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping with 'name', 'key' and optional 'models', "
+                              f"'max_concurrent', got {a_type(entry)}")
+        refuse_unknown(f"{where}.", entry, accepted_keys(ClientKey))
+        name, models = entry.get("name"), entry.get("models")
+        keys.append({**entry, "name": name.strip() if isinstance(name, str) else name,
+                     "key": check_key(f"{where}.key", entry.get("key")),
+                     "models": None if models == [] else models})
+    return keys
 
 
 def parse_config(data: Any, source: str = "config") -> RouterConfig:
+    """The configuration from a file's parsed YAML; raises ConfigError naming the key."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level with an 'endpoints' list")
-    unknown = set(data) - _TOP_KEYS
-    if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
-    values: dict[str, Any] = {}
-    for key, spec in _SCALARS.items():
-        if key in data and data[key] is not None:
-            values[key] = _check(key, data[key], spec)
+    refuse_unknown("", data, [*accepted_keys(RouterConfig), *INPUT_ONLY], listed=False)
+    fields = specs(RouterConfig)
+    # a key given as null takes its default, unless null means something (usage_db: null is off)
+    values = {k: v for k, v in data.items() if k in fields and (v is not None or fields[k].optional)}
     api_keys = data.get("api_keys") or {}
     if not isinstance(api_keys, dict):
-        raise ConfigError("api_keys: expected a mapping of endpoint URL to key")
+        raise ConfigError(f"api_keys: expected a mapping of endpoint URL to key, got {a_type(api_keys)}")
     api_keys = {str(k).rstrip("/"): v for k, v in api_keys.items()}
     raw_eps = data.get("endpoints")
     if not isinstance(raw_eps, list) or not raw_eps:
         raise ConfigError("endpoints: expected a non-empty list of URLs or mappings with 'url'")
-    default_slots = values.get("max_concurrent_connections", 2)
-    endpoints = tuple(_endpoint(i, raw, default_slots, api_keys) for i, raw in enumerate(raw_eps))
-    names = [e.name for e in endpoints]
+    slots = values.get("max_concurrent_connections")
+    if type(slots) is not int or slots < 1:  # (a bad one is reported as itself, below)
+        slots = defaults(RouterConfig)["max_concurrent_connections"]
+    values["endpoints"] = [_endpoint(i, raw, slots, api_keys) for i, raw in enumerate(raw_eps)]
+    for setting in _KEY_SETTINGS:
+        if values.get(setting) is not None:
+            values[setting] = check_key(setting, values[setting])
+    if "client_keys" in values:
+        values["client_keys"] = _client_keys(values["client_keys"])
+    try:
+        config = msgspec.convert(values, RouterConfig, strict=True)
+    except msgspec.ValidationError as e:
+        raise explain(e, RouterConfig, values) from None
+    names = [e.name for e in config.endpoints]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"endpoints: names must be unique; give each a 'name' ({dupes} repeat)")
-    values.update(_access(data))
-    return RouterConfig(endpoints=endpoints, **values)
-
-
-def digest_of(key: str) -> bytes:
-    """The stored form of a key from the config: `sha256:<hex>` as given, else hashed."""
-    if key.startswith("sha256:"):
-        return bytes.fromhex(key[7:])
-    return hashlib.sha256(key.encode()).digest()
-
-
-def _key(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        shown = "an empty string" if isinstance(value, str) else f"a {type(value).__name__}"  # (never the value)
-        raise ConfigError(f"{where}: expected a non-empty key (or sha256:<64 hex digits>), got {shown}")
-    value = expand_env(value.strip(), where)
-    if value.startswith("sha256:"):
-        digest = value[7:]
-        if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
-            raise ConfigError(f"{where}: a hashed key is sha256: followed by 64 hex digits")
-    elif len(value) < 8:
-        raise ConfigError(f"{where}: a key of {len(value)} characters is too easy to guess; use at least 8 (16 or more recommended)")
-    return value
-
-
-def _access(data: dict[str, Any]) -> dict[str, Any]:
-    """router_api_key, client_keys and allowed_origins, validated."""
-    out: dict[str, Any] = {}
-    if data.get("router_api_key") is not None:
-        out["router_api_key"] = _key("router_api_key", data["router_api_key"])
-    if data.get("admin_key") is not None:
-        out["admin_key"] = _key("admin_key", data["admin_key"])
-    if data.get("metrics_key") is not None:
-        out["metrics_key"] = _key("metrics_key", data["metrics_key"])
-    if "usage_db" in data:
-        db = data["usage_db"]
-        if db is not None and (not isinstance(db, str) or not db.strip()):
-            raise ConfigError(f"usage_db: expected a file path (e.g. ./nomyo-usage.db) or null to turn "
-                              f"token accounting off, got {db!r}")
-        out["usage_db"] = db
-    raw = data.get("client_keys")
-    if raw is not None:
-        if not isinstance(raw, list):
-            raise ConfigError("client_keys: expected a list of {name, key, models?} mappings")
-        keys = []
-        for i, entry in enumerate(raw):
-            where = f"client_keys[{i}]"
-            if not isinstance(entry, dict) or set(entry) - {"name", "key", "models", "max_concurrent"}:
-                raise ConfigError(f"{where}: expected a mapping with 'name', 'key' and optional 'models', "
-                                  f"'max_concurrent'")
-            cap = entry.get("max_concurrent")
-            if cap is not None:
-                _check(f"{where}.max_concurrent", cap, _POSITIVE_INT)
-            name = entry.get("name")
-            if not isinstance(name, str) or not name.strip():
-                raise ConfigError(f"{where}.name: expected a non-empty string, got {name!r}")
-            models = entry.get("models")
-            if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)):
-                raise ConfigError(f"{where}.models: expected a list of model names, got {models!r}")
-            keys.append((name.strip(), _key(f"{where}.key", entry.get("key")), tuple(models) if models else None,
-                         cap))
-        names = [k[0] for k in keys]
-        if {"default", "admin", "metrics"} & set(names):
-            raise ConfigError("client_keys: the names 'default', 'admin' and 'metrics' are reserved "
-                              "(router_api_key, admin_key and metrics_key); choose another name")
-        if len(set(names)) != len(names):
-            raise ConfigError("client_keys: names must be unique (they name the client in usage and logs)")
-        out["client_keys"] = tuple(keys)
-    # One key, one holder. The router knows a caller by its key's digest, so a key given twice
-    # (as written, or once as sha256:<hex>) would quietly make one holder the other: a client
-    # key equal to admin_key is an admin, two clients on one key are one client in usage and
-    # limits. Refused at --check and start-up, naming both holders and never the key.
-    holders: dict[bytes, str] = {}
-    named = [(setting, out[setting]) for setting in ("router_api_key", "admin_key", "metrics_key")
-             if setting in out]
-    named += [(f"client_keys '{name}'", key) for name, key, _, _ in out.get("client_keys", ())]
-    for who, key in named:
-        digest = digest_of(key)
-        if digest in holders:
-            raise ConfigError(f"{holders[digest]} and {who} have the same key (compared after hashing: a key "
-                              f"and its sha256: form are one key); give each its own key")
-        holders[digest] = who
-    origins = data.get("allowed_origins")
-    if origins is not None:
-        if not isinstance(origins, list) or not all(isinstance(o, str) and o for o in origins):
-            raise ConfigError("allowed_origins: expected a list of origins such as https://chat.example.com "
-                              "(wildcards allowed: https://*.example.com)")
-        out["allowed_origins"] = tuple(origins)
-    return out
+    clients = [c.name for c in config.client_keys]
+    if _RESERVED & set(clients):
+        raise ConfigError("client_keys: the names 'default', 'admin' and 'metrics' are reserved "
+                          "(router_api_key, admin_key and metrics_key); choose another name")
+    if len(set(clients)) != len(clients):
+        raise ConfigError("client_keys: names must be unique (they name the client in usage and logs)")
+    one_holder_per_key([(s, getattr(config, s)) for s in _KEY_SETTINGS if getattr(config, s) is not None]
+                       + [(f"client_keys '{c.name}'", c.key) for c in config.client_keys if c.key])
+    return config
 
 
 def load_config(path: str) -> RouterConfig:
+    """The configuration in the YAML file at `path`; raises ConfigError."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)

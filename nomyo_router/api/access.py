@@ -61,15 +61,15 @@ def keys_of(config: "RouterConfig") -> "Keys | None":
                       ("metrics", config.metrics_key)):
         if key:
             entries.append((role, key, None, role))
-    entries += [(name, key, frozenset(model_key(m) for m in models) if models else None, "client")
-                for name, key, models, _ in config.client_keys]
+    entries += [(c.name, c.key, frozenset(model_key(m) for m in c.models) if c.models else None, "client")
+                for c in config.client_keys]
     # the admin and metrics keys alone do not close the router: they only unlock their routes
     return Keys(entries, required=bool(config.router_api_key or config.client_keys)) if entries else None
 
 
 def caps_of(config: "RouterConfig") -> dict[str, int]:
     """Per-key concurrency caps (`client_keys[].max_concurrent`)."""
-    return {name: cap for name, _, _, cap in config.client_keys if cap}
+    return {c.name: c.max_concurrent for c in config.client_keys if c.max_concurrent}
 
 
 class Keys:

@@ -18,11 +18,12 @@ worker handling `POST /admin/reload` validates it too and asks the supervisor to
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
 from typing import Any
+
+import msgspec
 
 from ..api import access
 from ..config import CONFIG_ENV, ConfigError, EndpointConfig, RouterConfig, load_config
@@ -56,7 +57,7 @@ def plan(old: RouterConfig, new: RouterConfig) -> dict[str, Any]:
         "changed": sorted(changed),
         "resized": {n: [before[n].max_concurrent, after[n].max_concurrent] for n in sorted(after)
                     if n in before and n not in changed and before[n].max_concurrent != after[n].max_concurrent},
-        "restart_needed": sorted(f.name for f in dataclasses.fields(RouterConfig)
+        "restart_needed": sorted(f.name for f in msgspec.structs.fields(RouterConfig)
                                  if f.name not in LIVE_KEYS and getattr(old, f.name) != getattr(new, f.name)),
     }
 
@@ -97,7 +98,7 @@ async def apply(router: Any, new: RouterConfig) -> dict[str, Any]:
     if new.access_log != router.config.access_log or new.log_format != router.config.log_format:
         router.events.off_request_done(router.access_log.write if router.access_log else None)
         router.access_log = AccessLog(router.events, new.log_format) if new.access_log else None
-    live = dataclasses.replace(router.config, **{k: getattr(new, k) for k in LIVE_KEYS})
+    live = msgspec.structs.replace(router.config, **{k: getattr(new, k) for k in LIVE_KEYS})
     router.config = live
     if router.proxy is not None:
         router.proxy.config = live
