@@ -32,8 +32,9 @@ from .accesslog import AccessLog
 
 log = logging.getLogger("nomyo_router.reload")
 
-LIVE_KEYS = frozenset(("endpoints", "router_api_key", "client_keys", "admin_key", "allowed_origins",
-                       "access_log", "log_format", "max_body_bytes", "retry_after"))
+# (max_concurrent_connections is every endpoint's default slot count: a change resizes them)
+LIVE_KEYS = frozenset(("endpoints", "router_api_key", "client_keys", "admin_key", "metrics_key", "allowed_origins",
+                       "access_log", "log_format", "max_body_bytes", "retry_after", "max_concurrent_connections"))
 from ..cli import SUPERVISOR_ENV  # noqa: E402  (set by the CLI when it runs several workers)
 
 
