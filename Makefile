@@ -1,10 +1,11 @@
 # The two commands: `make demo` (the main job) and `make test`. Both set up what is missing.
+# `make docs` builds the documentation site into site/ (make test builds it too).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test setup setup-test redis wrk chromium bench clean
+.PHONY: demo test docs setup setup-test setup-docs redis wrk chromium bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -14,7 +15,10 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q -e .
 
 setup-test: $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,docs,deploy]'
+
+setup-docs: $(BIN)/python
+	@test -x $(BIN)/mkdocs || $(BIN)/pip install -q -e '.[docs]'
 
 redis:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -34,11 +38,17 @@ wrk:
 demo: setup
 	$(BIN)/python loadtest.py --mock-backend --ramp $(RAMP)
 
-test: setup-test redis chromium
+test: setup-test docs redis chromium
 	$(BIN)/python -m pytest -q
+
+# the CLI reference is generated from the programs' --help first; --strict fails on any
+# broken link or anchor (never add -q: it hides the warnings strict mode counts)
+docs: setup-docs
+	$(BIN)/python docs/cli_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: setup wrk
 	$(BIN)/python bench/overhead.py --floor
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache site

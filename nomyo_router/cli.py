@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nomyo-router", description=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", default=os.environ.get(CONFIG_ENV, "config.yaml"),
-                   help=f"the YAML config (or ${CONFIG_ENV}); see the README's config table")
+                   help=f"the YAML config (or ${CONFIG_ENV}); every key: docs/configuration.md")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for all interfaces")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
     p.add_argument("--workers", type=int, default=1,
