@@ -4,7 +4,9 @@ What changes at once, in every worker, without touching requests in flight:
 - endpoints added (discovered before they are routable, so they take traffic at once),
   removed (out of routing and `/health` at once, with 0 slots: what they hold finishes,
   nothing new goes there), resized (`max_concurrent`; freed slots go to waiting requests), or
-  changed (a new `url`, `type`, `api_key` or `models`: removed and added again);
+  changed (a new `url`, `type`, `api_key` or `models`: removed and added again); requests
+  waiting in the queue move with it, in their order (`Scheduler.reindex`, `StateStore.rehome`):
+  onto endpoints it added, off those it removed, answered at once if none serves their model;
 - keys (`router_api_key`, `client_keys`, `admin_key`), `allowed_origins`, `access_log`,
   `log_format`, `max_body_bytes`, `retry_after`.
 Any other key that changed is reported as needing a restart (it is not applied); an

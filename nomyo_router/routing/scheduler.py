@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Iterable, Sequence
 
 from ..domain import Endpoint
-from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
+from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from .policies import Policy, RouteContext
 
 
@@ -29,21 +29,37 @@ class Scheduler:
         self._routed = getattr(policy, "routed", None)
         self._observe = getattr(policy, "observe", None)
         self._waiting: Counter[str] = Counter()  # requests waiting for these endpoints (picked)
+        self._changes = 0  # index changes so far: a request that awaited something checks it
         self.reindex()
 
     def set_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
-        """Config reload: route among these from now on."""
+        """Config reload: route among these from now on (requests already waiting too)."""
         self.endpoints = list(endpoints)
         self._by_name = {e.name: e for e in self.endpoints}
         self.reindex()
 
     def reindex(self) -> None:
-        """Rebuild the model index after discovery changed an endpoint's models."""
+        """Rebuild the model index after discovery changed an endpoint's models. Requests
+        waiting for a model whose endpoints changed are placed again among the new ones
+        (`StateStore.rehome`): at once on one that was added, answered at once when none
+        serves the model any more, never left waiting for one that is gone."""
         index: dict[str, list[Endpoint]] = {}
         for ep in self.endpoints:
             for key in ep.models:
                 index.setdefault(key, []).append(ep)
-        self._by_model = index
+        old, self._by_model = self._by_model, index
+        if not old:
+            return  # (the first index: nobody waits yet)
+        changes: dict[str, tuple[frozenset[str], list[Endpoint]]] = {}
+        for model in old.keys() | index.keys():
+            before = {e.name for e in old.get(model, ())}
+            now = index.get(model, [])
+            if before != {e.name for e in now}:
+                gone = before.difference(e.name for e in now)
+                changes[model] = (frozenset(gone), [e for e in now if e.name not in before])
+        if changes:
+            self._changes += 1
+            self.store.rehome(changes)
 
     def knows(self, model: str) -> bool:
         return model in self._by_model
@@ -71,13 +87,16 @@ class Scheduler:
             raise NoEndpoint(ctx.model)
         store = self.store
         keys = ctx.keys
-        if keys is None or self.affinity_wait is None:
-            lease = await self._place(ctx, candidates, None, None)
-        else:
+        try:
+            if keys is None or self.affinity_wait is None:
+                return await self._place(ctx, candidates, None, None)
             lease = None
             order = None
             outcome = "repin" if exclude else "miss"
+            changes = self._changes
             pin = None if exclude or not keys.lookup else await store.find_pin(keys.lookup)
+            if changes != self._changes:  # the index changed while it looked: nothing queued yet
+                raise Rehome(ctx.model, None, 0.0)
             if pin is not None:
                 pinned = self._by_name.get(pin[1])
                 if pinned is not None and pinned in candidates and store.is_healthy(pinned):
@@ -98,6 +117,39 @@ class Scheduler:
             if lease is None:
                 lease = await self._place(ctx, candidates, order, keys.register)
             lease.affinity = outcome
+            return lease
+        except Rehome as e:  # the endpoints changed while it waited: a reload or a rediscovery
+            return await self._rehomed(ctx, exclude, e)
+
+    async def _rehomed(self, ctx: RouteContext, exclude: Iterable[str], signal: Rehome) -> Lease:
+        """Place a request again that the store sent back because the endpoints changed while
+        it waited: among the model's endpoints as they are now (none left: NoEndpoint, so the
+        client is answered at once), in its old place in the FIFO queue, for what is left of
+        `queue_timeout`. Straight to the common queue: a request that already waited goes to
+        the first slot that frees, not to a policy's or a pin's favourite."""
+        keys = ctx.keys
+        pin = keys.register if keys is not None and self.affinity_wait is not None else None
+        skip = set(exclude)
+        waited = 0.0
+        while True:
+            waited += signal.waited
+            candidates = [e for e in self._by_model.get(ctx.model, ()) if e.name not in skip]
+            if not candidates:
+                raise NoEndpoint(ctx.model)
+            left = self.queue_timeout - waited
+            if left <= 0:
+                raise QueueTimeout(ctx.model, signal.order)
+            try:
+                lease = await self.store.acquire(ctx.model, candidates, self._chooser(ctx), left,
+                                                 signal.order, pin)
+                break
+            except Rehome as e:  # changed again meanwhile
+                signal = e
+        lease.queued_s += waited
+        if self._routed is not None and ctx.prompt is not None:
+            self._routed(ctx, lease.endpoint)
+        if pin is not None:
+            lease.affinity = "repin"  # (its pin, if any, now points at the endpoint it got)
         return lease
 
     def _chooser(self, ctx: RouteContext):

@@ -7,11 +7,14 @@ and Redis implements the same methods; the contract tests run over each.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..domain import Endpoint
 
 Choose = Callable[[Sequence[Endpoint]], Endpoint]
+# What a reindex changed, per model: the names of the endpoints that no longer serve it, and
+# the endpoints that serve it now and did not before.
+Changes = Mapping[str, tuple[frozenset[str], Sequence[Endpoint]]]
 
 
 class QueueFull(Exception):
@@ -29,6 +32,19 @@ class QueueTimeout(Exception):
 
 class NoEndpoint(Exception):
     """No healthy endpoint serves the model."""
+
+
+class Rehome(Exception):
+    """The endpoints serving the model changed while the request waited (a config reload, or
+    discovery found the model gone from an endpoint or new on one) and the store cannot move
+    it itself: the scheduler works out its candidates again and waits again with `order`,
+    its place in the queue. `waited`: seconds it waited in the store call it leaves, taken
+    off what is left of its timeout. Only the scheduler sees it."""
+
+    def __init__(self, model: str, order: int | None, waited: float) -> None:
+        super().__init__(model)
+        self.order = order
+        self.waited = waited
 
 
 class Lease:
@@ -114,6 +130,15 @@ class StateStore(ABC):
         """Config reload: `endpoints` are the new ones, the resized ones and the removed ones
         (those with 0 slots: they finish what they hold and get nothing more). Hands slots
         that a resize freed to waiting requests."""
+
+    def rehome(self, changes: Changes) -> None:
+        """The scheduler's index changed (a reload, a reindex; never per request). A request
+        waiting for a changed model may use the added endpoints from now on and no longer the
+        gone ones, keeping its place in the queue; one left with none leaves with `Rehome`,
+        to be placed again or answered at once (without this, a request waiting for an
+        endpoint that is gone waits out its timeout). A store that cannot change a waiting
+        request's endpoints sends back every waiter of those models, oldest first."""
+        return None
 
     async def start(self) -> None:
         """Connect or elect, for stores that share state; called once before serving."""

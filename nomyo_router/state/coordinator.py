@@ -20,6 +20,10 @@ Wire format: one JSON object per line. Worker -> host:
   {"op": "hello", "row", "pid"}  first: the worker's row in the slot table
   {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
   {"op": "cancel", "id"}            {"op": "poke", "ep"}  (a slot freed while somebody waits)
+  {"op": "endpoints", "eps": [[name, slots]]}  (a reload: names the host may not know yet)
+  {"op": "rehome", "changes": {model: [gone names, added names]}}  (a worker's reindex: every
+      waiting request of those models changes in place; one left with no endpoint is answered
+      {"id", "err": "rehome", "order", "waited"} and its worker places it again)
   {"op": "health", "ep", "ok"}      {"op": "snapshot", "id"} -> {"id", "snap"}
   {"op": "pub", "topic", "data"} -> relayed to the others as {"pub", "data"}
   {"op": "batch", "ops": [...]}     several of the above, written in one loop turn
@@ -35,7 +39,7 @@ from typing import Any, Sequence
 
 from ..domain import Endpoint
 from ..routing.policies import Policy, RouteContext
-from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout
+from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome
 from .memory import MemoryStore
 from .pins import PinTable
 from .slots import SlotTable
@@ -152,6 +156,8 @@ class Coordinator:
                 send({"id": rid, "err": "full"})
             except NoEndpoint:
                 send({"id": rid, "err": "none"})
+            except Rehome as e:
+                send({"id": rid, "err": "rehome", "order": e.order, "waited": e.waited})
             else:  # counted in the worker's row; it gives the slot back itself
                 send({"id": rid, "ep": lease.endpoint.name, "queued_s": lease.queued_s})
             finally:
@@ -177,6 +183,14 @@ class Coordinator:
                 task = pending.get(msg["id"])
                 if task is not None:
                     task.cancel()
+            elif op == "rehome":  # after the acquires of this batch have queued (their tasks run first)
+                changes = {m: (frozenset(gone), [self.endpoints[n] for n in new if n in self.endpoints])
+                           for m, (gone, new) in msg["changes"].items()}
+                asyncio.get_running_loop().call_soon(store.rehome, changes)
+            elif op == "endpoints":
+                for name, slots in msg["eps"]:
+                    if name not in self.endpoints:  # (the host worker's own reload brings the real one)
+                        self.endpoints[name] = Endpoint(name=name, url="", slots=slots)
             elif op == "hello":
                 who[:] = [msg["row"], msg["pid"]]
             elif op == "health":

@@ -10,7 +10,7 @@ from collections import Counter, OrderedDict, deque
 from typing import Sequence
 
 from ..domain import Endpoint
-from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
+from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 
 
 class _Waiter:
@@ -80,7 +80,8 @@ class MemoryStore(StateStore):
                 ep = await fut
         except BaseException as exc:
             if fut.done() and not fut.cancelled():
-                self.release(fut.result(), owner)  # handed a slot just as we gave up: pass it on
+                if fut.result() is not None:  # (None: sent back by `rehome`, no slot)
+                    self.release(fut.result(), owner)  # handed a slot just as we gave up: pass it on
             else:
                 fut.cancel()
                 if waiter in queue:
@@ -89,6 +90,8 @@ class MemoryStore(StateStore):
             if isinstance(exc, TimeoutError):
                 raise QueueTimeout(model, waiter.seq) from None
             raise
+        if ep is None:  # sent back by `rehome` (no endpoint left): placed again, in the same order
+            raise Rehome(model, waiter.seq, time.monotonic() - t0)
         if pin is not None:
             self._pin(pin, ep.name)
         lease = Lease(self, ep, time.monotonic() - t0)
@@ -167,6 +170,37 @@ class MemoryStore(StateStore):
 
     def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
         for ep in endpoints:
+            self._dispatch(ep)
+
+    def rehome(self, changes: Changes) -> None:
+        """Change the endpoints of the waiting requests in place, so they keep their place in
+        the queue (and, at the host of the shared store, in every worker's order at once):
+        the gone ones out, the added ones in (an endpoint the request had excluded, e.g.
+        already tried, stays out). One left with none goes back to the scheduler, oldest
+        first. Then the added endpoints' free slots go to the oldest that may use them."""
+        woken: list[_Waiter] = []
+        added: dict[str, Endpoint] = {}
+        for model, (gone, new) in changes.items():
+            names = frozenset(e.name for e in new)
+            added.update((e.name, e) for e in new)
+            queue = self._queues.get(model)
+            if not queue:
+                continue
+            stay: list[_Waiter] = []
+            for w in queue:
+                if not w.future.done():  # (a done one is leaving on its own)
+                    w.names = (w.names - gone) | names
+                    if not w.names:
+                        woken.append(w)
+                        continue
+                stay.append(w)
+            if len(stay) < len(queue):  # in place: a waiter that stays finds itself there
+                queue.clear()
+                queue.extend(stay)
+        self._queued -= len(woken)
+        for w in sorted(woken, key=lambda w: w.seq):
+            w.future.set_result(None)  # type: ignore[arg-type]  # None: see `acquire`
+        for ep in added.values():
             self._dispatch(ep)
 
     def set_healthy(self, endpoint: Endpoint, healthy: bool) -> None:

@@ -32,12 +32,13 @@ from redis.exceptions import RedisError
 from ..config import RouterConfig
 from ..domain import Endpoint
 from ..routing.policies import Policy
-from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
+from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from .memory import MemoryStore
 from .redis_link import RedisLink
 from .redis_messages import Messages
 from .redis_pins import RedisPins
 from .redis_reconcile import Ledger, as_str
+from .redis_rehome import REHOME, Rehoming
 from .redis_usage import UsageBatches
 
 log = logging.getLogger("nomyo_router.redis")
@@ -73,6 +74,7 @@ class RedisStore(StateStore):
         self.messages = Messages(self.link, self.ledger, self._is_degraded, self._degrade, self._background)
         self.pins = RedisPins(self.link, config.affinity_ttl, self.local, self._is_degraded, self._degrade)
         self.usage = UsageBatches(self.owner)
+        self.rehoming = Rehoming()
 
     # ---- life cycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -94,9 +96,14 @@ class RedisStore(StateStore):
 
     async def _reregister(self) -> None:
         try:
-            await self._register()
+            async with self.rehoming.gate:  # before the requests a reload sends back ask again
+                await self._register()
         except (RedisError, OSError) as e:
             self._degrade(e)
+
+    def rehome(self, changes: Changes) -> None:
+        self.local.rehome(changes)  # (those waiting locally: Redis is away)
+        self.rehoming.wake(changes.keys(), self.ledger.waiting)
 
     async def close(self) -> None:
         for t in self._loops:
@@ -196,7 +203,10 @@ class RedisStore(StateStore):
         ledger.waiting[lid] = fut  # before the script: the wake-up may beat its reply
         try:
             try:
-                res = await self.link.run("ACQUIRE", *args)
+                if self.rehoming.sent_back(order):  # placed again after a reload: oldest first
+                    res = await self.rehoming.in_turn(order, lambda: self.link.run("ACQUIRE", *args))
+                else:
+                    res = await self.link.run("ACQUIRE", *args)
             except (RedisError, OSError) as e:
                 self._degrade(e)
                 raise _RedisLost from None  # if it ran after all, the reconciliation undoes it
@@ -211,9 +221,12 @@ class RedisStore(StateStore):
                 raise QueueFull(model)
             queued_order = int(as_str(res[1]))
             ledger.enqueued()
+            self.rehoming.queued(lid, model, queued_order)
             try:
                 async with asyncio.timeout(timeout):
                     ep = await fut
+                    if ep is REHOME:  # the endpoints changed: the scheduler places it again
+                        raise self.rehoming.signal(lid)
             except BaseException as exc:
                 if not self.degraded:
                     self._background(self._cancel(lid))  # gives the slot back if it came too late
@@ -222,6 +235,7 @@ class RedisStore(StateStore):
                 raise
             finally:
                 ledger.dequeued()
+                self.rehoming.left(lid)
             if ep is None:
                 raise _RedisLost  # Redis went away while we waited; the entry is reconciled away
             ledger.granted(ep)
@@ -259,6 +273,8 @@ class RedisStore(StateStore):
             local = task.result()
         except QueueTimeout:
             raise QueueTimeout(model) from None  # a local place means nothing in Redis
+        except Rehome as e:
+            raise Rehome(model, None, e.waited) from None
         if not self.degraded:  # handed out after Redis came back, which alone grants now
             local.release()
             return None

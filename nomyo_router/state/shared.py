@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from ..domain import Endpoint
 from ..routing.policies import Policy
 from . import private
-from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
+from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from .coordinator import Coordinator, TableStore
 from .pins import PinTable
 from .slots import SlotTable
@@ -27,6 +27,7 @@ from .slots import SlotTable
 log = logging.getLogger("nomyo_router.shared")
 
 CONNECT_TIMEOUT_S = 10.0
+LEARN_TIMEOUT_S = 5.0  # how long a grant on an endpoint this worker's reload has not added yet waits
 
 
 class SharedStore(StateStore):
@@ -54,6 +55,7 @@ class SharedStore(StateStore):
         self._pins = PinTable(base + ".pins", max_pins, pin_ttl, self._table.column, self._table.name_of)
         self._flushing = False
         self._new_pins: list[tuple[str, str]] = []  # written together at the end of this loop turn
+        self._reloaded = asyncio.Event()  # set (and replaced) by each reload of this worker
 
     @property
     def is_host(self) -> bool:
@@ -134,8 +136,8 @@ class SharedStore(StateStore):
             fut = self._replies.pop(msg["id"], None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
-            elif "ep" in msg and msg["ep"] in self.endpoints:  # granted as we gave up: pass it on
-                self.release(self.endpoints[msg["ep"]])
+            elif "ep" in msg:  # granted as we gave up: pass it on
+                self.release(self.endpoints.get(msg["ep"]) or Endpoint(name=msg["ep"], url="", slots=0))
 
     def _send(self, msg: dict[str, Any]) -> None:
         self._out.append(json.dumps(msg).encode() + b"\n")
@@ -200,7 +202,27 @@ class SharedStore(StateStore):
             raise QueueFull(model)
         if err == "none":
             raise NoEndpoint(model)
-        return Lease(self, self.endpoints[reply["ep"]], reply.get("queued_s", 0.0))
+        if err == "rehome":
+            raise Rehome(model, reply.get("order"), reply.get("waited", 0.0))
+        ep = self.endpoints.get(reply["ep"])
+        if ep is None:  # added by a reload that another worker applied first
+            ep = await self._learn(model, reply["ep"])
+        return Lease(self, ep, reply.get("queued_s", 0.0))
+
+    async def _learn(self, model: str, name: str) -> Endpoint:
+        """The host granted a slot on `name`, which this worker's own reload of the same file
+        brings a moment later: wait for it (bounded), else give the slot back and let the
+        scheduler place the request again."""
+        try:
+            async with asyncio.timeout(LEARN_TIMEOUT_S):
+                while name not in self.endpoints:
+                    await self._reloaded.wait()
+        except BaseException as exc:
+            self.release(Endpoint(name=name, url="", slots=0))
+            if isinstance(exc, TimeoutError):
+                raise Rehome(model, None, LEARN_TIMEOUT_S) from None
+            raise
+        return self.endpoints[name]
 
     async def _wait(self, model: str, candidates: Sequence[Endpoint], timeout: float,
                     order: int | None, pin: str | None) -> dict[str, Any]:
@@ -249,10 +271,23 @@ class SharedStore(StateStore):
         return snap
 
     def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
-        """Every worker reloads; the host's copy decides (it holds the slot counts)."""
+        """Every worker reloads; the host's copy decides (it holds the slot counts). The host
+        learns the names now, so that this worker's requests may wait for an endpoint the
+        reload added even before the host worker has applied the same reload."""
         self.endpoints.update((e.name, e) for e in endpoints)
+        self._reloaded.set()
+        self._reloaded = asyncio.Event()
         if self._coordinator is not None:
             self._coordinator.update_endpoints(endpoints)
+        else:
+            self._send({"op": "endpoints", "eps": [[e.name, e.slots] for e in endpoints]})
+
+    def rehome(self, changes: Changes) -> None:
+        """The host changes every worker's waiting requests at once (the first worker to
+        apply a reload moves them all, in one FIFO order; the others' same message then
+        changes nothing). A request the host sends back comes back here with Rehome."""
+        self._send({"op": "rehome", "changes": {m: [sorted(gone), [e.name for e in new]]
+                                                for m, (gone, new) in changes.items()}})
 
     def is_healthy(self, endpoint: Endpoint) -> bool:
         return endpoint.name not in self._unhealthy
