@@ -31,7 +31,7 @@ from common import cpu_of, free_port, mock_process, router_process, wrk
 from mock import MockConfig
 from nomyo_router.config import parse_config
 from nomyo_router.domain import Endpoint
-from nomyo_router.routing.policies import LeastBusy
+from nomyo_router.routing.policies import LeastBusy, picker
 from nomyo_router.state import MemoryStore, SharedStore
 from nomyo_router.state.redis import RedisStore
 
@@ -71,10 +71,10 @@ async def op_cost(store, ep: Endpoint, n: int) -> tuple[float, float]:
 HOST = """
 import asyncio, sys
 from nomyo_router.domain import Endpoint
-from nomyo_router.routing.policies import LeastBusy
+from nomyo_router.routing.policies import LeastBusy, picker
 from nomyo_router.state import SharedStore
 async def main():
-    s = SharedStore(sys.argv[1], [Endpoint(name="e", url="http://127.0.0.1:1", slots=1)], 1000, 600, 1000, LeastBusy())
+    s = SharedStore(sys.argv[1], [Endpoint(name="e", url="http://127.0.0.1:1", slots=1)], 1000, 600, 1000, picker(LeastBusy()))
     await s.start()
     await asyncio.sleep(3600)
 asyncio.run(main())
@@ -90,7 +90,7 @@ async def waits_cost(n: int) -> None:
     try:
         await asyncio.sleep(1.0)
         ep = Endpoint(name="e", url="http://127.0.0.1:1", slots=1)
-        worker = SharedStore(base, [ep], 1000, 600, 1000, LeastBusy())
+        worker = SharedStore(base, [ep], 1000, 600, 1000, picker(LeastBusy()))
         await worker.start()
         choose = lambda free: free[0]  # noqa: E731
         lease = await worker.acquire("m", [ep], choose, 5.0)
@@ -119,13 +119,13 @@ async def costs(n: int, redis_url: str) -> None:
                         "state": redis_url})
     ep = Endpoint.from_config(cfg.endpoints[0])
     base = os.path.join(tempfile.mkdtemp(), "bench")
-    host = SharedStore(base, [ep], 1000, 600, 1000, LeastBusy())
+    host = SharedStore(base, [ep], 1000, 600, 1000, picker(LeastBusy()))
     await host.start()
     stores = {
         "memory": MemoryStore(1000),
         "embedded, host": host,
-        "embedded, worker": SharedStore(base, [ep], 1000, 600, 1000, LeastBusy()),
-        "redis": RedisStore(redis_url, [ep], cfg, LeastBusy()),
+        "embedded, worker": SharedStore(base, [ep], 1000, 600, 1000, picker(LeastBusy())),
+        "redis": RedisStore(redis_url, [ep], cfg),
     }
     print("per-request state cost (one process, no contention; the shared store's worker takes a")
     print("free slot, writes and finds pins in shared-memory tables: no message to the host):")

@@ -28,7 +28,7 @@ from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
 from .domain import Endpoint, model_key
 from .events import Events, RequestRecord
 from .routing import kv_events
-from .routing.policies import Policy, make_policy
+from .routing.policies import Policy, make_policy, picker
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, QueueFull, SharedStore, StateStore, private
 from .ops.accesslog import AccessLog
@@ -138,9 +138,9 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
         return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
     if mode == "shared":
         return SharedStore(shared_state_path(), endpoints, config.max_queue, config.affinity_ttl,
-                           config.affinity_max_pins, policy)
+                           config.affinity_max_pins, picker(policy))
     from .state.redis import RedisStore
-    return RedisStore(mode, endpoints, config, policy)
+    return RedisStore(mode, endpoints, config)
 
 
 def shared_state_path() -> str:

@@ -24,11 +24,10 @@ import uvicorn  # noqa: E402
 from uvicorn.supervisors import Multiprocess  # noqa: E402
 
 # Not `.app`: the master only supervises, and importing the app (aiohttp, ...) cost it ~11 MB.
-from .config import CONFIG_ENV, ConfigError, load_config  # noqa: E402
+from .config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, load_config  # noqa: E402
 from .ops import leftovers, lifecycle, preflight  # noqa: E402
 from .state import private  # noqa: E402
 
-SUPERVISOR_ENV = "NOMYO_ROUTER_SUPERVISOR_PID"  # ops/reload.py: POST /admin/reload signals it
 
 DEFAULT_PORT = 12434
 

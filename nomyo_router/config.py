@@ -27,6 +27,7 @@ __all__ = ["CONFIG_ENV", "ENDPOINT_TYPES", "ROUTING_POLICIES", "ClientKey", "Con
            "split_userinfo"]
 
 CONFIG_ENV = "NOMYO_ROUTER_CONFIG"  # the config path, handed from `nomyo-router` to its workers
+SUPERVISOR_ENV = "NOMYO_ROUTER_SUPERVISOR_PID"  # set by the CLI with several workers: POST /admin/reload signals it
 EndpointType = Literal["ollama", "openai"]
 Routing = Literal["cache_aware", "least_busy", "sglang"]  # routing/policies POLICIES
 ENDPOINT_TYPES: tuple[str, ...] = typing.get_args(EndpointType)

@@ -12,7 +12,7 @@ import pytest
 from mock import run_mock
 from nomyo_router.config import ConfigError, parse_config
 from nomyo_router.domain import Endpoint
-from nomyo_router.routing.policies import CacheAware, RouteContext, SGLangCacheAware, make_policy
+from nomyo_router.routing.policies import CacheAware, RouteContext, SGLangCacheAware, make_policy, picker
 from nomyo_router.routing.prefix_index import BLOCK_CHARS, BLOCK_TOKENS, PrefixIndex, prompt_keys, request_prompt
 from nomyo_router.state import MemoryStore, SharedStore
 from test.conftest import FAST
@@ -158,8 +158,8 @@ async def test_workers_share_the_index_through_the_shared_store(tmp_path):
     endpoints_ = eps(2)
     base = str(tmp_path / "state")
     pol_a, pol_b = CacheAware(PrefixIndex()), CacheAware(PrefixIndex())
-    a = SharedStore(base, endpoints_, 100, 600, 1000, pol_a)
-    b = SharedStore(base, endpoints_, 100, 600, 1000, pol_b)
+    a = SharedStore(base, endpoints_, 100, 600, 1000, picker(pol_a))
+    b = SharedStore(base, endpoints_, 100, 600, 1000, picker(pol_b))
     from nomyo_router.app import share_index
     share_index(pol_a, a)
     share_index(pol_b, b)

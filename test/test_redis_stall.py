@@ -17,7 +17,6 @@ import redis.asyncio as aioredis
 from mock import run_mock
 from nomyo_router.config import parse_config
 from nomyo_router.domain import Endpoint
-from nomyo_router.routing.policies import LeastBusy
 from nomyo_router.state.redis import RedisStore
 from test.conftest import RedisServer
 from test.helpers import endpoints, run_router
@@ -236,7 +235,7 @@ async def test_a_health_verdict_and_usage_given_during_a_stall_reach_redis_once_
         cfg = parse_config({"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 1}],
                             "state": redis.url})
         ep = Endpoint.from_config(cfg.endpoints[0])
-        store = RedisStore(redis.url, [ep], cfg, LeastBusy())
+        store = RedisStore(redis.url, [ep], cfg)
         admin = aioredis.from_url(redis.url, socket_timeout=30)
         unhealthy, usage = f"{store.prefix}:unhealthy", f"{store.prefix}:usage:e"
         await store.start()

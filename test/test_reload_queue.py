@@ -20,7 +20,7 @@ from mock import MockConfig, MockProcess, run_mock
 from nomyo_router.config import parse_config
 from nomyo_router.domain import Endpoint
 from nomyo_router.ops import reload
-from nomyo_router.routing.policies import LeastBusy, RouteContext
+from nomyo_router.routing.policies import LeastBusy, RouteContext, picker
 from nomyo_router.routing.scheduler import Scheduler
 from nomyo_router.state import SharedStore
 from test.helpers import TEST_USAGE_DB, run_router
@@ -229,7 +229,7 @@ async def test_the_first_worker_to_reload_moves_every_workers_queue_in_one_order
     olds: list[Endpoint] = []
     for _ in range(2):
         olds.append(endpoint("a"))
-        stores.append(SharedStore(base, [olds[-1]], 100, 600, 1000, LeastBusy()))
+        stores.append(SharedStore(base, [olds[-1]], 100, 600, 1000, picker(LeastBusy())))
         await stores[-1].start()
         scheds.append(Scheduler([olds[-1]], stores[-1], LeastBusy(), 30.0))
     host, worker = stores

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from nomyo_router.domain import Endpoint
-from nomyo_router.routing.policies import LeastBusy
+from nomyo_router.routing.policies import LeastBusy, picker
 from nomyo_router.state import QueueTimeout, SharedStore
 from nomyo_router.state.slots import SlotTable
 
@@ -19,9 +19,9 @@ first = lambda free: free[0]  # noqa: E731
 
 async def two_workers(tmp_path) -> tuple[SharedStore, SharedStore]:
     base = str(tmp_path / "state")
-    host = SharedStore(base, [EP], 100, 600, 1000, LeastBusy())
+    host = SharedStore(base, [EP], 100, 600, 1000, picker(LeastBusy()))
     await host.start()
-    worker = SharedStore(base, [EP], 100, 600, 1000, LeastBusy())
+    worker = SharedStore(base, [EP], 100, 600, 1000, picker(LeastBusy()))
     await worker.start()
     assert host.is_host and not worker.is_host
     return host, worker

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from ..api import access
-from ..config import CONFIG_ENV, ConfigError, EndpointConfig, RouterConfig, load_config
+from ..config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, EndpointConfig, RouterConfig, load_config
 from ..domain import Endpoint
 from .accesslog import AccessLog
 
@@ -37,7 +37,6 @@ log = logging.getLogger("nomyo_router.reload")
 # (max_concurrent_connections is every endpoint's default slot count: a change resizes them)
 LIVE_KEYS = frozenset(("endpoints", "router_api_key", "client_keys", "admin_key", "metrics_key", "allowed_origins",
                        "access_log", "log_format", "max_body_bytes", "retry_after", "max_concurrent_connections"))
-from ..cli import SUPERVISOR_ENV  # noqa: E402  (set by the CLI when it runs several workers)
 
 
 def config_path() -> str:

@@ -12,6 +12,9 @@ from typing import Any, Callable, Mapping, Sequence
 from ..domain import Endpoint
 
 Choose = Callable[[Sequence[Endpoint]], Endpoint]
+# How the routing policy picks for `model` among free endpoints, given their in-flight counts:
+# handed to the shared-state host by whoever wires the router, so state never imports routing.
+Picker = Callable[[str, Sequence[Endpoint], Callable[[Endpoint], int]], Endpoint]
 # What a reindex changed, per model: the names of the endpoints that no longer serve it, and
 # the endpoints that serve it now and did not before.
 Changes = Mapping[str, tuple[frozenset[str], Sequence[Endpoint]]]

@@ -38,8 +38,7 @@ import logging
 from typing import Any, Sequence
 
 from ..domain import Endpoint
-from ..routing.policies import Policy, RouteContext
-from .base import Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome
+from .base import Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
 from .memory import MemoryStore
 from .pins import PinTable
 from .slots import SlotTable
@@ -103,10 +102,10 @@ class TableStore(MemoryStore):
 class Coordinator:
     """Serves one MemoryStore to every worker over a Unix socket."""
 
-    def __init__(self, store: TableStore, endpoints: Sequence[Endpoint], policy: Policy) -> None:
+    def __init__(self, store: TableStore, endpoints: Sequence[Endpoint], pick: Picker) -> None:
         self.store = store
         self.endpoints = {e.name: e for e in endpoints}
-        self.policy = policy
+        self.pick = pick
         self._server: asyncio.AbstractServer | None = None
         self._closed = False
         self._writers: set[asyncio.StreamWriter] = set()  # for relaying `pub` messages
@@ -116,9 +115,8 @@ class Coordinator:
         self.store.update_endpoints(endpoints)
 
     def choose_for(self, model: str) -> Choose:
-        ctx = RouteContext(model=model, api="", kind="")
-        policy, in_flight = self.policy, self.store.in_flight
-        return lambda free: policy.choose(ctx, free, in_flight)
+        pick, in_flight = self.pick, self.store.in_flight
+        return lambda free: pick(model, free, in_flight)
 
     async def start(self, path: str, takeover: bool = False) -> None:
         """`takeover`: an earlier host died; give back the slots of processes that are gone."""

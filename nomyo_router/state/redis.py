@@ -31,7 +31,6 @@ from redis.exceptions import RedisError
 
 from ..config import RouterConfig
 from ..domain import Endpoint
-from ..routing.policies import Policy
 from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from .memory import MemoryStore
 from .redis_link import RedisLink
@@ -51,7 +50,7 @@ class _RedisLost(Exception):
 
 
 class RedisStore(StateStore):
-    def __init__(self, url: str, endpoints: Sequence[Endpoint], config: RouterConfig, policy: Policy) -> None:
+    def __init__(self, url: str, endpoints: Sequence[Endpoint], config: RouterConfig) -> None:
         self.url = url
         self.endpoints = {e.name: e for e in endpoints}
         self.config = config

@@ -17,9 +17,8 @@ import os
 from typing import Any, Callable, Sequence
 
 from ..domain import Endpoint
-from ..routing.policies import Policy
 from . import private
-from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
+from .base import Changes, Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome, StateStore
 from .coordinator import Coordinator, TableStore
 from .pins import PinTable
 from .slots import SlotTable
@@ -34,11 +33,12 @@ class SharedStore(StateStore):
     """State shared by the workers of one host. `base` names the lock file and the socket."""
 
     def __init__(self, base: str, endpoints: Sequence[Endpoint], max_queue: int, pin_ttl: float,
-                 max_pins: int, policy: Policy) -> None:
+                 max_pins: int, pick: Picker) -> None:
+        """`pick`: how the routing policy chooses among free endpoints (the host grants slots)."""
         self.lock_path, self.sock_path = base + ".lock", base + ".sock"
         self.endpoints = {e.name: e for e in endpoints}
         self._max_queue = max_queue
-        self._policy = policy
+        self._pick = pick
         self._lock_fd: int | None = None
         self._coordinator: Coordinator | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -80,7 +80,7 @@ class SharedStore(StateStore):
         if takeover:
             os.unlink(self.sock_path)
         store = TableStore(self._table, self._pins, self._max_queue)
-        self._coordinator = Coordinator(store, list(self.endpoints.values()), self._policy)
+        self._coordinator = Coordinator(store, list(self.endpoints.values()), self._pick)
         await self._coordinator.start(self.sock_path, takeover)
         os.chmod(self.sock_path, 0o600)  # (the directory is 0700 already; this is the second lock)
         log.warning("worker %d hosts the shared state at %s", os.getpid(), self.sock_path)
