@@ -185,7 +185,10 @@ async def test_workers_share_the_index_through_the_shared_store(tmp_path):
 
 
 def test_memory_store_publish_is_a_no_op():
-    MemoryStore(10).publish("prefix", ["e0", [1, 2]])  # one process: nobody to tell
+    store, heard = MemoryStore(10), []
+    store.subscribe("prefix", heard.append)
+    assert store.publish("prefix", ["e0", [1, 2]]) is None  # one process: nobody to tell
+    assert heard == []  # (and no echo to its own subscribers: the index already has it)
 
 
 def test_loadtest_prefix_groups_share_system_prompts_and_skew():
