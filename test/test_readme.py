@@ -79,13 +79,32 @@ def router() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "nomyo_router"]
 
 
-@pytest.mark.parametrize("config", ["examples/ollama-hosts.yaml", "examples/openai-compatible.yaml", "config.yaml"])
+EXAMPLES = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "examples").glob("*.y*ml"))]
+
+
+def test_every_example_is_checked_and_linked():
+    assert len(EXAMPLES) >= 4 and "examples/keys-and-limits.yaml" in EXAMPLES
+    docs = (ROOT / "docs" / "getting-started.md").read_text() + (ROOT / "docs" / "deployment.md").read_text()
+    for example in EXAMPLES:
+        assert example in docs, f"{example} is not mentioned in docs/getting-started.md or docs/deployment.md"
+
+
+def check(config: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*router(), "--config", config, "--check"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("config", [*EXAMPLES, "config.yaml"])
 def test_example_configs_pass_check(config):
+    """As shipped, with none of the variables they name set (${VAR:-default} falls back)..."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOMYO_", "VLLM_"))}
-    out = subprocess.run([*router(), "--config", config, "--check"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = check(config, env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("endpoint(s)")
+    # ...and with every one of them set, as in production (each key its own value)
+    names = sorted(set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", (ROOT / config).read_text())))
+    out = check(config, {**env, **{name: f"{name.lower()}-0123456789abcdef" for name in names}})
+    assert out.returncode == 0, out.stderr
 
 
 def test_the_docs_site_lists_pages_that_exist():
