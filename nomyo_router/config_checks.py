@@ -170,11 +170,14 @@ def explain(error: msgspec.ValidationError, root: type, data: Any) -> ConfigErro
 
 
 def expand_env(value: str, where: str) -> str:
-    """`${NAME}` and `${NAME:-default}` from the environment, so a file need not hold keys."""
-    def sub(m: re.Match) -> str:
+    """`${NAME}` and `${NAME:-default}` from the environment, so a file need not hold keys.
+    As in the shell, the default also stands in for a variable set but empty (what compose
+    passes for an unset `${NAME:-}`)."""
+    def sub(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
-        if name in os.environ:
-            return os.environ[name]
+        value = os.environ.get(name)
+        if value or (value is not None and default is None):
+            return value
         if default is not None:
             return default
         raise ConfigError(f"{where}: environment variable ${{{name}}} is not set; "
