@@ -23,6 +23,7 @@ from mock.config import MockConfig, add_arguments, from_namespace
 
 from . import compare as compare_mod
 from . import dataset as dataset_mod
+from . import models as models_mod
 from . import search as search_mod
 from . import slo as slo_mod
 from .drive import drive
@@ -108,7 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--concurrency", type=int, default=32, help="closed loop: virtual users")
     load.add_argument("--rate", type=float, nargs="?", const=-1.0, default=None,
                       help="open loop at R req/s; with --ramp and no value, the ramp values are rates")
-    load.add_argument("--arrival", choices=["constant", "poisson"], default="constant", help="open-loop arrivals")
+    load.add_argument("--arrival", choices=["constant", "poisson", "gamma"], default="constant",
+                      help="open-loop arrivals: evenly spaced, Poisson, or gamma (see --burstiness)")
+    load.add_argument("--burstiness", type=float, default=1.0,
+                      help="with --arrival gamma: the shape B of the gamma inter-arrival times (mean 1/rate, "
+                           "as vllm bench): 1 is Poisson, below 1 burstier, above 1 more even")
+    load.add_argument("--timeslice", type=float, default=None, metavar="S",
+                      help="also report each stage's metrics per S-second slice (JSON `timeslices`, and a "
+                           "timeline in the HTML report) (default: off)")
     load.add_argument("--ramp", type=_floats, default=None, help="e.g. 8,32,64 (concurrencies or rates)")
     load.add_argument("--duration", type=float, default=10.0, help="seconds per stage")
     load.add_argument("--requests", type=int, default=None, help="requests per stage instead of --duration")
@@ -153,7 +161,8 @@ def stages_from(args: argparse.Namespace, trace: Any = None) -> list[Stage]:
     else:
         loads = [float(args.concurrency)]
     return [Stage(mode="open" if open_loop else "closed", load=l, duration=args.duration,
-                  requests=args.requests, warmup=args.warmup, arrival=args.arrival, seed=args.seed + i)
+                  requests=args.requests, warmup=args.warmup, arrival=args.arrival, seed=args.seed + i,
+                  burstiness=args.burstiness)
             for i, l in enumerate(loads)]
 
 
@@ -187,6 +196,10 @@ def run(args: argparse.Namespace) -> int:
                         dataset=dataset, trace=trace)
     if args.repeat < 1:
         console.print("[red]loadtest:[/] --repeat must be >= 1")
+        return 2
+    shape = _shape_problem(args)
+    if shape:
+        console.print(f"[red]loadtest:[/] {shape}", highlight=False)
         return 2
     config: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("header",)}
     defaults = {a.dest: a.default for a in build_parser()._actions}
@@ -223,6 +236,12 @@ def run(args: argparse.Namespace) -> int:
             url, direct_url = fleet.router_url, (fleet.direct_url if args.direct else None)
         else:
             url, direct_url = args.url, None
+        known = models_mod.check(url, args.api, spec.model, dict(args.header))
+        if not known.ok:
+            console.print(f"[red]loadtest:[/] {known.message}", highlight=False, soft_wrap=True)
+            return 2
+        if known.message:
+            console.print(f"[yellow]loadtest:[/] {known.message}", highlight=False, soft_wrap=True)
         if args.find_max_rate:
             search, results = asyncio.run(search_mod.find_max_rate(args, url, spec, console))
             direct = None
@@ -268,6 +287,16 @@ def run(args: argparse.Namespace) -> int:
         console.print("[red]FAILED:[/] " + "; ".join(problems), highlight=False, soft_wrap=True)
         return 1
     return 0
+
+
+def _shape_problem(args: argparse.Namespace) -> str | None:
+    if args.burstiness <= 0:
+        return "--burstiness must be > 0"
+    if args.burstiness != 1.0 and args.arrival != "gamma":
+        return "--burstiness shapes gamma arrivals: add --arrival gamma (and --rate)"
+    if args.timeslice is not None and args.timeslice <= 0:
+        return "--timeslice must be > 0 seconds"
+    return None
 
 
 def stage_problems(stages: list[dict], max_error_rate: float) -> list[str]:

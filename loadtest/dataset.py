@@ -13,6 +13,9 @@ Trace lines (replayed open loop at their arrival times, `--trace-speed` x faster
 seconds; `input_length` / `output_length` are accepted too. Requests of one session form a
 conversation: each carries the session's earlier prompts and answers, padded with new text
 up to `input_tokens` in all. With `--turns T` every arrival sends T turns back to back.
+Mooncake's `hash_ids` (block hashes, `--trace-block-tokens` tokens each) make the prompt
+of blocks of text fixed by those ids, so requests sharing leading ids share that prefix
+(loadtest/blocks.py). A BurstGPT CSV is read too (loadtest/burstgpt.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import blocks, burstgpt
 from .workload import filler_text
 
 CHARS_PER_TOKEN = 4
@@ -101,18 +105,32 @@ class Entry:
     input_tokens: int
     output_tokens: int | None
     session: str | None
+    hash_ids: list[int] | None = None  # Mooncake's block hashes: the prompt's shared prefix
 
 
 @dataclass
 class Trace:
     path: str
     speed: float = 1.0
+    block_tokens: int = 512  # tokens per Mooncake hash id
     entries: list[Entry] = field(default_factory=list)
     histories: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.speed <= 0:
             raise ValueError("--trace-speed must be > 0")
+        if self.block_tokens < 1:
+            raise ValueError("--trace-block-tokens must be >= 1")
+        if burstgpt.is_burstgpt(self.path):
+            self.entries = burstgpt.read(self.path, lambda at, req, resp: Entry(at, req, resp, None))
+        else:
+            self._read_jsonl()
+        self.entries.sort(key=lambda e: e.at)
+        t0 = self.entries[0].at
+        for e in self.entries:
+            e.at -= t0
+
+    def _read_jsonl(self) -> None:
         for n, d in _lines(self.path, "trace"):
             where = f"trace {self.path}:{n}"
             if "arrival" in d:
@@ -125,13 +143,13 @@ class Trace:
                 raise ValueError(f"{where}: the arrival time must be a number >= 0")
             tokens = _int(d, ("input_tokens", "input_length"), where)
             session = d.get("session_id")
+            ids = d.get("hash_ids")
+            if ids is not None and not (isinstance(ids, list) and all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+                raise ValueError(f"{where}: hash_ids must be a list of whole numbers")
             self.entries.append(Entry(float(at), tokens if tokens is not None else 32,
                                       _int(d, ("output_tokens", "output_length"), where),
-                                      str(session) if session is not None else None))
-        self.entries.sort(key=lambda e: e.at)
-        t0 = self.entries[0].at
-        for e in self.entries:
-            e.at -= t0
+                                      str(session) if session is not None else None, ids))
 
     @property
     def span(self) -> float:
@@ -144,6 +162,9 @@ class Trace:
     def messages(self, e: Entry, key: str) -> list[dict[str, Any]]:
         """The session's history so far plus a new user message, about `input_tokens` in all."""
         history = self.histories.get(key, [])
+        if e.hash_ids is not None and not history:  # Mooncake: the blocks' text, exactly input_tokens
+            text = blocks.prompt_from_blocks(e.hash_ids, e.input_tokens, self.block_tokens, key)
+            return [{"role": "user", "content": text}]
         used = sum(len(str(m["content"])) for m in history) // CHARS_PER_TOKEN
         text = filler_text(max(e.input_tokens - used, 8), f"[{key}] ")
         return [*history, {"role": "user", "content": text}]
@@ -161,10 +182,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workloads from files (see loadtest/dataset.py for the line formats)")
     g.add_argument("--dataset", default=None, metavar="FILE.jsonl",
                    help="prompts or chat histories (optional output_tokens), taken in order (default: --prompt)")
-    g.add_argument("--trace", default=None, metavar="FILE.jsonl",
-                   help="replay arrivals (timestamp ms or arrival s), input/output tokens and session ids, "
-                        "open loop, as one stage (default: off)")
+    g.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay arrivals (timestamp ms or arrival s), input/output tokens, session ids and "
+                        "Mooncake hash_ids (JSONL), or a BurstGPT CSV, open loop, as one stage (default: off)")
     g.add_argument("--trace-speed", type=float, default=1.0, help="replay the trace this many times faster")
+    g.add_argument("--trace-block-tokens", type=int, default=512,
+                   help="tokens per Mooncake hash id: requests sharing leading ids share that many tokens "
+                        "of prompt per id")
 
 
 def load(args: argparse.Namespace) -> tuple[Dataset | None, Trace | None]:
@@ -175,6 +199,6 @@ def load(args: argparse.Namespace) -> tuple[Dataset | None, Trace | None]:
         raise ValueError("--trace sets the arrivals itself; leave out --rate and --ramp")
     try:
         return (Dataset(args.dataset) if args.dataset else None,
-                Trace(args.trace, args.trace_speed) if args.trace else None)
+                Trace(args.trace, args.trace_speed, args.trace_block_tokens) if args.trace else None)
     except OSError as e:
         raise ValueError(f"{e.filename}: {e.strerror}") from None

@@ -15,6 +15,7 @@ from rich.text import Text
 from . import machine, noise
 from .engine import Progress, Stage, StageRun, run_stage
 from .metrics import summarize
+from .timeslice import timeslices
 from .workload import WorkloadSpec
 
 
@@ -63,6 +64,11 @@ async def measure(args: argparse.Namespace, url: str, spec: WorkloadSpec, stage:
         rl = f"{label} rep {rep + 1}/{args.repeat}" if args.repeat > 1 else label
         runs.append(await run_one(url, spec, st, args.timeout, target, rl, console, args.quiet))
     m = summarize(merge(runs), args.slo)
+    if getattr(args, "timeslice", None):
+        many = len(runs) > 1
+        m["timeslice_s"] = args.timeslice
+        m["timeslices"] = [ts for i, r in enumerate(runs)
+                           for ts in timeslices(r, args.timeslice, i + 1 if many else None)]
     if len(runs) > 1:
         m["repetitions"] = [noise.repetition(summarize(r, args.slo)) for r in runs]
         m["spread"] = noise.spread(m["repetitions"])

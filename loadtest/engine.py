@@ -25,8 +25,9 @@ class Stage:
     duration: float | None = 10.0
     requests: int | None = None
     warmup: float = 1.0
-    arrival: str = "constant"  # open loop: constant | poisson
+    arrival: str = "constant"  # open loop: constant | poisson | gamma
     seed: int = 0
+    burstiness: float = 1.0  # gamma arrivals' shape: 1 is Poisson, below 1 burstier, above 1 smoother
 
 
 @dataclass
@@ -86,6 +87,19 @@ class LoopMonitor:
             await asyncio.gather(self._task, return_exceptions=True)
         self.machine = machine.delta(self.machine0, machine.snapshot())
         return time.process_time() - self.cpu0, time.perf_counter() - self.wall0
+
+
+def arrival_gaps(stage: Stage, rng: random.Random) -> Callable[[], float]:
+    """The open loop's inter-arrival times, mean 1/rate: constant, exponential (Poisson) or
+    gamma with shape `burstiness` (scale 1/(rate*shape), as vllm bench's --burstiness), whose
+    coefficient of variation is 1/sqrt(shape)."""
+    rate = stage.load
+    if stage.arrival == "poisson":
+        return lambda: rng.expovariate(rate)
+    if stage.arrival == "gamma":
+        shape = stage.burstiness
+        return lambda: rng.gammavariate(shape, 1.0 / (rate * shape))
+    return lambda: 1.0 / rate
 
 
 async def _sleep_until(t: float) -> None:
@@ -223,12 +237,11 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
     else:
-        rng = random.Random(stage.seed)
+        gap = arrival_gaps(stage, random.Random(stage.seed))
         tasks = set()
         t = t0
         while True:
-            gap = rng.expovariate(stage.load) if stage.arrival == "poisson" else 1.0 / stage.load
-            t += gap
+            t += gap()
             await _sleep_until(t)
             if not may_start(t):
                 break

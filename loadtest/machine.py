@@ -7,14 +7,16 @@ Over each stage we read /proc/stat (all cores: busy, idle, iowait, steal jiffies
                on the same machine, other jobs
   steal        the share of CPU time the hypervisor gave to other guests
   load         1-minute load average per core at the stage's end
-Verdict, when the client's signals say "limited" (loop lag p99 > 20 ms, or open-loop
-send lag p99 > 10 ms, or its CPU >= 0.85 of a core):
-  CLIENT-BOUND  its own CPU >= 0.85 core, or the machine had idle CPU (busy < 90%, steal
-                < 10%): the client itself is the limit — its numbers measure the client;
-  MACHINE-BUSY  the client used little CPU while the machine was busy (>= 90% of all
-                cores busy, or steal >= 10%, or load average > 1.5 per core): the
-                client's lateness comes from the load beside it (e.g. a backend on the
-                same box), not from its own work.
+Verdict:
+  CLIENT-BOUND  its own CPU >= 0.85 of a core, or it was late (loop lag p99 > 20 ms, or
+                open-loop send lag p99 > 10 ms) while the machine had idle CPU: the client
+                itself is the limit — its numbers measure the client;
+  MACHINE-BUSY  otherwise, whenever the machine was saturated (>= 90% of all cores busy,
+                or steal >= 10%, or load average > 1.5 per core), late or not: every
+                process on it, the server's too when it shares the box, waited for CPU,
+                so latencies include that contention and more load could not have been
+                sent. A saturated machine is flagged even when the client kept its
+                timing: the numbers then measure the machine as much as the server.
 Without /proc (not Linux) only the client's own signals are used.
 """
 
@@ -85,11 +87,13 @@ def assess(cpu_s: float, wall_s: float, lag_ms: float, send_lag_ms: float, open_
     verdict = reason = None
     if own_cpu:
         verdict, reason = "client", f"the client used {client:.0%} of a core"
-    elif late and machine_busy:
+    elif machine_busy:
         verdict = "machine"
+        state = (f"the machine was saturated ({busy:.0%} of {ncpu} cores busy, {others:.2f} cores used by "
+                 f"other processes, steal {steal:.0%}, load {load:.2f}/core)")
         reason = (f"the client was late (loop lag p99 {lag_ms:.0f} ms, send lag p99 {send_lag_ms:.0f} ms) "
-                  f"at {client:.0%} of a core while the machine was busy ({busy:.0%} of {ncpu} cores, "
-                  f"{others:.2f} cores used by other processes, steal {steal:.0%}, load {load:.2f}/core)")
+                  f"at {client:.0%} of a core while {state}" if late else
+                  f"{state}; the client used {client:.0%} of a core")
     elif late:
         verdict = "client"
         reason = (f"the client was late (loop lag p99 {lag_ms:.0f} ms, send lag p99 {send_lag_ms:.0f} ms) "

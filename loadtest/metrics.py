@@ -26,6 +26,20 @@ def _dist(prefix: str, values: list[float], scale: float = 1000.0) -> dict[str, 
             f"max_{prefix}_ms": round(float(a.max()), 3)}
 
 
+LATE_MS = 10.0
+
+
+def lateness(results: list[Any]) -> dict[str, Any]:
+    """Open loop and trace replay: how late requests went out after their intended send
+    time (a trace's timestamp); `late_share` is the share later than LATE_MS."""
+    lags = [r.send_lag * 1000 for r in results]
+    if not lags:
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None, "late_share": None, "late_ms": LATE_MS}
+    p50, p99 = np.percentile(lags, [50, 99])
+    return {"p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3), "max_ms": round(max(lags), 3),
+            "late_share": round(sum(1 for x in lags if x > LATE_MS) / len(lags), 4), "late_ms": LATE_MS}
+
+
 def summarize(run: StageRun, slo: dict[str, float] | None = None) -> dict[str, Any]:
     results = run.results
     ok = [r for r in results if r.ok]
@@ -75,6 +89,8 @@ def summarize(run: StageRun, slo: dict[str, float] | None = None) -> dict[str, A
         later = [r.ttft for r in ok if r.turn >= 2 and r.ttft is not None]
         m["affinity_turn2plus"] = dict(Counter(r.affinity for r in ok if r.turn >= 2 and r.affinity))
         m.update({k.replace("ttft", "ttft_turn2plus"): v for k, v in _dist("ttft", later).items()})
+    if stage.mode != "closed":
+        m["lateness"] = lateness(results)
     m["timeline"] = timeline(run)
     m["cdf"] = {"e2el_ms": cdf([r.latency for r in ok]), "ttft_ms": cdf([r.ttft for r in ok if r.ttft is not None])}
     m["client"] = machine.assess(run.cpu_s, run.wall_s, float(lag_ms), float(send_lag_ms),

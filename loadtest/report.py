@@ -91,6 +91,11 @@ def print_summary(console: Console, stages: Sequence[dict[str, Any]], knee: dict
             console.print(f"  load {s['load']:g}: endpoint split {split}")
         if set(s["affinity"]) - {"miss"}:  # single-turn load is all misses: nothing to say
             console.print(f"  load {s['load']:g}: affinity {s['affinity']}")
+        late = s.get("lateness") or {}
+        if late.get("p50_ms") is not None:
+            console.print(f"  load {s['load']:g}: sent late by p50 {late['p50_ms']:.2f} ms, "
+                          f"p99 {late['p99_ms']:.2f} ms, max {late['max_ms']:.1f} ms; "
+                          f"{late['late_share']:.1%} later than {late['late_ms']:g} ms", highlight=False)
     for s in stages:
         c = s["client"]
         if c["bottleneck"]:

@@ -2,85 +2,23 @@
 
 Sections: the verdict (knee, SLO/goodput, the highest rate at the SLO, CLIENT-BOUND and
 MACHINE-BUSY flags with their reasons), throughput and latency against load, each stage
-over time (throughput, p50/p99, errors; the measured windows shaded, warm-up visible),
-latency and TTFT distributions (CDF) per stage, the stage table, the per-endpoint split,
+over time in one chart each (throughput and errors over latencies; the measured windows
+shaded, warm-up visible; with --timeslice, per slice), latency and TTFT distributions
+(CDF, log scale) per stage, the stage table, the per-endpoint split,
 affinity and cache outcomes, the --direct overhead, and the configuration reduced to
 what differs from the defaults.
 """
 
 from __future__ import annotations
 
-import html
 import json
-from typing import Any, Sequence
+from typing import Any
 
 from .report import COLUMNS, _fmt
+from .svg import Panel, Series, auto_log, chart, esc
 
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
           "#bcbd22", "#17becf"]
-Series = tuple[str, str, Sequence[float], Sequence[float | None]]  # name, colour, xs, ys
-
-
-def esc(v: Any) -> str:
-    return html.escape(str(v))
-
-
-def chart(title: str, series: list[Series], xlabel: str, ylabel: str = "", marks: Sequence[float] = (),
-          bands: Sequence[Sequence[float]] = (), w: int = 560, h: int = 280,
-          xticks: Sequence[float] | None = None) -> str:
-    """A line chart; every data point is a <circle class="pt">, so a reader (or a test) can
-    count them. `marks`: dashed vertical lines (the knee); `bands`: shaded x ranges."""
-    pad_l, pad_r, pad_t, pad_b = 56, 16, 28, 40
-    xs = [x for _, _, sx, sy in series for x, y in zip(sx, sy) if y is not None]
-    ys = [y for _, _, _, sy in series for y in sy if y is not None]
-    xmin, xmax = (min(xs), max(xs)) if xs else (0.0, 1.0)
-    for a, b in bands:
-        xmin, xmax = min(xmin, a), max(xmax, b)
-    span = (xmax - xmin) or 1.0
-    ymax = (max(ys) * 1.1 if ys and max(ys) > 0 else 1.0)
-
-    def px(x: float) -> float:
-        return pad_l + (x - xmin) / span * (w - pad_l - pad_r)
-
-    def py(y: float) -> float:
-        return h - pad_b - y / ymax * (h - pad_t - pad_b)
-
-    out = [f'<svg class="chart" data-title="{esc(title)}" xmlns="http://www.w3.org/2000/svg" width="{w}" '
-           f'height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">',
-           f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="13" font-weight="bold">{esc(title)}</text>']
-    for a, b in bands:
-        out.append(f'<rect class="band" x="{px(a):.1f}" y="{pad_t}" width="{max(px(b) - px(a), 1):.1f}" '
-                   f'height="{h - pad_t - pad_b}" fill="#e8f0fe"/>')
-    out += [f'<line x1="{pad_l}" y1="{h - pad_b}" x2="{w - pad_r}" y2="{h - pad_b}" stroke="#333"/>',
-            f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{h - pad_b}" stroke="#333"/>',
-            f'<text x="{(pad_l + w - pad_r) / 2}" y="{h - 6}" text-anchor="middle">{esc(xlabel)}</text>',
-            f'<text x="12" y="{(pad_t + h - pad_b) / 2}" text-anchor="middle" '
-            f'transform="rotate(-90 12 {(pad_t + h - pad_b) / 2})">{esc(ylabel)}</text>']
-    for frac in (0, 0.25, 0.5, 0.75, 1.0):
-        y = ymax / 1.1 * frac
-        out.append(f'<text x="{pad_l - 4}" y="{py(y) + 4:.1f}" text-anchor="end">{_num(y)}</text>')
-        out.append(f'<line x1="{pad_l}" y1="{py(y):.1f}" x2="{w - pad_r}" y2="{py(y):.1f}" stroke="#eee"/>')
-    for x in xticks if xticks is not None else [xmin + span * f for f in (0, 0.25, 0.5, 0.75, 1.0)]:
-        out.append(f'<text x="{px(x):.1f}" y="{h - pad_b + 14}" text-anchor="middle">{_num(x)}</text>')
-    for m in marks:
-        out.append(f'<line class="mark" x1="{px(m):.1f}" y1="{pad_t}" x2="{px(m):.1f}" y2="{h - pad_b}" '
-                   f'stroke="#d33" stroke-dasharray="4 3"/><text x="{px(m) - 4:.1f}" y="{h - pad_b - 6}" '
-                   f'text-anchor="end" fill="#d33">knee</text>')
-    for i, (name, color, sx, sy) in enumerate(series):
-        pts = [(px(x), py(y)) for x, y in zip(sx, sy) if y is not None]
-        if pts:
-            out.append(f'<polyline class="line" fill="none" stroke="{color}" stroke-width="1.8" points="'
-                       + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>')
-            r = 2.5 if len(pts) < 80 else 1.2
-            out += [f'<circle class="pt" cx="{a:.1f}" cy="{b:.1f}" r="{r}" fill="{color}"/>' for a, b in pts]
-        out.append(f'<text x="{w - pad_r - 4}" y="{pad_t + 12 + 13 * i}" text-anchor="end" fill="{color}">'
-                   f'{esc(name)}</text>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def _num(v: float) -> str:
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
@@ -119,12 +57,16 @@ def verdict(doc: dict[str, Any], unit: str) -> str:
     if mr:
         parts.append(f"<p class='slo'>highest rate at the SLO: <b>{esc(mr['max_rate'])}</b> req/s "
                      f"(limit within {esc(mr['bracket'])}, {mr['stages']} probes)</p>")
+    flagged: dict[tuple[str, str], list[dict[str, Any]]] = {}  # one line per flag and target
     for s in stages + doc.get("direct", []):
-        c = s["client"]
-        if c.get("verdict"):
-            flag = "CLIENT-BOUND" if c["verdict"] == "client" else "MACHINE-BUSY"
-            parts.append(f"<p class='flag'><b>{flag}</b> at {esc(s.get('target', 'router'))} load "
-                         f"{s['load']:g}: {esc(c['reason'])}</p>")
+        if s["client"].get("verdict"):
+            flagged.setdefault((s["client"]["verdict"], s.get("target", "router")), []).append(s)
+    for (kind, target), ss in flagged.items():
+        flag = "CLIENT-BOUND" if kind == "client" else "MACHINE-BUSY"
+        loads = ", ".join(f"{s['load']:g}" for s in ss)
+        more = f" (at load {ss[0]['load']:g}; the others alike: see the JSON)" if len(ss) > 1 else ""
+        parts.append(f"<p class='flag'><b>{flag}</b> at {esc(target)} load{'s' if len(ss) > 1 else ''} "
+                     f"{loads}: {esc(ss[0]['client']['reason'])}{more}</p>")
     return "".join(parts)
 
 
@@ -150,34 +92,31 @@ def render(doc: dict[str, Any]) -> str:
     lat = [("p50", COLORS[2], xs, [s["median_e2el_ms"] for s in stages]),
            ("p99", COLORS[1], xs, [s["p99_e2el_ms"] for s in stages]),
            ("TTFT p50", COLORS[4], xs, [s["median_ttft_ms"] for s in stages])]
+    xlog = auto_log(xs, 8.0)
+    axis = xlabel + (" (log scale)" if xlog else "")
+    lat_log = auto_log([v for _, _, _, ys in lat for v in ys])
     body = [verdict(doc, unit), "<h2>Against load</h2><div class='row'>",
-            chart("Throughput (req/s)", thr, xlabel, "req/s", kx, xticks=xs),
-            chart("Latency (ms)", lat, xlabel, "ms", kx, xticks=xs), "</div>"]
+            chart("Throughput (req/s)", Panel(thr, "req/s"), axis, xlog=xlog, marks=kx, xticks=xs),
+            chart("Latency (ms)", Panel(lat, "ms (log)" if lat_log else "ms", log=lat_log), axis, xlog=xlog,
+                  marks=kx, xticks=xs), "</div>"]
     body.append("<h2>Each stage over time</h2><p>Shaded: the measured window(s); before it, the warm-up. "
-                "Per time bucket: p50/p99 latency of the requests that ended in it, errors; req/s counts the "
-                "completions within a window of at least the median latency around the bucket.</p>"
-                "<div class='row'>")
+                + ("Per slice of --timeslice: the requests sent in it (their completions per second, errors "
+                   "per second, TTFT and latency p50/p99)." if any(s.get("timeslices") for s in stages) else
+                   "Per time bucket: p50/p99 latency of the requests that ended in it, errors per second; "
+                   "req/s counts the completions within a window of at least the median latency around "
+                   "the bucket.") + "</p><div class='row'>")
     for s in stages + doc.get("direct", []):
-        tl = s.get("timeline") or {}
-        if not tl.get("t"):
-            continue
-        name = f"{s.get('target', 'router')} {'conc' if mode == 'closed' else 'rate'} {s['load']:g}"
-        ymax_thr = max([v for v in tl["throughput"] if v] or [1])
-        errs = [e * ymax_thr / max(max(tl["errors"]), 1) if any(tl["errors"]) else None for e in tl["errors"]]
-        body.append(chart(f"{name}: throughput and errors", [
-            ("req/s", COLORS[0], tl["t"], tl["throughput"]),
-            (f"errors (max {max(tl['errors'])}/bucket)", COLORS[3], tl["t"], errs)],
-            "seconds from the stage's start", "req/s", bands=tl["windows"], w=420, h=220))
-        body.append(chart(f"{name}: latency", [("p50 ms", COLORS[2], tl["t"], tl["p50_ms"]),
-                                               ("p99 ms", COLORS[1], tl["t"], tl["p99_ms"])],
-                          "seconds from the stage's start", "ms", bands=tl["windows"], w=420, h=220))
+        tl = timeline_chart(s, f"{s.get('target', 'router')} {'conc' if mode == 'closed' else 'rate'} {s['load']:g}")
+        if tl:
+            body.append(tl)
     body.append("</div><h2>Distributions</h2><div class='row'>")
     for key, title in (("e2el_ms", "Latency CDF (ms)"), ("ttft_ms", "TTFT CDF (ms)")):
-        series = [(f"{s['load']:g}", COLORS[i % len(COLORS)], s["cdf"][key],
-                   [q / (len(s["cdf"][key]) - 1) for q in range(len(s["cdf"][key]))])
+        series = [(f"{'conc' if mode == 'closed' else 'rate'} {s['load']:g}", COLORS[i % len(COLORS)],
+                   s["cdf"][key], [q / (len(s["cdf"][key]) - 1) for q in range(len(s["cdf"][key]))])
                   for i, s in enumerate(stages) if s.get("cdf", {}).get(key)]
         if series:
-            body.append(chart(title, series, "ms", "share of requests"))
+            body.append(chart(title, Panel(series, "share of requests", height=220), "ms (log scale)",
+                              xlog=True, xpad=0.02))
     body.append("</div><h2>Stages</h2>")
     good = any("goodput" in s for s in stages)
     head = [h for h, _, _ in COLUMNS] + (["good/s"] if good else []) + ["note"]
@@ -211,6 +150,42 @@ def render(doc: dict[str, Any]) -> str:
             "td,th{border:1px solid #ccc;padding:2px 7px;text-align:right}.row{display:flex;flex-wrap:wrap;gap:8px}"
             ".flag{color:#a60}.verdict{font-size:1.1em}pre{background:#f6f6f6;padding:.5em}</style></head>"
             "<body><h1>nomyo loadtest</h1>" + "".join(body) + "</body></html>")
+
+
+def timeline_chart(s: dict[str, Any], name: str) -> str | None:
+    """One chart per stage, two panels over the stage's time: throughput and errors, then
+    latencies (log scale when they span decades). With --timeslice, its slices; else the
+    timeline's buckets. The measured windows are shaded."""
+    tl = s.get("timeline") or {}
+    windows = tl.get("windows") or []
+    slices = s.get("timeslices")
+    if slices:
+        def at(ts: dict[str, Any]) -> float:
+            rep = ts.get("repetition", 1) - 1
+            start = windows[rep][0] if rep < len(windows) else 0.0
+            return start + ts["start_s"] + ts["duration_s"] / 2
+        t = [at(ts) for ts in slices]
+        top = [("req/s", COLORS[0], t, [ts["throughput"] for ts in slices]),
+               ("errors/s", COLORS[3], t, [ts["errors"] / ts["duration_s"] if ts["duration_s"] else None
+                                           for ts in slices])]
+        low = [("TTFT p50", COLORS[4], t, [ts["ttft_p50_ms"] for ts in slices]),
+               ("TTFT p99", COLORS[6], t, [ts["ttft_p99_ms"] for ts in slices]),
+               ("latency p50", COLORS[2], t, [ts["latency_p50_ms"] for ts in slices]),
+               ("latency p99", COLORS[1], t, [ts["latency_p99_ms"] for ts in slices])]
+        title = f"{name}: over time (per {s.get('timeslice_s', 0):g} s slice)"
+    elif tl.get("t"):
+        t, width = tl["t"], tl.get("bucket_s") or 1.0
+        top = [("req/s", COLORS[0], t, tl["throughput"]),
+               ("errors/s", COLORS[3], t, [e / width for e in tl["errors"]])]
+        low = [("latency p50", COLORS[2], t, tl["p50_ms"]), ("latency p99", COLORS[1], t, tl["p99_ms"])]
+        title = f"{name}: over time"
+    else:
+        return None
+    log = auto_log([v for _, _, _, ys in low for v in ys])
+    return chart(title, [Panel(top, "req/s", height=130), Panel(low, "ms (log)" if log else "ms", log=log,
+                                                                  height=130)],
+                 "seconds from the stage's start", bands=windows, w=460, xpad=0.0,
+                 xspan=[0.0, *(tl.get("t") or [])[-1:]])
 
 
 def write_html(path: str, doc: dict[str, Any]) -> None:

@@ -53,7 +53,8 @@ async def find_max_rate(args: argparse.Namespace, url: str, spec: WorkloadSpec,
 
     async def probe(rate: float) -> bool:
         stage = Stage(mode="open", load=round(rate, 3), duration=args.duration, requests=args.requests,
-                      warmup=args.warmup, arrival=args.arrival, seed=args.seed + len(probes))
+                      warmup=args.warmup, arrival=args.arrival, seed=args.seed + len(probes),
+                      burstiness=args.burstiness)
         label = f"search {len(probes) + 1}/{args.search_stages} rate={stage.load:g}"
         m = await measure(args, url, spec, stage, "router", label, console)
         m["slo_pass"] = passes(m, args)
