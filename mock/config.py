@@ -29,6 +29,7 @@ class MockConfig:
     busy_rate: float = 0.0
     drop_rate: float = 0.0
     hang_rate: float = 0.0
+    error_rate: float = 0.0  # answers that fail under a 200 (a crashed model runner): see HELP
     first_byte_delay_ms: float = 0.0
     seed: int = 0
     openai_busy_status: int = 503
@@ -36,7 +37,7 @@ class MockConfig:
     kv_events: str = ""  # bind a vLLM-style KV-event ZMQ publisher here (tcp://127.0.0.1:PORT)
 
     def validate(self) -> None:
-        for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate"):
+        for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate", "error_rate"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1, got {v!r}")
@@ -98,6 +99,9 @@ HELP = {
     "busy_rate": "share of requests answered 503 (busy)",
     "drop_rate": "share of requests whose connection is cut (streams mid-way)",
     "hang_rate": "share of requests accepted and never answered",
+    "error_rate": "share of requests that fail under a 200, as when Ollama's model runner crashes: "
+                  "a stream gets an error record mid-way (then its end; OpenAI: then [DONE], as vLLM), "
+                  "a whole answer is an error object",
     "first_byte_delay_ms": "delay before the response headers",
     "seed": "seed of the fault dice and jitter",
     "stream_tick_ms": "> 0: one shared timer per tick writes every open stream's due chunk "

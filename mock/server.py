@@ -219,10 +219,12 @@ class MockBackend:
     def _dice(self) -> str | None:
         """One roll per fault, in a fixed order, so a seed replays the same faults."""
         c, rng = self.config, self.rng
-        if not (c.hang_rate or c.fail_rate or c.busy_rate or c.drop_rate):
+        if not (c.hang_rate or c.fail_rate or c.busy_rate or c.drop_rate or c.error_rate):
             return None
         rolls = (("hang", c.hang_rate), ("fail", c.fail_rate), ("busy", c.busy_rate),
                  ("drop", c.drop_rate))
+        if c.error_rate:  # (rolled only when set: a seed replays the faults it did before)
+            rolls += (("error", c.error_rate),)
         fault = None
         for name, rate in rolls:
             if rng.random() < rate and fault is None:
@@ -263,7 +265,7 @@ class MockBackend:
                 self.errors_injected["queue_full"] += 1
                 return self._busy(request.path, gen.api)
             try:
-                response = await self._generate(request, gen, jitter, fault == "drop")
+                response = await self._generate(request, gen, jitter, fault == "drop", fault == "error")
                 self.completed[route] += 1
                 return response
             finally:
@@ -278,7 +280,7 @@ class MockBackend:
                            "server busy, please try again", {"Retry-After": "1"})
 
     async def _generate(self, request: web.Request, gen: Generation, jitter: float,
-                        drop: bool) -> Reply:
+                        drop: bool, error: bool = False) -> Reply:
         loop = asyncio.get_running_loop()
         c = self.config
         t0 = loop.time()
@@ -326,6 +328,8 @@ class MockBackend:
                                    + tok_s * len(tokens) * self._slowdown())
             if drop:
                 _cut(request)
+            if error:
+                return _json(_runner_error(gen.api))
             body = formats.complete_body(gen, tokens, done_reason, timing, rid)
             return _json(body if ex is None else fidelity.whole(body, gen.api, ex, rid))
 
@@ -338,7 +342,7 @@ class MockBackend:
         if head:
             await resp.write(fidelity.fan(head, n))
         deadline = t0 + ttft_s
-        cut_at = len(tokens) // 2 if drop else -1
+        cut_at = len(tokens) // 2 if drop or error else -1
         if ex is not None and ex.tool is not None:  # the call instead of text
             tokens = []
             for piece in fidelity.tool_chunks(gen.api, ex, gen.model, rid, chunker.created, formats.now_iso()):
@@ -349,7 +353,10 @@ class MockBackend:
             return resp
         for i, tok in enumerate(tokens):
             if i == cut_at:
-                _cut(request)
+                if not error:
+                    _cut(request)
+                await resp.write(_error_record(gen.api))
+                await resp.write_eof()
                 return resp
             await _sleep_until(loop, deadline)
             await resp.write(chunker.token(tok) if n == 1 else fidelity.fan(chunker.token(tok), n))
@@ -369,6 +376,24 @@ class MockBackend:
         if c.batch_slowdown <= 0:
             return 1.0
         return 1.0 + c.batch_slowdown * max(self.slots.active - 1, 0)
+
+
+RUNNER_CRASH = "llama runner process has terminated: signal: killed"
+
+
+def _runner_error(api: str) -> dict[str, Any]:
+    """What Ollama says when its model runner dies (`{"error": "..."}`), in the API's shape."""
+    if api == "ollama":
+        return {"error": RUNNER_CRASH}
+    return {"error": {"message": RUNNER_CRASH, "type": "InternalServerError", "param": None, "code": 500}}
+
+
+def _error_record(api: str) -> bytes:
+    """The error record a stream ends with when the runner dies mid-way: Ollama's NDJSON line
+    (and the stream's end), or vLLM's SSE event followed by its `[DONE]`."""
+    if api == "ollama":
+        return json.dumps(_runner_error(api), separators=(",", ":")).encode() + b"\n"
+    return b"data: " + json.dumps(_runner_error(api)).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 def _cut(request: web.Request) -> None:

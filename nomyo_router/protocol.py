@@ -10,7 +10,19 @@ subclass adds, per connection:
 - a head not complete within `header_timeout` (10 s) of its first byte (or of the
   connection) → 408 and closed;
 - a body that idles longer than `body_idle_timeout` (30 s) between two pieces → closed
-  (the app sees a disconnect).
+  (the app sees a disconnect);
+- a response the client stops reading: writing paused (the transport's buffer full) for
+  `stream_idle_timeout` (120 s) while the app answers → the connection is aborted, so the
+  app sees a disconnect: the request is cancelled, its slot freed, the backend's connection
+  closed, and nothing is counted against the backend (the client's fault). Without it, a
+  stream whose client stopped reading held its slot as long as the client held the socket.
+
+While the app answers, the client's socket is read again (uvicorn pauses reading once more
+than 64 KiB of body are waiting for the app, and resumes only at the app's next `receive()`,
+which a request whose body is whole never makes): so a client that leaves — closes its
+socket after a large body — is seen at once (its end of file), and the app's disconnect
+hook cancels the request, instead of the socket waiting in CLOSE-WAIT until the backend
+answered. A client gone before the app set its hook is remembered in the scope (`GONE`).
 
 These bounds, and uvicorn's keep-alive timeout, are one deadline per connection, moved
 lazily (one timer per connection, not 3–4 `call_later`/`cancel` pairs per request).
@@ -29,13 +41,16 @@ bounded by uvicorn's own `limit_concurrency` (`max_connections`; beyond it, 503)
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
-from .api.asgi import BODY_WRITER, DISCONNECT_HOOK
+from .api.asgi import BODY_WRITER, DISCONNECT_HOOK, GONE
 
-DEFAULTS = {"max_header_bytes": 64 * 1024, "header_timeout": 10.0, "body_idle_timeout": 30.0}
+log = logging.getLogger("nomyo_router.protocol")
+DEFAULTS = {"max_header_bytes": 64 * 1024, "header_timeout": 10.0, "body_idle_timeout": 30.0,
+            "stream_idle_timeout": 120.0}
 
 
 def _limits(app: Any) -> dict[str, float]:
@@ -102,19 +117,20 @@ class _Guard:
     protocol has 27; a 30th turns its shared-key `__dict__` (296 B) into a full one
     (1,584 B), paid by every open connection (issue 16)."""
 
-    __slots__ = ("max_head", "head_timeout", "body_timeout", "head_bytes", "in_head", "timer", "due",
-                 "deadline", "status")
+    __slots__ = ("max_head", "head_timeout", "body_timeout", "stall_timeout", "head_bytes", "in_head", "timer",
+                 "due", "deadline", "status")
 
     def __init__(self, limits: dict[str, float]) -> None:
         self.max_head = int(limits["max_header_bytes"])
         self.head_timeout = limits["header_timeout"]
         self.body_timeout = limits["body_idle_timeout"]
+        self.stall_timeout = limits["stream_idle_timeout"]  # no write progress to the client while answering
         self.head_bytes = 0
         self.in_head = True
         self.timer: asyncio.TimerHandle | None = None  # fires at `due`, at or before `deadline`
         self.due = 0.0
         self.deadline: float | None = None  # when this connection's current bound runs out ...
-        self.status = 0  # ... and what then: 408 (head), BODY_IDLE or KEEP_ALIVE (closed)
+        self.status = 0  # ... and what then: 408 (head), BODY_IDLE or KEEP_ALIVE (closed), WRITE_STALL (aborted)
 
 
 class _Cork:
@@ -217,7 +233,7 @@ class BodyWriter:
         return True
 
 
-BODY_IDLE, KEEP_ALIVE = 0, 1
+BODY_IDLE, KEEP_ALIVE, WRITE_STALL = 0, 1, 2
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -242,8 +258,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.scope.pop(BODY_WRITER, None)  # (it refers to the cycle: no reference cycle left)
             if cycle.disconnected:  # the client left mid-request: tell the app
                 hook = cycle.scope.get(DISCONNECT_HOOK)
-                if hook is not None:
+                if hook is not None and hook is not GONE:
                     hook()
+                elif DISCONNECT_HOOK in cycle.scope:
+                    cycle.scope[DISCONNECT_HOOK] = GONE  # (no hook yet: the app finds this when it sets one)
 
     def _arm(self, delay: float, status: int) -> None:
         """The connection's one bound — its head's time, its body's idle gap, or keep-alive —
@@ -278,6 +296,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         elif g.status == 408:
             if g.in_head:
                 self._refuse(b"408 Request Timeout")
+        elif g.status == WRITE_STALL:
+            if self.flow.write_paused:
+                log.info("closing a connection whose client read nothing for %gs of its answer", g.stall_timeout)
+                self.transport.abort()  # (close() would wait for the client to take what is buffered)
         else:  # body idle (the app gets a disconnect), or a kept-alive connection left idle
             self.transport.close()
 
@@ -322,6 +344,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._g.deadline = None  # no bound while the app answers (the timer, if any, stays)
         super().on_message_complete()
+        if self.cycle is not None and not self.pipeline:
+            self.flow.resume_reading()  # watch the client's socket while the app answers (see above)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        g = self._g
+        if g.deadline is None and not g.in_head and self.cycle is not None and not self.cycle.response_complete:
+            self._arm(g.stall_timeout, WRITE_STALL)  # the app is answering and the client takes nothing
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        g = self._g
+        if g.status == WRITE_STALL:
+            g.deadline = None  # the client reads again: no bound while the app answers
 
     def on_response_complete(self) -> None:
         if self.cycle is not None and self.cycle.response_complete:

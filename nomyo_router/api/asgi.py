@@ -15,6 +15,9 @@ JSON = b"application/json"
 # function stored there when the client's connection is lost, so no task per request has
 # to sit in `receive()` to notice a disconnect.
 DISCONNECT_HOOK = "nomyo.on_disconnect"
+# What the protocol leaves under DISCONNECT_HOOK when the client left while no hook was set
+# (between two waits of the app): the next `cancel_on_disconnect` does not start its work.
+GONE = "gone"
 # Set in the scope by nomyo_router.protocol: a `protocol.BodyWriter` that writes a relayed
 # stream's pieces straight to the client's transport (upstream/relay.py).
 BODY_WRITER = "nomyo.body_writer"
@@ -106,6 +109,10 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: S
     hooked = scope is not None and DISCONNECT_HOOK in scope
     watcher = None
     if hooked:
+        if scope[DISCONNECT_HOOK] is GONE:  # type: ignore[index]  # the client left already
+            if asyncio.iscoroutine(work):
+                work.close()
+            return
         scope[DISCONNECT_HOOK] = lost  # type: ignore[index]
     else:
         watcher = asyncio.get_running_loop().create_task(watch())

@@ -16,7 +16,17 @@
  * the last scan stopped), and a record that waits, or ends, longer than the stream's
  * `record_limit` (max_record_bytes) ends the stream (EV_LONG) instead of growing `pending`
  * without bound: a hostile 200 MiB line once made it 768 MB. Buffers a long record grew are
- * given back once it is gone. */
+ * given back once it is gone.
+ *
+ * The backend's error record (`{"error": ...}` inside a 200 stream: a crashed model runner,
+ * upstream/error_record.py) is never written here: the records about to be written are
+ * searched for `"error"` (memmem, each byte once, when it is written), and only when that
+ * trips is the stream's Python `check` asked where an error record starts among them. The
+ * records before it are written; the stream ends with EV_ERROR and the record waits in
+ * `pending` for Python, which resumes the stream elsewhere or relays the record.
+ *
+ * `blocked(handle)` tells Python whether a stream that made no progress is waiting for the
+ * client's socket (the client stopped reading: its fault, not the backend's). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,7 +41,7 @@
 #include <unistd.h>
 
 enum { S_SIZE, S_EXT, S_SIZE_LF, S_DATA, S_DATA_CR, S_DATA_LF, S_TRAILER, S_TRAILER_LINE, S_END_LF, S_DONE };
-enum { EV_END = 1, EV_END_DIRTY = 2, EV_CUT = 3, EV_BAD = 4, EV_CLIENT = 5, EV_SENT = 6, EV_LONG = 7 };
+enum { EV_END = 1, EV_END_DIRTY = 2, EV_CUT = 3, EV_BAD = 4, EV_CLIENT = 5, EV_SENT = 6, EV_LONG = 7, EV_ERROR = 8 };
 
 #define READ_SIZE 65536
 #define MAX_EVENTS 256
@@ -101,6 +111,7 @@ typedef struct {
     buf_t pending;      /* payload not yet written: a record's beginning */
     buf_t out;          /* framed bytes the client's socket did not take yet */
     buf_t sent;         /* payload written, not yet taken by Python */
+    PyObject *check;    /* check(records) -> where an error record starts in them, or -1; NULL: none */
 } stream_t;
 
 typedef struct {
@@ -256,8 +267,24 @@ static size_t first_end(stream_t *s, size_t from) {
     return 0;
 }
 
+/* Python's check on pending[:end], which holds `"error"`: where an error record starts (-1:
+ * none, or the check failed). */
+static Py_ssize_t error_at(stream_t *s, size_t end) {
+    PyObject *data = PyBytes_FromStringAndSize(s->pending.p, (Py_ssize_t)end);
+    PyObject *r = data ? PyObject_CallOneArg(s->check, data) : NULL;
+    Py_XDECREF(data);
+    Py_ssize_t at = r ? PyLong_AsSsize_t(r) : -1;
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        at = -1;
+    }
+    return at >= 0 && (size_t)at <= end ? at : -1;
+}
+
 /* The whole records in pending (all of it without a separator) go to the client; EV_LONG
- * (nothing written) when a record waits, or ended, longer than record_limit. */
+ * (nothing written) when a record waits, or ended, longer than record_limit; EV_ERROR (the
+ * records before it written) when an error record is among them. */
 static int emit(Pump *self, stream_t *s, Py_ssize_t h) {
     size_t end = s->pending.len;
     if (s->seplen) {
@@ -279,6 +306,15 @@ static int emit(Pump *self, stream_t *s, Py_ssize_t h) {
             return EV_LONG;
     }
     if (end == 0) return 0;
+    int ev = 0;
+    if (s->check != NULL && end >= 7 && memmem(s->pending.p, end, "\"error\"", 7) != NULL) {
+        Py_ssize_t at = error_at(s, end); /* rare: maybe the backend's error record */
+        if (at >= 0) {
+            end = (size_t)at;
+            ev = EV_ERROR;
+            if (end == 0) return ev;
+        }
+    }
     char head[24];
     int hl = snprintf(head, sizeof head, "%zx\r\n", end);
     struct iovec iov[3] = {{head, (size_t)hl}, {s->pending.p, end}, {"\r\n", 2}};
@@ -288,7 +324,7 @@ static int emit(Pump *self, stream_t *s, Py_ssize_t h) {
     buf_drop(&s->pending, end);
     buf_fit(&s->pending);
     s->scanned = s->pending.len;
-    return 0;
+    return ev;
 }
 
 static void unregister(Pump *self, stream_t *s) {
@@ -382,6 +418,7 @@ static void free_stream(Pump *self, Py_ssize_t h) {
     buf_free(&s->pending);
     buf_free(&s->out);
     buf_free(&s->sent);
+    Py_CLEAR(s->check);
     free(s);
     self->streams[h] = NULL;
 }
@@ -403,13 +440,15 @@ static void Pump_dealloc(Pump *self) {
 
 static PyObject *Pump_fileno(Pump *self, PyObject *unused) { return PyLong_FromLong(self->ep); }
 
-/* add(backend_fd, client_fd, sep, pending, sent_limit, record_limit=0) -> handle. `pending`:
- * a record's beginning, which holds no separator. */
+/* add(backend_fd, client_fd, sep, pending, sent_limit, record_limit=0, check=None) -> handle.
+ * `pending`: a record's beginning, which holds no separator. `check`: see error_at. */
 static PyObject *Pump_add(Pump *self, PyObject *args) {
     int up, client;
     const char *sep, *pending;
     Py_ssize_t seplen, plen, limit, record_limit = 0;
-    if (!PyArg_ParseTuple(args, "iiy#y#n|n", &up, &client, &sep, &seplen, &pending, &plen, &limit, &record_limit))
+    PyObject *check = Py_None;
+    if (!PyArg_ParseTuple(args, "iiy#y#n|nO", &up, &client, &sep, &seplen, &pending, &plen, &limit, &record_limit,
+                          &check))
         return NULL;
     if (seplen > 4 || record_limit < 0) {
         PyErr_SetString(PyExc_ValueError, "sep: at most 4 bytes; record_limit: >= 0");
@@ -434,6 +473,10 @@ static PyObject *Pump_add(Pump *self, PyObject *args) {
     s->up = fcntl(up, F_DUPFD_CLOEXEC, 0);
     s->client = fcntl(client, F_DUPFD_CLOEXEC, 0);
     self->streams[h] = s;
+    if (check != Py_None) {
+        Py_INCREF(check);
+        s->check = check;
+    }
     memcpy(s->sep, sep, seplen);
     s->seplen = (int)seplen;
     s->sent_limit = (size_t)limit;
@@ -509,6 +552,13 @@ static PyObject *Pump_last(Pump *self, PyObject *arg) {
     return PyFloat_FromDouble(s->last);
 }
 
+/* blocked(handle) -> whether the stream waits for the client's socket to take what it has */
+static PyObject *Pump_blocked(Pump *self, PyObject *arg) {
+    stream_t *s = get(self, PyLong_AsSsize_t(arg));
+    if (s == NULL) return NULL;
+    return PyBool_FromLong(s->blocked);
+}
+
 /* remove(handle) -> (sent, pending, out): the payload written since the last take, a
  * record's beginning not written, and framed bytes the client's socket did not take. */
 static PyObject *Pump_remove(Pump *self, PyObject *arg) {
@@ -525,10 +575,11 @@ static PyObject *Pump_remove(Pump *self, PyObject *arg) {
 static PyMethodDef Pump_methods[] = {
     {"fileno", (PyCFunction)Pump_fileno, METH_NOARGS, "the epoll set's fd (readable: run() has work)"},
     {"add", (PyCFunction)Pump_add, METH_VARARGS,
-     "add(backend_fd, client_fd, sep, pending, sent_limit, record_limit=0) -> handle"},
+     "add(backend_fd, client_fd, sep, pending, sent_limit, record_limit=0, check=None) -> handle"},
     {"run", (PyCFunction)Pump_run, METH_O, "run(most): relay what is ready; [(handle, event), ...]"},
     {"take", (PyCFunction)Pump_take, METH_O, "take(handle) -> payload written since the last take"},
     {"last", (PyCFunction)Pump_last, METH_O, "last(handle) -> monotonic seconds of the last progress"},
+    {"blocked", (PyCFunction)Pump_blocked, METH_O, "blocked(handle) -> waiting for the client's socket"},
     {"remove", (PyCFunction)Pump_remove, METH_O, "remove(handle) -> (sent, pending, out)"},
     {"close", (PyCFunction)Pump_close, METH_NOARGS, "close the epoll set and every stream's dups"},
     {NULL, NULL, 0, NULL},
@@ -544,7 +595,25 @@ static PyTypeObject PumpType = {
     .tp_methods = Pump_methods,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pump", NULL, -1, NULL};
+/* marked(data) -> whether `data` (bytes) holds `"error"`: the Python relay's per-read check
+ * for an error record (error_record.py), with glibc's memmem (a few times faster on JSON
+ * than bytes.find, whose loop stops at every quote). */
+static PyObject *marked(PyObject *module, PyObject *arg) {
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "marked() takes bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(arg);
+    if (n >= 7 && memmem(PyBytes_AS_STRING(arg), (size_t)n, "\"error\"", 7) != NULL) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"marked", marked, METH_O, "marked(data) -> whether data holds the bytes \"error\""},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pump", NULL, -1, module_methods};
 
 PyMODINIT_FUNC PyInit__pump(void) {
     if (PyType_Ready(&PumpType) < 0) return NULL;
@@ -563,5 +632,6 @@ PyMODINIT_FUNC PyInit__pump(void) {
     PyModule_AddIntConstant(m, "CLIENT", EV_CLIENT);
     PyModule_AddIntConstant(m, "SENT", EV_SENT);
     PyModule_AddIntConstant(m, "LONG", EV_LONG);
+    PyModule_AddIntConstant(m, "ERROR", EV_ERROR);
     return m;
 }

@@ -33,6 +33,21 @@ class TooLarge(ClientError):
         self.code = code
 
 
+class ErrorRecord(ClientError):
+    """An error record inside a 200 stream (`{"error": ...}`: Ollama's crashed model runner,
+    `data: {"error": {...}}` from an OpenAI-compatible server): the backend failed mid-answer
+    after its 200 head went out (error_record.py). Treated as the stream cut at that record.
+    Raised by the relays (native.py), not by `h1` itself.
+    `record`: its bytes as the backend sent them, relayed to the client when the stream is not
+    resumed elsewhere. `code`: the access log's error."""
+
+    code = "backend_error_record"
+
+    def __init__(self, record: bytes) -> None:
+        super().__init__(record.strip()[:200].decode("utf-8", "replace"))
+        self.record = record
+
+
 def record_too_large(limit: int) -> TooLarge:
     return TooLarge(f"a stream record longer than max_record_bytes ({limit} bytes)")
 

@@ -11,8 +11,10 @@ worker and instance routes by it):
     ejected (unreachable) --(a probe answers)--> healthy
 
 What counts against an endpoint: 5xx answers, connection errors, timeouts and hangs,
-streams cut by the backend, error chunks before content. Never a client disconnect and
-never a 4xx the client caused. What does not eject:
+streams cut by the backend, error chunks before content, error records or objects inside a
+200 answer (error_record.py). Never a client disconnect, never a client that stops reading
+(its stalled connection is closed: protocol.py, native.py), and never a 4xx the client
+caused. What does not eject:
 - a probe that timed out while this process's event loop lagged (the router was slow, not
   the backend), or while the endpoint delivered traffic recently (traffic beats probes);
 - anything but an unreachable backend, when it is the last healthy endpoint of one of its

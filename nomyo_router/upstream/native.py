@@ -15,6 +15,12 @@ carry ciphertext), no record is being rewritten (no resumption seam, no usage ev
 strip) and the client's transport has nothing queued. Its end goes back to Python: the
 record left unterminated, then the final chunk through ASGI. Without the compiled module
 (no C compiler when installed) everything stays in Python.
+
+The backend's error record (error_record.py) is not written by the pump: it ends the stream
+with `ErrorRecord`, for Python to resume or relay. A stream that makes no progress for
+`sock_read` while the pump waits for the client's socket is the client's stall, not the
+backend's: the client's connection is closed (the request is cancelled, nothing is counted
+against the backend), where a silent backend is a TimeoutError as before.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import asyncio
 from typing import Any, Callable
 
 from . import h1
+from .error_record import Check, find
+from .errors import ErrorRecord
 
 try:
     from . import _pump
@@ -34,6 +42,7 @@ SENT_LIMIT = 3072  # bytes written before Python takes them (about resume.Sent's
 BATCH = 16  # streams relayed per turn of the event loop, so new requests and first chunks
 # are not queued behind a whole 5 ms tick's worth (bench/overload.py at 2,000 streams, added
 # TTFT p99: +35 ms with 256, +19 ms with 16)
+STALLED = -1  # (not a pump event) no progress for sock_read, waiting for the client's socket
 
 
 class Pump:
@@ -72,17 +81,21 @@ def _pump_of(upstream: h1.Upstream, loop: asyncio.AbstractEventLoop) -> Pump:
 
 
 async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: bytes, pending: bytes,
-                keep: Callable[[bytes], None], limit: int = 0) -> bytes | None:
+                keep: Callable[[bytes], None], limit: int = 0,
+                check: Check | None = None) -> bytes | None:
     """Relay the rest of `resp`'s body to the client through `writer`'s transport (a
     protocol.BodyWriter), `pending` (a record's beginning) first. `sep`: records end with it
     and only whole ones are written (b"": bytes as they come). `keep` gets what was written,
     in order, a few KiB at a time. `limit`: max_record_bytes — a longer record raises
-    h1.TooLarge (the pump holds no more than about that plus a read; 0: no limit).
+    h1.TooLarge (the pump holds no more than about that plus a read; 0: no limit). `check`:
+    error_record.CHECKS[the records' separator] (None: error records are not looked for).
 
     None: not possible now, nothing done (go on in Python). Else the body's unterminated
     remainder (usually b""), once it ended. Raises h1.Cut when the backend cut it or sent a
-    malformed body, TimeoutError after `sock_read` without progress; when the client can no
-    longer be written to, its connection is aborted (the request is then cancelled)."""
+    malformed body, ErrorRecord at the backend's error record (the records before it written),
+    TimeoutError after `sock_read` without the backend's progress; when the client can no
+    longer be written to, or took nothing for `sock_read`, its connection is aborted (the
+    request is then cancelled)."""
     if not AVAILABLE or not writer.ready() or writer.transport.get_write_buffer_size():
         return None
     client = writer.transport.get_extra_info("socket")
@@ -95,7 +108,7 @@ async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: byte
     loop = asyncio.get_running_loop()
     p = _pump_of(upstream, loop)
     try:
-        handle = p.pump.add(fd, client.fileno(), sep, pending, SENT_LIMIT, limit)
+        handle = p.pump.add(fd, client.fileno(), sep, pending, SENT_LIMIT, limit, check)
     except OSError:
         resp.attach(False, False)
         raise h1.Cut("the backend's connection could not be relayed") from None
@@ -113,12 +126,15 @@ async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: byte
         if sent:
             keep(sent)
         ended = event in (_pump.END, _pump.END_DIRTY)
-        if out and event != _pump.CLIENT:
+        if out and event not in (_pump.CLIENT, STALLED):
             writer.transport.write(out)  # what the client's socket had not taken goes first
         resp.attach(ended, reusable and event == _pump.END)
     if ended:
         return rest
-    if event == _pump.CLIENT:
+    if event == _pump.ERROR and check is not None:
+        end = find(rest, check.sep)[1]  # (the record starts `rest`)
+        raise ErrorRecord(rest[:end] if end > 0 else rest)
+    if event in (_pump.CLIENT, STALLED):
         writer.transport.abort()  # its loss cancels this request (api.asgi.cancel_on_disconnect)
         await asyncio.sleep(5)
         raise asyncio.CancelledError("the client's connection failed")
@@ -130,8 +146,10 @@ async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: byte
 
 class _Idle:
     """sock_read while the pump has the stream: no read of the backend (nor a write to the
-    client) for `read_s` fails the wait. One timer, moved lazily (a class, not a closure that
-    re-arms itself: that was a reference cycle per stream, left to the cyclic collector)."""
+    client) for `read_s` fails the wait — with TimeoutError (the backend's silence), or STALLED
+    when the pump is waiting for the client's socket (the client stopped reading). One timer,
+    moved lazily (a class, not a closure that re-arms itself: that was a reference cycle per
+    stream, left to the cyclic collector)."""
 
     __slots__ = ("pump", "handle", "fut", "read_s", "loop", "timer")
 
@@ -144,7 +162,11 @@ class _Idle:
         due = self.pump.last(self.handle) + self.read_s
         if self.loop.time() < due:
             self.timer = self.loop.call_at(due, self.check)
-        elif not self.fut.done():
+        elif self.fut.done():
+            pass
+        elif self.pump.blocked(self.handle):
+            self.fut.set_result(STALLED)
+        else:
             self.fut.set_exception(TimeoutError("no data from the backend within sock_read"))
 
     def stop(self) -> None:

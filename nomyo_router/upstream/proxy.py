@@ -26,8 +26,9 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from . import h1, native, relay, translate, usage, whole
+from . import error_record, h1, passthrough, relay, translate, usage, whole
 from .deadline import Deadlines
+from .errors import ErrorRecord
 from .health import Health
 from .resume import Resumer, resumable
 from .retry import RETRY_STATUSES, RetryBudget, is_error_chunk
@@ -142,11 +143,12 @@ class Proxy:
             raise ApiError(503, f"no healthy endpoint serves model '{req.model}'",
                            code="no_healthy_endpoint", retry_after=self.config.retry_after)
         if last.status is not None:  # the backend's own answer, passed through
-            body = last.body
+            body = last.body  # (an error object under a 200 is a 502: error_record.py)
+            status, code = (502, ErrorRecord.code) if last.status == 200 else (last.status, "upstream_status")
             if req.api == "ollama" and last.content_type.startswith(b"application/json"):
-                body = error_body("ollama", last.status, translate.error_message(body))
-            rec.status, rec.error = last.status, "upstream_status"
-            await _send_whole(send, last.status, body, last.content_type, [])
+                body = error_body("ollama", status, translate.error_message(body))
+            rec.status, rec.error = status, code
+            await _send_whole(send, status, body, last.content_type, [])
             return
         raise ApiError(502, f"every endpoint failed for model '{req.model}': {last.reason}",
                        code="upstream_error")
@@ -235,11 +237,11 @@ class Proxy:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             try:
                 cut = await self.resumer.relay(req, ctx, rec, ep, resp, first, send,
-                                               usage.Strip() if strip else None, req.body_writer)
+                                               usage.Strip() if strip else None, req.body_writer, lease)
             finally:
                 resp.close()  # no-op when released; the client left: closing stops the backend
             if cut:
-                rec.error = getattr(cut, "code", "stream_cut")
+                error_record.ended(rec, cut)
                 await send({"type": "http.response.body", "body": relay.stream_error(resp, cut), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return
@@ -248,10 +250,11 @@ class Proxy:
             if translating:
                 cut = await self._relay_translated(req, resp, first, headers, send, rec)
             else:
-                cut = await self._relay(resp, first, headers, send, rec, req.body_writer)
+                cut = await passthrough.relay(resp, first, headers, send, rec, req.body_writer,
+                                              self.upstream if self.config.native_relay else None)
             if cut:
-                rec.error = getattr(cut, "code", "stream_cut")
-                self.health.failure(ep, "stream cut by the backend")
+                error_record.ended(rec, cut)
+                error_record.blame(self.health, self.events, ep, req.key, cut)
             finished = True
         finally:
             if finished:
@@ -281,9 +284,13 @@ class Proxy:
             if timeout is self._whole_timeout or resp.status != 200:  # (data None: larger than `bound`)
                 data = await resp.hold(*whole.bound(self.config, line))
                 resp.unbound()
+                if resp.status == 200 and data and error_record.whole(data):  # a failure, though 200: retried
+                    self.events.count(error_record.EVENT, ep.name, "")
+                    raise RetryableFailure("an error object in a 200 answer", 200, data)
                 return resp, data, b""
             first = await _first_chunk(resp, line and self.config.max_record_bytes)
             if is_error_chunk(first):  # an error before any content: nothing sent yet, retry
+                self.events.count(error_record.EVENT, ep.name, "")
                 error = first.strip().removeprefix(b"data:").strip()
                 raise RetryableFailure("error chunk before content", 502, error)
             resp.unbound()  # the rest of the stream: within stream_idle_timeout per read
@@ -291,37 +298,6 @@ class Proxy:
         except BaseException:
             resp.close()
             raise
-
-    async def _relay(self, resp: h1.Response, first: bytes, headers: Headers,
-                     send: Send, rec: RequestRecord, writer: object = None) -> bool:
-        """Relay a stream; True when the backend cut it. `writer`: see relay.py."""
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": first, "more_body": True})
-        cut = False
-        flow = relay.Passthrough(first, writer)  # the counts sit in the last record, which may span two chunks
-        try:
-            while True:
-                if writer is not None:
-                    if self.config.native_relay and await native.relay(self.upstream, resp, writer, b"",
-                                                                       b"", flow.keep) is not None:
-                        break
-                    resp.sink(flow.take)
-                chunk = await resp.content.readany()
-                if not chunk:
-                    break
-                flow.keep(chunk)
-                flow.busy = True
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                flow.busy = False
-        except (h1.ClientError, asyncio.TimeoutError) as e:
-            cut = True
-            await send({"type": "http.response.body", "body": relay.stream_error(resp, e), "more_body": True})
-        else:
-            rec.prompt_tokens, rec.completion_tokens = usage.counts(flow.tail()[-usage.TAIL:])
-        finally:
-            resp.sink(None)
-        await send({"type": "http.response.body", "body": b""})
-        return cut
 
     async def _relay_translated(self, req: GenRequest, resp: h1.Response, first: bytes,
                                 headers: Headers, send: Send, rec: RequestRecord) -> BaseException | bool:
@@ -335,6 +311,9 @@ class Proxy:
                     out = conv.line(line)
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
+                        if out.startswith(b'{"error"'):  # the backend's error record, translated: the end
+                            await send({"type": "http.response.body", "body": b""})
+                            return ErrorRecord(line)
                 if conv.done:
                     await resp.hold(self.config.max_record_bytes, False)  # drain what follows [DONE]: reused
                     break

@@ -22,7 +22,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .errors import TooLarge, record_too_large
+from .error_record import find, marked
+from .errors import ErrorRecord, TooLarge, record_too_large
 
 if TYPE_CHECKING:
     from . import usage
@@ -39,9 +40,13 @@ class Records:
     an `rfind` over all of it per read was quadratic: a hostile 200 MiB line blocked the event
     loop for 84 s). A record that grows beyond `limit` bytes (max_record_bytes) raises
     `TooLarge`, so a stream holds at most about `limit` plus one read. A record that begins and
-    ends within one read is not measured: it costs no more than the read."""
+    ends within one read is not measured: it costs no more than the read.
 
-    __slots__ = ("sep", "seam", "sent", "strip", "head", "parts", "held", "limit", "busy", "writer", "plain")
+    An error record (error_record.py) ends the stream: the records before it go out, it is
+    kept in `error` (not sent, not in `sent`), what follows it is dropped."""
+
+    __slots__ = ("sep", "seam", "sent", "strip", "head", "parts", "held", "limit", "busy", "writer", "plain",
+                 "error")
 
     def __init__(self, sep: bytes, seam: Seam | None, sent: Sent, strip: usage.Strip | None,
                  writer: Any = None, limit: int = 0) -> None:
@@ -52,6 +57,7 @@ class Records:
         self.limit = limit or sys.maxsize  # (0: none)
         self.busy = False  # the task is sending a piece: the sink must not overtake it
         self.plain = seam is None and strip is None  # whole records go out as they came
+        self.error: bytes | None = None  # the backend's error record that ended the stream
 
     @property
     def pending(self) -> bytes:
@@ -82,6 +88,12 @@ class Records:
                 raise self._too_large()
             self.head = chunk
             return b""
+        if marked(out):  # rare: maybe the backend's error record (a crashed model runner)
+            start, end = find(out, sep)
+            if start >= 0:
+                self.error, out = out[start:end], out[:start]
+                if not out:
+                    return b""
         if self.seam is not None:
             out = b"".join(self.seam.record(r + sep) for r in out[:-len(sep)].split(sep))
         if self.strip is not None:
@@ -137,8 +149,8 @@ class Records:
         w = self.writer
         if self.busy or not w.ready():
             return False
-        if self.plain and not self.head and not self.parts and chunk.endswith(self.sep):  # whole records: as they are
-            self.sent.add(chunk)
+        if self.plain and not self.head and not self.parts and chunk.endswith(self.sep) and not marked(chunk):
+            self.sent.add(chunk)  # whole records, none an error: as they are
             w.write(chunk)
             return True
         try:
@@ -147,7 +159,10 @@ class Records:
             return False  # the task's own read feeds it again, where the stream can end
         if out:
             w.write(out)
-        return True
+        if self.error is None:
+            return True
+        self.busy = True  # an error record: nothing more is fed here; the refusal wakes the task to end the stream
+        return False
 
 
 class Passthrough:
@@ -162,7 +177,7 @@ class Passthrough:
 
     def take(self, chunk: bytes) -> bool:
         w = self.writer
-        if self.busy or not w.ready():
+        if self.busy or not w.ready() or marked(chunk):  # (maybe an error record: the task looks)
             return False
         self.keep(chunk)
         w.write(chunk)
@@ -188,7 +203,10 @@ def ndjson_error(e: BaseException | bool | None) -> bytes:
 
 
 def stream_error(resp: Any, e: BaseException | bool | None) -> bytes:
-    """A last chunk telling the client the stream broke, in the stream's own format."""
+    """A last chunk telling the client the stream broke, in the stream's own format: the
+    backend's own error record when that is what broke it."""
+    if isinstance(e, ErrorRecord):
+        return e.record
     if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
         msg = {"error": {"message": _why(e), "type": "server_error", "param": None, "code": "upstream_error"}}
         return b"data: " + json.dumps(msg).encode() + b"\n\n"

@@ -14,6 +14,11 @@ one final `done` / `[DONE]`, completion counts summed.
 What is resumed: chat on both APIs (pass-through); `/api/generate` only with `raw: true`
 (then the partial answer is appended to the prompt) and `/v1/completions` (prompt plus
 partial answer). Everything else ends with an error chunk in its own format, as before.
+
+The backend's error record inside the stream (error_record.py: a crashed model runner) is a
+cut at that record: it is not sent, and the stream is continued elsewhere like any cut, or,
+when it cannot be, the record is what the client gets last. A broken stream's endpoint gets
+its slot back at once (the lease passed in, or a continuation's), not when the stream ends.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 
 from ..state import NoEndpoint, QueueFull, QueueTimeout
 from . import h1, native, records, usage
+from .error_record import CHECKS, blame
+from .errors import ErrorRecord
 from .relay import Records
 
 
@@ -180,11 +187,14 @@ class Resumer:
         self.max_attempts = max_attempts
 
     async def relay(self, req: Any, ctx: Any, rec: Any, ep: Any, resp: Any, first: bytes,
-                    send: Any, strip: usage.Strip | None = None, writer: Any = None) -> bool | h1.TooLarge:
-        """Relay `resp` (already started) to the client; True when it ended broken, or the
-        `TooLarge` that ended it (a record beyond max_record_bytes: not resumed). `strip`:
-        take out the usage event the router asked for on the client's behalf; `writer`: the
-        protocol's `BodyWriter` (relay.py)."""
+                    send: Any, strip: usage.Strip | None = None, writer: Any = None,
+                    lease: Any = None) -> bool | h1.TooLarge | ErrorRecord:
+        """Relay `resp` (already started) to the client; True when it ended broken, or what
+        ended it: the `TooLarge` (a record beyond max_record_bytes: not resumed), the
+        backend's `ErrorRecord` when no other endpoint continued the stream (the caller sends
+        it). `strip`: take out the usage event the router asked for on the client's behalf;
+        `writer`: the protocol's `BodyWriter` (relay.py); `lease`: `ep`'s slot, released as
+        soon as the stream there broke (the caller's release of it later is harmless)."""
         sep = record_end(req.api == "openai")
         # With no other endpoint for the model there is nowhere to resume: keep only the tail.
         sent = Sent(whole=self.scheduler.serving(req.key) > 1)
@@ -203,16 +213,19 @@ class Resumer:
                     rec.prompt_tokens, rec.completion_tokens = usage.counts(tail)
                     return False
                 resp.close()
+                if lease is not None:
+                    lease.release()  # the dead endpoint's slot, now: not when the continuation ends
                 if isinstance(broke, h1.TooLarge):  # not resumed: another backend would likely send the same
                     self.health.failure(ep, str(broke))
                     return broke
-                self.health.failure(ep, "stream cut by the backend")
+                blame(self.health, self.events, ep, req.key, broke)
+                last = broke if isinstance(broke, ErrorRecord) else True  # (the error record: relayed)
                 if not sent.whole:
-                    return True
+                    return last
                 text, tokens = produced(req.api, req.kind, sent.all())
                 nxt = await self._next(req, ctx, tried, text, tokens)
                 if nxt is None:
-                    return True
+                    return last
                 lease, resp, first = nxt
                 leases.append(lease)
                 ep = lease.endpoint
@@ -261,15 +274,18 @@ async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Se
     whole = Records(sep, seam, sent, strip, writer, limit)
     chunk = first
     try:
-        while chunk:
+        while chunk and whole.error is None:  # (an error record the sink met: `chunk` was fed there)
             out = whole.feed(chunk)
             if out:
                 whole.busy = True
                 await send({"type": "http.response.body", "body": out, "more_body": True})
                 whole.busy = False
+            if whole.error is not None:
+                break
             if writer is not None:
                 if upstream is not None and whole.plain:
-                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add, limit)
+                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add, limit,
+                                              CHECKS[sep])
                     if rest is not None:
                         whole.pending = rest
                         break
@@ -279,6 +295,8 @@ async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Se
         return e
     finally:
         resp.sink(None)
+    if whole.error is not None:
+        return ErrorRecord(whole.error)
     rest = whole.pending
     if rest:  # a last record without its terminator
         await send({"type": "http.response.body", "body": rest, "more_body": True})
