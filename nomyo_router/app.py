@@ -70,6 +70,7 @@ class Router:
         self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
         self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag),
                                self.serves)
+        self.history = dashboard.history_for(self.metrics)  # the dashboard's last hour, sampled on a timer
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
@@ -98,12 +99,14 @@ class Router:
         self.proxy.rediscover = self.discovery.refresh_now
         self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
         reload.install(self)
+        self.history.start()
         for ep in self.endpoints:
             log.info("endpoint %s (%s): %d slots, healthy=%s, models=%s", ep.name, ep.type,
                      ep.slots, self.store.is_healthy(ep), sorted(ep.models.values()))
 
     async def close(self) -> None:
         reload.uninstall()
+        await self.history.stop()
         self.metrics.flush()  # (under several workers, counts wait up to 20 ms to be handed on)
         for task in self.kv_tasks:
             task.cancel()

@@ -69,6 +69,16 @@ class Metrics:
         self.affinity = Counter("nomyo_router_affinity", "Affinity outcomes", ["outcome"], registry=r)
         self.happenings = Counter("nomyo_router_events", "Retries, ejections, resumed streams, overload rejections",
                                   ["what", "endpoint"], registry=r)
+        # per endpoint, for the dashboard's breakdowns ("" when no endpoint took the request);
+        # `class`: the router's short error code (queue_full, upstream_status, ...), else http_<status>
+        self.errors = Counter("nomyo_router_errors", "Failed requests by endpoint, status and error class",
+                              ["endpoint", "status", "class"], registry=r)
+        self.endpoint_ttft = Histogram("nomyo_router_endpoint_time_to_first_byte_seconds",
+                                       "Time to the first byte sent to the client, by endpoint", ["endpoint"],
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.endpoint_queue = Histogram("nomyo_router_endpoint_queue_wait_seconds",
+                                        "Time waiting for a slot, by the endpoint that then took the request",
+                                        ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self._children: dict[tuple, Any] = {}  # label tuple -> child: skips labels() on the hot path
         self._counts: dict[tuple, float] = {}  # (metric, labels) -> increment not yet handed on
         self._hists: dict[tuple, list[float]] = {}  # (metric, labels) -> [bucket counts..., sum]
@@ -113,6 +123,12 @@ class Metrics:
         if rec.endpoint is not None:
             self._observe(self.queue, (model,), rec.queue_s, LATENCY_BUCKETS)
             self._observe(self.overhead, (), rec.overhead_s, OVERHEAD_BUCKETS)
+            self._observe(self.endpoint_queue, (rec.endpoint,), rec.queue_s, LATENCY_BUCKETS)
+            if rec.ttft_s is not None:
+                self._observe(self.endpoint_ttft, (rec.endpoint,), rec.ttft_s, LATENCY_BUCKETS)
+        if rec.error is not None or rec.status >= 400:  # (an ApiError without a code says "error")
+            cls = rec.error if rec.error not in (None, "error") else f"http_{rec.status}"
+            self._inc(self.errors, (rec.endpoint or "", str(rec.status), cls))
         if rec.affinity is not None:
             self._inc(self.affinity, (rec.affinity,))
         if rec.prompt_tokens or rec.completion_tokens:
