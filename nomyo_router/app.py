@@ -34,14 +34,13 @@ from .state import MemoryStore, QueueFull, SharedStore, StateStore, private
 from .ops.accesslog import AccessLog
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
 from .ops.metrics import Metrics, state_gauges
-from .ops import dashboard, reload, usage_api
+from .ops import dashboard, reload, tracing, usage_api
 from .ops.usage_store import make_usage
 from .upstream.discovery import Discovery
 from .upstream.health import Health
 from .upstream.unload import is_unload, unload
 from .upstream.gcpace import GcPace
 from .upstream.looplag import LoopLag
-from .upstream.h1 import Upstream
 from .upstream.proxy import Proxy
 from .upstream.session import ManageSession
 
@@ -74,7 +73,8 @@ class Router:
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
-        self.upstream = Upstream()  # the one client of every upstream call but model management
+        # the one client of every upstream call but model management (traced when tracing is on)
+        self.tracer, self.upstream = tracing.make(config, self.events)
         self.manage_session = ManageSession(config)  # aiohttp, made when first needed
         self.discovery: Discovery | None = None
         self.proxy: Proxy | None = None
@@ -92,6 +92,8 @@ class Router:
         self.loop_lag.start()
         if self.gc is not None:
             self.gc.start()
+        if self.tracer is not None:
+            self.tracer.exporter.start()
         self.proxy = Proxy(self.scheduler, self.upstream, self.store, self.config, self.events, self.health)
         self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, self.config,
                                    self.health)
@@ -118,6 +120,8 @@ class Router:
         if self.usage is not None:
             await self.usage.close()
         self.upstream.close()
+        if self.tracer is not None:  # (what is left is sent, within a few seconds)
+            await asyncio.to_thread(self.tracer.close)
         await self.manage_session.close()
         await self.store.close()
 
@@ -289,6 +293,8 @@ class RouterApp:
         given = header(scope, b"x-request-id")
         rid = given.decode("ascii") if given is not None and _GIVEN_ID.fullmatch(given) else next_request_id()
         rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
+        if router.tracer is not None:
+            router.tracer.begin(rec, scope, req.kind, req.key, t0)
         limits = router.client_limits
         held: list[str] = []  # the client whose permit this request holds, once it has one
         try:

@@ -23,7 +23,7 @@ from .config_checks import (ConfigError, a_type, accepted_keys, check_key, check
                             specs, split_userinfo)
 
 __all__ = ["CONFIG_ENV", "ENDPOINT_TYPES", "ROUTING_POLICIES", "ClientKey", "ConfigError", "EndpointConfig",
-           "RouterConfig", "digest_of", "expand_env", "load_config", "parse_config", "redact_url",
+           "RouterConfig", "TracingConfig", "digest_of", "expand_env", "load_config", "parse_config", "redact_url",
            "split_userinfo"]
 
 CONFIG_ENV = "NOMYO_ROUTER_CONFIG"  # the config path, handed from `nomyo-router` to its workers
@@ -112,6 +112,22 @@ class ClientKey(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
     max_concurrent: Annotated[Slots | None, doc(
         "its requests holding or waiting for a slot; more wait aside, so others are not queued behind it",
         default="no cap")] = None
+
+
+class TracingConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """OpenTelemetry traces: the `tracing` mapping (`tracing: {}` turns them on with the
+    defaults). A key left out is taken from the standard OTEL_* environment variable. Read at
+    start."""
+
+    endpoint: Annotated[Annotated[str, Meta(pattern=r"^https?://")] | None, doc(
+        "the OTLP/HTTP collector's base URL; spans go to {endpoint}/v1/traces as protobuf",
+        expected="an http:// or https:// URL such as http://otel-collector:4318",
+        default="OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318")] = None
+    sample_ratio: Annotated[Annotated[float, Meta(ge=0, le=1)] | None, doc(
+        "the share of requests traced when the client sent no traceparent (one that did is "
+        "followed: its sampled flag decides)", default="OTEL_TRACES_SAMPLER_ARG, else 1.0")] = None
+    service_name: Annotated[Name | None, doc("service.name of the spans' resource",
+                                             default="OTEL_SERVICE_NAME, else nomyo-router")] = None
 
 
 class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -211,6 +227,10 @@ class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     usage_db: Annotated[Annotated[str, Meta(pattern=r"\S")] | None, doc(
         "SQLite file for token accounting (GET /api/usage); null: off; with Redis state, in Redis", OBSERVE,
         expected="a file path (e.g. ./nomyo-usage.db) or null to turn token accounting off")] = "./nomyo-usage.db"
+    tracing: Annotated[TracingConfig | None, doc(
+        "OpenTelemetry traces of every proxied request, exported over OTLP/HTTP (never prompt text); "
+        "null: off", OBSERVE, expected="a mapping with endpoint?, sample_ratio?, service_name? ({} for "
+        "the defaults) or null", type="mapping or null")] = None
     native_relay: Annotated[bool, doc("relay streams through the compiled pump when it is built; read at start",
                                       PROCESS)] = True
     shutdown_grace: Annotated[SecondsOrOff, doc("how long in-flight streams may take to finish after SIGTERM",

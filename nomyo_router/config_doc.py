@@ -143,7 +143,12 @@ def render() -> str:
     for group in groups:
         out += [f"## {group}", "", *_table(RouterConfig, LIVE_KEYS, group), ""]
         for name, spec in fields.items():
-            if spec.extra.get("group") != group or typing.get_origin(spec.type) is not tuple:
+            if spec.extra.get("group") != group:
+                continue
+            if isinstance(spec.type, type) and issubclass(spec.type, msgspec.Struct):  # a mapping of keys
+                out += [f"### `{name}`", "", " ".join((spec.type.__doc__ or "").split()), "", *_table(spec.type), ""]
+                continue
+            if typing.get_origin(spec.type) is not tuple:
                 continue
             struct = spec.item().type
             if isinstance(struct, type) and issubclass(struct, msgspec.Struct):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 log = logging.getLogger("nomyo_router.events")
 
@@ -45,6 +45,7 @@ class RequestRecord:
     error: str | None = None  # a short code when the request failed (e.g. "queue_full")
     upstream_first_s: float | None = None  # the backend's time to its first stream chunk
     prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
+    trace: Any = None  # the request's trace (ops/tracing.py), only with tracing on
 
 
 CLIENT_CLOSED = 499  # nginx's code: the client left before any response head was sent

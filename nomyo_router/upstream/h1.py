@@ -266,17 +266,19 @@ class Pool:
         return conn
 
     async def request(self, method: bytes, path: str, body: bytes | None, connect_s: float | None,
-                      read_s: float | None, ctype: str | None = None, within: float | None = None) -> Response:
+                      read_s: float | None, ctype: str | None = None, within: float | None = None,
+                      extra: bytes = b"") -> Response:
         """`body` None: no body and no content headers (GET). `ctype`: the body's content type
         when it is not the endpoint's (JSON). `within`: seconds from now by which the head and
         every read of the answer must have come (TimeoutError), until `Response.unbound()` —
-        asyncio.timeout's effect without its timer per request."""
+        asyncio.timeout's effect without its timer per request. `extra`: more header lines,
+        each ending in CRLF (a trace's `traceparent`)."""
         target = (self.prefix + path).encode("latin-1")
         if body is None:
-            data = b"".join((method, b" ", target, b" HTTP/1.1\r\n", self._head, b"\r\n"))
+            data = b"".join((method, b" ", target, b" HTTP/1.1\r\n", self._head, extra, b"\r\n"))
         else:
             content_type = self._ctype if ctype is None else b"Content-Type: %s\r\n" % ctype.encode("latin-1")
-            data = b"".join((method, b" ", target, b" HTTP/1.1\r\n", self._head,
+            data = b"".join((method, b" ", target, b" HTTP/1.1\r\n", self._head, extra,
                              content_type, b"Content-Length: %d\r\n\r\n" % len(body), body))
         conn = self._reuse()
         reused = conn is not None

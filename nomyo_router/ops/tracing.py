@@ -1,0 +1,177 @@
+"""OpenTelemetry traces, the request path's part: plain numbers per request, nothing more.
+
+With `tracing` off none of this is built: the request path pays one `if` (app.py). With it
+on, a request pays what a few attribute writes cost: `begin` picks the trace and span ids
+(continuing a client's W3C `traceparent`) and decides sampling; `TracedUpstream.post` notes
+each upstream attempt (its span id, start, answer) and sends the backend a `traceparent`
+naming that attempt; `done` hands the finished `RequestRecord` to the exporter's queue. The
+spans are built and encoded as OTLP protobuf later, in batches, on the exporter's thread
+(`otlp.py`): the stock SDK's span objects, context managers and per-span processors cost
+about as much CPU per request as the whole router.
+
+Ids are random integers until they are encoded; times are `perf_counter` readings, turned
+into Unix nanoseconds in the batch (one offset, taken at start).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import re
+from random import getrandbits
+from time import perf_counter
+from typing import Any
+
+from ..api.asgi import Scope, header
+from ..config import ConfigError, TracingConfig
+from ..events import Events, RequestRecord
+from ..upstream.h1 import Response, Upstream
+
+log = logging.getLogger("nomyo_router.tracing")
+
+DEFAULT_ENDPOINT = "http://localhost:4318"  # the OTLP/HTTP port on the local host (the OTel default)
+DEFAULT_SERVICE = "nomyo-router"
+MAX_PENDING = 65536  # finished requests waiting for the exporter; beyond, new ones are dropped (counted)
+_ALL = 1 << 64  # a trace is sampled when its id's low 64 bits are below ratio x 2^64 (OTel's TraceIdRatioBased)
+# gen_ai.operation.name by the request's kind (the GenAI conventions' names where they have one)
+OPERATIONS = {"chat": "chat", "generate": "text_completion", "embed": "embeddings", "embeddings": "embeddings",
+              "responses": "chat", "rerank": "rerank", "images": "image_generation",
+              "transcription": "transcription"}
+_TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-.*)?")
+
+# The request being served, for `TracedUpstream.post` (set by `begin` in the request's task; the
+# proxy's tasks inherit it).
+CURRENT: contextvars.ContextVar["Trace | None"] = contextvars.ContextVar("nomyo_trace", default=None)
+
+
+class Trace:
+    """One request's trace: its ids and its upstream attempts. `attempts` holds one list per
+    attempt: [span id, endpoint, start, end (0.0: open), HTTP status (0: none), error type]."""
+
+    __slots__ = ("trace_id", "span_id", "parent_id", "sampled", "operation", "key", "t0", "attempts")
+
+    def __init__(self, trace_id: int, span_id: int, parent_id: int, sampled: bool, operation: str,
+                 key: str, t0: float) -> None:
+        self.trace_id, self.span_id, self.parent_id, self.sampled = trace_id, span_id, parent_id, sampled
+        self.operation, self.key, self.t0 = operation, key, t0
+        self.attempts: list[list[Any]] = []
+
+
+class Settings:
+    """`tracing` with the OTEL_* environment filling what the file leaves out."""
+
+    def __init__(self, cfg: TracingConfig, env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ) if env is None else env
+        signal = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()  # the full URL, used as is
+        base = cfg.endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or DEFAULT_ENDPOINT
+        self.url = signal if signal and not cfg.endpoint else base.rstrip("/") + "/v1/traces"
+        self.service_name = cfg.service_name or env.get("OTEL_SERVICE_NAME", "").strip() or DEFAULT_SERVICE
+        ratio = cfg.sample_ratio
+        if ratio is None:
+            try:
+                ratio = min(1.0, max(0.0, float(env.get("OTEL_TRACES_SAMPLER_ARG", "1"))))
+            except ValueError:
+                log.warning("OTEL_TRACES_SAMPLER_ARG is not a number; sampling every request")
+                ratio = 1.0
+        self.sample_ratio = ratio
+        self.headers = _headers(env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+                                or env.get("OTEL_EXPORTER_OTLP_HEADERS", ""))
+
+
+def _headers(text: str) -> dict[str, str]:
+    """OTEL_EXPORTER_OTLP_HEADERS: `key=value,key2=value2`, values percent-encoded."""
+    from urllib.parse import unquote
+    out = {}
+    for part in text.split(","):
+        key, eq, value = part.partition("=")
+        if eq and key.strip():
+            out[key.strip()] = unquote(value.strip())
+    return out
+
+
+def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
+    """(trace id, parent span id, sampled) from a W3C traceparent, or None when it is not one
+    (then the request starts a trace of its own, as the W3C spec says)."""
+    m = _TRACEPARENT.fullmatch(value.strip().lower())
+    if m is None or m[1] == b"ff" or (m[1] == b"00" and len(m[0]) != 55):
+        return None
+    trace_id, parent = int(m[2], 16), int(m[3], 16)
+    if not trace_id or not parent:
+        return None
+    return trace_id, parent, bool(int(m[4], 16) & 1)
+
+
+class Tracer:
+    """Built only when `tracing` is set. `exporter` takes finished records (`otlp.Exporter`)."""
+
+    def __init__(self, settings: Settings, events: Events, exporter: Any) -> None:
+        self.settings = settings
+        self.exporter = exporter
+        self.bound = int(settings.sample_ratio * _ALL)
+        self.dropped = 0
+        events.on_request_done(self.done)
+
+    def begin(self, rec: RequestRecord, scope: Scope, kind: str, key: str, t0: float) -> None:
+        """The request's trace, continuing the client's when it sent a valid traceparent."""
+        given = header(scope, b"traceparent")
+        ctx = parse_traceparent(given) if given is not None else None
+        if ctx is None:
+            trace_id = getrandbits(128) or 1
+            parent, sampled = 0, (trace_id & (_ALL - 1)) < self.bound
+        else:
+            trace_id, parent, sampled = ctx
+        trace = Trace(trace_id, getrandbits(64) or 1, parent, sampled, OPERATIONS.get(kind, kind), key, t0)
+        rec.trace = trace
+        CURRENT.set(trace)
+
+    def done(self, rec: RequestRecord) -> None:
+        """The request is over: queue it for the exporter (sampled ones only)."""
+        trace = rec.trace
+        if trace is None or not trace.sampled:
+            return
+        if self.exporter.pending() >= MAX_PENDING:
+            self.dropped += 1
+            return
+        self.exporter.submit(rec)
+
+    def close(self) -> None:
+        self.exporter.close()
+
+
+class TracedUpstream(Upstream):
+    """The upstream client with tracing on: each POST of a traced request is an attempt span,
+    and the backend is sent a `traceparent` naming it (so its own spans hang below it)."""
+
+    async def post(self, ep: Any, path: str, body: bytes, timeout: Any, ctype: str | None = None,
+                   within: float | None = None) -> Response:
+        trace = CURRENT.get()
+        pool = self._pools.get(ep) or self.pool(ep)
+        if trace is None:
+            return await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype, within)
+        span_id = getrandbits(64) or 1
+        attempt: list[Any] = [span_id, ep, perf_counter(), 0.0, 0, ""]
+        trace.attempts.append(attempt)
+        extra = b"traceparent: 00-%032x-%016x-%s\r\n" % (trace.trace_id, span_id, b"01" if trace.sampled else b"00")
+        try:
+            resp = await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype,
+                                      within, extra)
+        except BaseException as e:
+            attempt[3], attempt[5] = perf_counter(), type(e).__name__
+            raise
+        attempt[4] = resp.status
+        return resp
+
+
+def make(config: Any, events: Events) -> tuple[Tracer | None, Upstream]:
+    """The tracer and the upstream client for `config`: no tracer and the plain client when
+    `tracing` is off."""
+    if config.tracing is None or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None, Upstream()
+    try:
+        from .otlp import Exporter  # (protobuf and the OTLP messages: loaded only with tracing on)
+    except ImportError as e:
+        raise ConfigError(f"tracing: needs the opentelemetry-proto package ({e}); install it with "
+                          f"pip install 'nomyo-router[tracing]', or remove tracing") from None
+    settings = Settings(config.tracing)
+    return Tracer(settings, events, Exporter(settings)), TracedUpstream()
