@@ -26,12 +26,13 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from . import error_record, h1, passthrough, relay, translate, usage, whole
-from .deadline import Deadlines
-from .errors import ErrorRecord
-from .health import Health
-from .resume import Resumer, resumable
-from .retry import RETRY_STATUSES, RetryBudget, is_error_chunk
+from ..upstream import error_record, h1, relay, translate, usage
+from . import passthrough, whole
+from ..upstream.deadline import Deadlines
+from ..upstream.errors import ErrorRecord
+from ..upstream.health import Health
+from ..upstream.resume import Resumer, resumable
+from ..upstream.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
 
 log = logging.getLogger("nomyo_router.proxy")
 

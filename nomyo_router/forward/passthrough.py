@@ -17,10 +17,10 @@ from typing import Any
 
 from ..api.asgi import Headers, Send
 from ..events import RequestRecord
-from . import h1, native, usage
-from .error_record import CHECKS, find, marked
-from .errors import ErrorRecord
-from .relay import Passthrough, stream_error
+from ..upstream import h1, native, usage
+from ..upstream.error_record import CHECKS, find, marked
+from ..upstream.errors import ErrorRecord
+from ..upstream.relay import Passthrough, stream_error
 
 
 async def relay(resp: h1.Response, first: bytes, headers: Headers, send: Send, rec: RequestRecord,

@@ -17,15 +17,14 @@ answer is held only up to a bound (`bound`). Beyond it (`finish`):
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from ..api.asgi import Headers, Send
 from ..api.errors import ApiError
 from ..config import RouterConfig
 from ..domain import Endpoint
 from ..events import RequestRecord
-from . import h1, usage
-from .health import Health
+from ..upstream import h1, usage
+from ..upstream.health import Health
 
 HOLD = 1024 * 1024  # a pass-through answer up to this is held: one write, retried when cut
 
