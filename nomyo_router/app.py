@@ -24,6 +24,8 @@ from .api.asgi import (BODY_WRITER, BodyTooLarge, ClientGone, Receive, Scope, Se
 from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
 from .api.requests import GENERATION_ROUTES, parse
+from .cache import hook as response_cache
+from .cache import routes as cache_routes
 from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
 from .domain import Endpoint, model_key
 from .events import Events, RequestRecord
@@ -72,6 +74,7 @@ class Router:
         self.history = dashboard.history_for(self.metrics)  # the dashboard's last hour, sampled on a timer
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
+        self.cache = cache_routes.make_cache(config, self.events)  # the response cache; None: off
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
         # the one client of every upstream call but model management (traced when tracing is on)
         self.tracer, self.upstream = tracing.make(config, self.events)
@@ -89,6 +92,8 @@ class Router:
         await self.store.start()
         if self.usage is not None:
             await self.usage.start()
+        if self.cache is not None:
+            await self.cache.start()
         self.loop_lag.start()
         if self.gc is not None:
             self.gc.start()
@@ -119,6 +124,8 @@ class Router:
             self.gc.stop()
         if self.usage is not None:
             await self.usage.close()
+        if self.cache is not None:
+            await self.cache.close()
         self.upstream.close()
         if self.tracer is not None:  # (what is left is sent, within a few seconds)
             await asyncio.to_thread(self.tracer.close)
@@ -295,6 +302,9 @@ class RouterApp:
         rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
         if router.tracer is not None:
             router.tracer.begin(rec, scope, req.kind, req.key, t0)
+        handle = router.proxy.handle
+        if router.cache is not None or "nomyo" in req.body:  # the response cache; NOMYO's body field
+            handle = response_cache.handler(router.cache, scope, req, handle)
         limits = router.client_limits
         held: list[str] = []  # the client whose permit this request holds, once it has one
         try:
@@ -302,7 +312,7 @@ class RouterApp:
                 await cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive, scope)
                 if not held:
                     return  # the client left while waiting for its permit
-            await cancel_on_disconnect(router.proxy.handle(req, send, rec), receive, scope)
+            await cancel_on_disconnect(handle(req, send, rec), receive, scope)
         except ApiError as e:
             rec.status, rec.error = e.status, e.code or "error"
             raise
@@ -404,6 +414,7 @@ ROUTES.update(dashboard.ROUTES)
 # and reaches the running router through `app.current()`.
 ROUTES.update(manage.ROUTES); PREFIX_ROUTES.extend(manage.PREFIX)  # noqa: E702
 ROUTES.update(ollama_status.ROUTES)
+ROUTES.update(cache_routes.ROUTES)
 
 
 def prefix_route(method: str, path: str) -> Handler | None:

@@ -23,7 +23,7 @@ from .config_checks import (ConfigError, a_type, accepted_keys, check_key, check
                             specs, split_userinfo)
 
 __all__ = ["CONFIG_ENV", "ENDPOINT_TYPES", "ROUTING_POLICIES", "ClientKey", "ConfigError", "EndpointConfig",
-           "RouterConfig", "TracingConfig", "digest_of", "expand_env", "load_config", "parse_config", "redact_url",
+           "CacheConfig", "RouterConfig", "TracingConfig", "digest_of", "expand_env", "load_config", "parse_config", "redact_url",
            "split_userinfo"]
 
 CONFIG_ENV = "NOMYO_ROUTER_CONFIG"  # the config path, handed from `nomyo-router` to its workers
@@ -60,6 +60,7 @@ Secret = Key | None
 BACKENDS, QUEUE, TIMEOUTS, FAILURES = "Backends", "Queueing and limits", "Timeouts", "Failures and retries"
 ROUTING, ACCESS, CONNECTIONS = "Routing and conversation affinity", "Access: keys and origins", "Connections"
 STATE, OBSERVE, PROCESS = "State: workers and instances", "Logs and accounting", "Process"
+CACHE = "Response cache"
 
 
 class _Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -128,6 +129,33 @@ class TracingConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         "followed: its sampled flag decides)", default="OTEL_TRACES_SAMPLER_ARG, else 1.0")] = None
     service_name: Annotated[Name | None, doc("service.name of the spans' resource",
                                              default="OTEL_SERVICE_NAME, else nomyo-router")] = None
+
+
+class CacheConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The response cache: the `cache` mapping. A request uses it only when it opts in (the
+    body field `"nomyo": {"cache": true}` or the header `X-Router-Response-Cache: use`); see
+    docs/nomyo-parity.md. Read at start."""
+
+    enabled: Annotated[bool, doc("answer opted-in requests from stored answers when they match")] = False
+    backend: Annotated[Literal["memory", "sqlite", "redis"], doc(
+        "where answers are kept: memory (this process), sqlite (a file; survives restarts), "
+        "redis (shared by every instance)")] = "memory"
+    ttl: Annotated[Seconds, doc("how long a stored answer may be served")] = 3600.0
+    path: Annotated[Annotated[str, Meta(pattern=r"\S")], doc(
+        "sqlite: the database file (created 0600: it holds prompts' answers)",
+        expected="a file path such as ./nomyo-cache.db")] = "./nomyo-cache.db"
+    url: Annotated[Annotated[str, Meta(pattern=r"^(redis|rediss|unix)://")] | None, doc(
+        "redis: the server's URL", expected="a redis:// URL", default="the state: redis://... URL")] = None
+    max_entries: Annotated[Slots, doc("answers kept at most; the oldest go first")] = 10_000
+    max_bytes: Annotated[Bytes, doc("memory: the bytes all kept answers may take; the least recently "
+                                    "used go first")] = 256 * 1024 * 1024
+    max_entry_bytes: Annotated[Bytes, doc("a larger answer is relayed but not stored")] = 1024 * 1024
+    similarity: Annotated[Annotated[float, Meta(gt=0, le=1)], doc(
+        "1.0: exact matches only; lower: semantic mode, the nearest stored question at least this "
+        "similar (cosine) answers")] = 1.0
+    embed_model: Annotated[Name | None, doc(
+        "semantic mode: the embedding model, served by this router's own endpoints",
+        default="none (required when similarity < 1)")] = None
 
 
 class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -231,6 +259,9 @@ class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=Tru
         "OpenTelemetry traces of every proxied request, exported over OTLP/HTTP (never prompt text); "
         "null: off", OBSERVE, expected="a mapping with endpoint?, sample_ratio?, service_name? ({} for "
         "the defaults) or null", type="mapping or null")] = None
+    cache: Annotated[CacheConfig, doc(
+        "the response cache for requests that opt in: exact, or semantic with similarity < 1", CACHE,
+        type="mapping", default="off (see below)")] = CacheConfig()
     native_relay: Annotated[bool, doc("relay streams through the compiled pump when it is built; read at start",
                                       PROCESS)] = True
     shutdown_grace: Annotated[SecondsOrOff, doc("how long in-flight streams may take to finish after SIGTERM",
@@ -335,7 +366,22 @@ def parse_config(data: Any, source: str = "config") -> RouterConfig:
         raise ConfigError("client_keys: names must be unique (they name the client in usage and logs)")
     one_holder_per_key([(s, getattr(config, s)) for s in _KEY_SETTINGS if getattr(config, s) is not None]
                        + [(f"client_keys '{c.name}'", c.key) for c in config.client_keys if c.key])
+    _check_cache(config)
     return config
+
+
+def _check_cache(config: RouterConfig) -> None:
+    """What the cache's keys mean together: a redis backend needs a server, semantic mode an
+    embedding model."""
+    cache = config.cache
+    if not cache.enabled:
+        return
+    if cache.backend == "redis" and cache.url is None and not config.state.startswith(("redis", "unix")):
+        raise ConfigError("cache.backend: redis needs a server: set cache.url (redis://host:6379/0) "
+                          "or use state: redis://...")
+    if cache.similarity < 1.0 and cache.embed_model is None:
+        raise ConfigError(f"cache.similarity: {cache.similarity:g} turns semantic mode on, which needs "
+                          "cache.embed_model (an embedding model your endpoints serve)")
 
 
 def load_config(path: str) -> RouterConfig:

@@ -45,6 +45,7 @@ class RequestRecord:
     error: str | None = None  # a short code when the request failed (e.g. "queue_full")
     upstream_first_s: float | None = None  # the backend's time to its first stream chunk
     prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
+    cache: str | None = None  # the response cache, for a request that opted in: hit | miss | bypass
     trace: Any = None  # the request's trace (ops/tracing.py), only with tracing on
 
 

@@ -18,7 +18,7 @@ import fnmatch
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import urlsplit
 
 from ..config import digest_of
@@ -127,3 +127,19 @@ def cors_headers(origin: bytes) -> Headers:
 def preflight_headers(origin: bytes) -> Headers:
     return [*cors_headers(origin), (b"access-control-allow-methods", CORS_METHODS),
             (b"access-control-allow-headers", CORS_HEADERS), (b"access-control-max-age", b"600")]
+
+
+def require_admin(router: Any, scope: dict[str, Any], what: str) -> None:
+    """Operator routes that show or change what every client shares (the response cache, the
+    live usage stream): open on an open router; with any key configured, the admin key only."""
+    if router.keys is None:
+        return
+    client = scope.get("nomyo.client")
+    if client is not None and client.role == "admin":
+        return
+    from .errors import ApiError
+    if router.config.admin_key is None:
+        raise ApiError(403, f"{what} needs the admin key: set admin_key in the config")
+    if client is None:
+        raise ApiError(401, f"{what} needs the admin key (Authorization: Bearer KEY)")
+    raise ApiError(403, f"{what} needs the admin key, not a client key")

@@ -35,6 +35,7 @@ FLUSH_S = 1.0
 FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens")
 Row = tuple[str, str, str, str]  # day, model, endpoint, client
 Counts = list[int]  # in FIELDS order
+CACHE_ROW = "(cache)"  # the endpoint column of requests the response cache answered
 
 
 _day: tuple[float, str] = (0.0, "")  # (when the cached UTC day ends, its name)
@@ -60,9 +61,12 @@ class Usage:
         events.on_request_done(self.add)
 
     def add(self, rec: RequestRecord) -> None:
-        if rec.endpoint is None:  # never reached a backend: nothing was used
-            return
-        row = (today(), rec.model, rec.endpoint, rec.client or "")
+        endpoint = rec.endpoint
+        if endpoint is None:
+            if rec.cache != "hit":  # never reached a backend: nothing was used
+                return
+            endpoint = CACHE_ROW  # answered by the response cache: counted apart, no tokens used
+        row = (today(), rec.model, endpoint, rec.client or "")
         c = self._batch.get(row)
         if c is None:
             c = self._batch[row] = [0, 0, 0, 0]

@@ -1,0 +1,194 @@
+"""The response cache's request flow: look up, answer from the cache, or ask a backend and keep
+the answer.
+
+Only requests that opted in come here (app.py checks the header and the body field, the one
+cost the others pay). A lookup that fails (the store is down) is a miss: the cache never
+fails a request. An answer is kept when it is complete, a 200 and no larger than
+`max_entry_bytes`; what the client got is captured on its way out (the protocol's direct
+writer is not used for these requests, so every byte passes `send`).
+
+Identical requests that meet in flight in one process are answered once: the later ones
+wait for the first's answer and are hits (if it fails, each asks a backend itself). A waiting
+stream then gets its whole answer at once, when the first one's stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from ..api.asgi import Headers, Send
+from ..api.requests import GenRequest
+from ..config import CacheConfig
+from ..events import Events, RequestRecord
+from . import answer as answers
+from . import keys, render
+from .stores import Store
+
+log = logging.getLogger("nomyo_router.cache")
+
+Handle = Callable[[GenRequest, Send, RequestRecord], Awaitable[None]]
+FLUSH_S = 1.0
+HIT, MISS, BYPASS = b"hit", b"miss", b"bypass"
+
+
+class Capture:
+    """`send` for a miss: adds the cache header, and keeps a copy of a 200 answer's body up to
+    `limit` bytes (`over` beyond: not kept)."""
+
+    __slots__ = ("_send", "limit", "status", "chunks", "size", "over", "done")
+
+    def __init__(self, send: Send, limit: int) -> None:
+        self._send, self.limit = send, limit
+        self.status = 0
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.over = self.done = False
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            self.status = msg["status"]
+            msg = {**msg, "headers": [*msg.get("headers", ()), (keys.HEADER, MISS)]}
+        elif msg["type"] == "http.response.body":
+            body = msg.get("body", b"")
+            if body and self.status == 200 and not self.over:
+                self.size += len(body)
+                if self.size > self.limit:
+                    self.over, self.chunks = True, []
+                else:
+                    self.chunks.append(body)
+            if not msg.get("more_body", False):
+                self.done = True
+        await self._send(msg)
+
+
+class ResponseCache:
+    def __init__(self, cfg: CacheConfig, store: Store, events: Events, semantic: Any = None) -> None:
+        self.cfg, self.store, self.events = cfg, store, events
+        self.semantic = semantic  # semantic.Semantic in semantic mode, else None
+        self.hits = self.misses = 0  # this process's, not yet added to the store's counters
+        self._inflight: dict[str, asyncio.Future[bytes | None]] = {}
+        self._task: asyncio.Task | None = None
+        self._failing = False
+
+    async def start(self) -> None:
+        await self.store.start()
+        self._task = asyncio.get_running_loop().create_task(self._flusher())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+        await self.store.close()
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            await self.flush()
+
+    async def flush(self) -> None:
+        hits, misses = self.hits, self.misses
+        if not (hits or misses):
+            return
+        self.hits = self.misses = 0
+        try:
+            await self.store.add_counts(hits, misses)
+        except Exception as e:  # kept for the next flush
+            self.hits, self.misses = self.hits + hits, self.misses + misses
+            log.warning("response cache: could not add the counters (%s)", e)
+
+    async def stats(self) -> dict[str, Any]:
+        await self.flush()
+        hits, misses = await self.store.counts()
+        entries, size = await self.store.size()
+        return {"hits": hits, "misses": misses, "entries": entries, "bytes": size,
+                "backend": self.cfg.backend, "mode": "semantic" if self.semantic else "exact",
+                "similarity": self.cfg.similarity, "ttl": self.cfg.ttl}
+
+    async def clear(self) -> int:
+        n = await self.store.clear()
+        if self.semantic is not None:
+            self.semantic.clear()
+        return n
+
+    # ---- the request flow ------------------------------------------------------------------
+    async def serve(self, req: GenRequest, send: Send, rec: RequestRecord, handle: Handle) -> None:
+        if not keys.cacheable(req):
+            rec.cache = "bypass"
+            req.body_writer = None  # (the head gets a header: the body takes the same path)
+            return await handle(req, _with(send, BYPASS), rec)
+        ns = req.client or ""
+        key = keys.request_key(req, ns)
+        data = await self._guarded(self.store.get(key))
+        if data is None and self.semantic is not None:
+            data = await self._guarded(self.semantic.nearest(req, ns))
+        if data is None and key in self._inflight:  # the same question is being answered: wait for it
+            data = await asyncio.shield(self._inflight[key])
+        found = answers.decode(data) if data is not None else None
+        if found is not None and (found.whole is not None or found.choices):
+            return await self._hit(req, found, send, rec)
+        self.misses += 1
+        rec.cache = "miss"
+        mine = key not in self._inflight
+        if mine:
+            self._inflight[key] = asyncio.get_running_loop().create_future()
+        kept: bytes | None = None
+        try:
+            kept = await self._miss(req, send, rec, handle, key, ns)
+        finally:
+            if mine:
+                self._inflight.pop(key).set_result(kept)
+
+    async def _hit(self, req: GenRequest, found: answers.Answer, send: Send, rec: RequestRecord) -> None:
+        self.hits += 1
+        rec.cache, rec.status = "hit", 200
+        headers: Headers = [(b"x-request-id", rec.request_id.encode("latin-1")), (keys.HEADER, HIT)]
+        await render.send(send, req, found, headers, int((time.perf_counter() - req.t0) * 1e9))
+        rec.ttft_s = time.perf_counter() - req.t0
+        self.events.count("cache_hit", "", req.key)
+
+    async def _miss(self, req: GenRequest, send: Send, rec: RequestRecord, handle: Handle, key: str,
+                    ns: str) -> bytes | None:
+        cap = Capture(send, self.cfg.max_entry_bytes)
+        req.body_writer = None  # every byte through `send`, to be captured
+        await handle(req, cap.send, rec)
+        if not (cap.done and cap.status == 200 and not cap.over and rec.error is None):
+            return None
+        data = b"".join(cap.chunks)
+        found = answers.of_stream(req.api, req.kind, data) if req.stream else answers.of_whole(req.api, req.kind, data)
+        if found is None:
+            return None
+        if found.prompt_tokens is None and found.completion_tokens is None:  # (a stream without usage)
+            found.prompt_tokens, found.completion_tokens = rec.prompt_tokens, rec.completion_tokens
+        kept = answers.encode(found)
+        vector = None
+        if self.semantic is not None:
+            vector = await self._guarded(self.semantic.vector_for(req, found))
+        await self._guarded(self.store.put(key, ns, kept, vector))
+        return kept
+
+    async def _guarded(self, work: Awaitable[Any]) -> Any:
+        """`work`'s result, or None when the store fails (logged once per outage)."""
+        try:
+            result = await work
+        except Exception as e:  # (OSError, timeouts, redis' and sqlite's own errors)
+            if not self._failing:
+                log.warning("response cache: the %s store failed (%s: %s); answering from backends",
+                            self.cfg.backend, type(e).__name__, e)
+            self._failing = True
+            return None
+        self._failing = False
+        return result
+
+
+def _with(send: Send, value: bytes) -> Send:
+    async def wrapped(msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            msg = {**msg, "headers": [*msg.get("headers", ()), (keys.HEADER, value)]}
+        await send(msg)
+    return wrapped
