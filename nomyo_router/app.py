@@ -36,7 +36,7 @@ from .state import MemoryStore, QueueFull, SharedStore, StateStore, private
 from .ops.accesslog import AccessLog
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
 from .ops.metrics import Metrics, state_gauges
-from .ops import dashboard, reload, tracing, usage_api
+from .ops import dashboard, reload, tracing, usage_api, usage_stream
 from .ops.usage_store import make_usage
 from .upstream.discovery import Discovery
 from .upstream.health import Health
@@ -75,6 +75,7 @@ class Router:
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
         self.cache = cache_routes.make_cache(config, self.events)  # the response cache; None: off
+        self.usage_stream = usage_stream.UsageStream(self.events, lambda: usage_stream.snapshot_of(self))
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
         # the one client of every upstream call but model management (traced when tracing is on)
         self.tracer, self.upstream = tracing.make(config, self.events)
@@ -305,6 +306,7 @@ class RouterApp:
         handle = router.proxy.handle
         if router.cache is not None or "nomyo" in req.body:  # the response cache; NOMYO's body field
             handle = response_cache.handler(router.cache, scope, req, handle)
+        router.events.request_started(rec)  # (no listener unless /api/usage-stream is read)
         limits = router.client_limits
         held: list[str] = []  # the client whose permit this request holds, once it has one
         try:
@@ -415,6 +417,7 @@ ROUTES.update(dashboard.ROUTES)
 ROUTES.update(manage.ROUTES); PREFIX_ROUTES.extend(manage.PREFIX)  # noqa: E702
 ROUTES.update(ollama_status.ROUTES)
 ROUTES.update(cache_routes.ROUTES)
+ROUTES.update(usage_stream.ROUTES)
 
 
 def prefix_route(method: str, path: str) -> Handler | None:

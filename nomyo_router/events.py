@@ -76,6 +76,7 @@ class Events:
 
     def __init__(self) -> None:
         self._request: list[RequestHook] = []
+        self._start: list[RequestHook] = []  # (empty unless someone watches: ops/usage_stream.py)
         self._endpoint: list[EndpointHook] = []
         self._count: list[CountHook] = []
 
@@ -85,6 +86,13 @@ class Events:
     def off_request_done(self, hook: RequestHook | None) -> None:
         if hook in self._request:
             self._request.remove(hook)
+
+    def on_request_start(self, hook: RequestHook) -> None:
+        self._start.append(hook)
+
+    def off_request_start(self, hook: RequestHook | None) -> None:
+        if hook in self._start:
+            self._start.remove(hook)
 
     def on_endpoint_state(self, hook: EndpointHook) -> None:
         self._endpoint.append(hook)
@@ -96,6 +104,11 @@ class Events:
         if not rec.status:
             settle(rec)
         for hook in self._request:
+            _safe(hook, rec)
+
+    def request_started(self, rec: RequestRecord) -> None:
+        """A generation request arrived (its record has its id, API, route, model, client)."""
+        for hook in self._start:
             _safe(hook, rec)
 
     def endpoint_state(self, endpoint: str, state: str, reason: str = "") -> None:
