@@ -43,6 +43,7 @@ from .upstream.health import Health
 from .upstream.unload import is_unload, unload
 from .upstream.gcpace import GcPace
 from .upstream.looplag import LoopLag
+from .forward import overflow
 from .forward.proxy import Proxy
 from .upstream.session import ManageSession
 
@@ -304,6 +305,8 @@ class RouterApp:
         if router.tracer is not None:
             router.tracer.begin(rec, scope, req.kind, req.key, t0)
         handle = router.proxy.handle
+        if router.config.context_overflow == "trim":  # a chat too long for the model: its oldest turns go
+            handle = overflow.wrap(handle, router.events)
         if router.cache is not None or "nomyo" in req.body:  # the response cache; NOMYO's body field
             handle = response_cache.handler(router.cache, scope, req, handle)
         router.events.request_started(rec)  # (no listener unless /api/usage-stream is read)

@@ -202,6 +202,9 @@ class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     retry_budget: Annotated[Annotated[float, Meta(ge=0, le=1)], doc(
         "retries as a share of requests over a 10 s window (at least 10 retries)", FAILURES)] = 0.2
     resume_streams: Annotated[bool, doc("continue a stream cut mid-way on another endpoint", FAILURES)] = True
+    context_overflow: Annotated[Literal["off", "trim"], doc(
+        "a chat a backend refuses for overflowing its context: off passes the error on; trim drops the "
+        "oldest turns (never a system message or the last user turn) and asks again", FAILURES)] = "off"
     eject_after: Annotated[Slots, doc("consecutive backend failures that eject an endpoint", FAILURES)] = 3
     eject_backoff: Annotated[Seconds, doc("the first ejection's length; doubles while it keeps failing",
                                           FAILURES)] = 1.0
