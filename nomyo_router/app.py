@@ -23,6 +23,8 @@ from .api.asgi import (BODY_WRITER, BodyTooLarge, ClientGone, Receive, Scope, Se
                        read_body, send_response, with_headers)
 from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
+from .api.ratelimits import SCOPE_KEY as RATELIMIT_HEADERS
+from .api.ratelimits import RateLimits
 from .api.requests import GENERATION_ROUTES, parse
 from .cache import hook as response_cache
 from .cache import routes as cache_routes
@@ -65,12 +67,14 @@ class Router:
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
         self.client_limits = ClientLimits(access.caps_of(config), self.store, config.max_queue)
+        self.rate_limits = RateLimits(config, self.store, self.events)  # rpm, tpm, tokens_per_day
         self.keys = access.keys_of(config)
         self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
         # full collections on a timer, not by growth (thousands of open streams)
         self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
-        self.metrics = Metrics(self.events, lambda: state_gauges(self.endpoints, self.store, self.loop_lag),
+        self.metrics = Metrics(self.events, lambda: [*state_gauges(self.endpoints, self.store, self.loop_lag),
+                                                     *self.rate_limits.gauges()],
                                self.serves)
         self.history = dashboard.history_for(self.metrics)  # the dashboard's last hour, sampled on a timer
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
@@ -97,6 +101,7 @@ class Router:
         if self.cache is not None:
             await self.cache.start()
         self.loop_lag.start()
+        self.rate_limits.start()
         if self.gc is not None:
             self.gc.start()
         if self.tracer is not None:
@@ -122,6 +127,7 @@ class Router:
         if self.discovery:
             await self.discovery.stop()
         await self.loop_lag.stop()
+        await self.rate_limits.stop()
         if self.gc is not None:
             self.gc.stop()
         if self.usage is not None:
@@ -237,6 +243,8 @@ class RouterApp:
             await handler(self, scope, receive, send, t0)
         except ApiError as e:
             status, body, headers = render(api, e)
+            if RATELIMIT_HEADERS in scope:  # a limited key's request, admitted, then refused
+                headers += scope[RATELIMIT_HEADERS]
             await send_response(send, status, body, headers=headers)
         except BodyTooLarge:
             limit = self.router.config.max_body_bytes if self.router else 0
@@ -282,6 +290,8 @@ class RouterApp:
         client = scope.get("nomyo.client")
         if client is not None and router.client_limits.full(client.name):
             _refuse_full(router.config)  # before its body is read: a flood from one key buffers nothing
+        if client is not None and client.name in router.rate_limits.by_client:  # (429 before its body is read)
+            send = await router.rate_limits.admit(client.name, scope, send)
         raw = await read_body(scope, receive, router.config.max_body_bytes)
         req = parse(scope["path"], raw, t0)
         if client is not None:

@@ -113,6 +113,16 @@ class ClientKey(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
     max_concurrent: Annotated[Slots | None, doc(
         "its requests holding or waiting for a slot; more wait aside, so others are not queued behind it",
         default="no cap")] = None
+    rpm: Annotated[Slots | None, doc(
+        "requests it may start in any rolling 60 s, across workers and instances; beyond: 429 "
+        "rate_limit_exceeded with Retry-After", default="no limit")] = None
+    tpm: Annotated[Slots | None, doc(
+        "tokens (prompt + completion, as the backends report them) per rolling 60 s; a request is "
+        "admitted while the last minute's use is below it, counted when its answer ends", unit="tokens",
+        default="no limit")] = None
+    tokens_per_day: Annotated[Slots | None, doc(
+        "tokens per calendar day (UTC), counted like tpm; beyond: 429 insufficient_quota until midnight UTC",
+        unit="tokens", default="no limit")] = None
 
 
 class TracingConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -230,7 +240,7 @@ class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=Tru
         "sha256:<hex> stores only its hash", ACCESS)] = None
     client_keys: Annotated[tuple[ClientKey, ...], doc(
         "named keys for several clients, with the keys below; each key has one holder", ACCESS,
-        expected="a list of {name, key, models?, max_concurrent?} mappings")] = ()
+        expected="a list of {name, key, models?, max_concurrent?, rpm?, tpm?, tokens_per_day?} mappings")] = ()
     admin_key: Annotated[Secret, doc("the key for POST /admin/reload and everyone's /api/usage", ACCESS)] = None
     metrics_key: Annotated[Secret, doc("the operator's key for /metrics and the dashboard's data", ACCESS)] = None
     allowed_origins: Annotated[tuple[Name, ...], doc(

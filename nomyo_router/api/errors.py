@@ -11,13 +11,18 @@ import json
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, retry_after: int | None = None) -> None:
+                 code: str | None = None, retry_after: int | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None, kind: str | None = None) -> None:
+        """`headers`: more response headers (a rate-limited key's x-ratelimit-*); `kind`: the
+        OpenAI error type when the status alone does not say it (insufficient_quota)."""
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        self.headers = headers
+        self.kind = kind
 
 
 def _openai_type(status: int) -> str:
@@ -37,12 +42,12 @@ def _anthropic_type(status: int) -> str:
 
 
 def error_body(api: str, status: int, message: str, param: str | None = None,
-               code: str | None = None) -> bytes:
+               code: str | None = None, kind: str | None = None) -> bytes:
     if api == "anthropic":
         return json.dumps({"type": "error", "error": {"type": _anthropic_type(status),
                                                       "message": message}}).encode()
     if api == "openai":
-        return json.dumps({"error": {"message": message, "type": _openai_type(status),
+        return json.dumps({"error": {"message": message, "type": kind or _openai_type(status),
                                      "param": param, "code": code}}).encode()
     return json.dumps({"error": message}).encode()
 
@@ -53,4 +58,6 @@ def render(api: str, err: ApiError) -> tuple[int, bytes, list[tuple[bytes, bytes
         headers.append((b"retry-after", str(err.retry_after).encode()))
     if err.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="nomyo-router"'))
-    return err.status, error_body(api, err.status, err.message, err.param, err.code), headers
+    if err.headers:
+        headers += err.headers
+    return err.status, error_body(api, err.status, err.message, err.param, err.code, err.kind), headers

@@ -104,6 +104,9 @@ async def data(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) 
                             "history": router.history.describe()}
     if router.usage is not None:
         body["usage"] = summary(await router.usage.rows())["totals"]
+    if router.rate_limits.by_client:  # each limited key's use against its limits, read now
+        await router.rate_limits.refresh()
+        body["limits"] = router.rate_limits.describe()
     samples = router.history.encoded(_since(scope))  # encoded once, when sampled
     raw = json.dumps(body).encode()[:-1] + b',"samples":[' + b",".join(samples) + b"]}"
     await send_response(send, 200, raw, headers=[(b"cache-control", b"no-store")])

@@ -96,6 +96,7 @@ async def apply(router: Any, new: RouterConfig) -> dict[str, Any]:
         router.discovery.endpoints = list(endpoints)
     router.keys = access.keys_of(new)
     router.client_limits.caps = access.caps_of(new)
+    router.rate_limits.apply(new)
     router.origins = access.Origins(new.allowed_origins)
     if new.access_log != router.config.access_log or new.log_format != router.config.log_format:
         router.events.off_request_done(router.access_log.write if router.access_log else None)

@@ -6,10 +6,12 @@ and Redis implements the same methods; the contract tests run over each.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Mapping, Sequence
 
 from ..domain import Endpoint
+from .limits import Limiter, Limits, Verdict
 
 Choose = Callable[[Sequence[Endpoint]], Endpoint]
 # How the routing policy picks for `model` among free endpoints, given their in-flight counts:
@@ -142,6 +144,24 @@ class StateStore(ABC):
         endpoint that is gone waits out its timeout). A store that cannot change a waiting
         request's endpoints sends back every waiter of those models, oldest first."""
         return None
+
+    # ---- per-key rate limits and budgets (limits.py): counted where every process counts ----
+    _limiter: Limiter | None = None
+
+    def limiter(self) -> Limiter:
+        """This process's own count (the memory store's; the others' while they cannot share)."""
+        if self._limiter is None:
+            self._limiter = Limiter()
+        return self._limiter
+
+    async def admit(self, client: str, limits: Limits, count: bool = True) -> Verdict:
+        """Admit one request of `client` under `limits` (counting it), or say which limit
+        refuses it; `count=False` only looks. Called only for keys that have limits."""
+        return self.limiter().admit(client, limits, time.time(), count)
+
+    def spend(self, client: str, tokens: int, limits: Limits) -> None:
+        """An answer of `client` ended having used `tokens` (sent on without waiting)."""
+        self.limiter().spend(client, tokens, limits, time.time())
 
     async def start(self) -> None:
         """Connect or elect, for stores that share state; called once before serving."""

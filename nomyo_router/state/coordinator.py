@@ -27,6 +27,9 @@ Wire format: one JSON object per line. Worker -> host:
   {"op": "health", "ep", "ok"}      {"op": "snapshot", "id"} -> {"id", "snap"}
   {"op": "pub", "topic", "data"} -> relayed to the others as {"pub", "data"}
   {"op": "batch", "ops": [...]}     several of the above, written in one loop turn
+  {"op": "limit", "id", "client", "limits", "count"} -> {"id", "verdict"}  (a limited key's request:
+      the host's one count admits it or not, limits.py)
+  {"op": "spend", "client", "tokens", "limits"}  (its answer ended having used that many tokens)
 (Pins and usage counts need no message: pins.py and slots.py.)
 """
 
@@ -35,10 +38,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any, Sequence
 
 from ..domain import Endpoint
 from .base import Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
+from .limits import Limiter, Limits
 from .memory import MemoryStore
 from .pins import PinTable
 from .slots import SlotTable
@@ -109,6 +114,7 @@ class Coordinator:
         self._server: asyncio.AbstractServer | None = None
         self._closed = False
         self._writers: set[asyncio.StreamWriter] = set()  # for relaying `pub` messages
+        self.limiter = Limiter()  # every worker's rate limits, counted once, here
 
     def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
         self.endpoints.update((e.name, e) for e in endpoints)
@@ -195,6 +201,12 @@ class Coordinator:
                 ep = self.endpoints.get(msg["ep"])
                 if ep is not None:
                     store.set_healthy(ep, msg["ok"])
+            elif op == "limit":
+                verdict = self.limiter.admit(msg["client"], Limits.from_wire(msg["limits"]), time.time(),
+                                             msg.get("count", True))
+                send({"id": msg["id"], "verdict": verdict.wire()})
+            elif op == "spend":
+                self.limiter.spend(msg["client"], msg["tokens"], Limits.from_wire(msg["limits"]), time.time())
             elif op == "snapshot":
                 snap = await store.snapshot()
                 snap["in_flight"] = {name: store.table.in_flight(name) for name in self.endpoints}

@@ -33,6 +33,8 @@ from ..config import RouterConfig
 from ..domain import Endpoint
 from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from .memory import MemoryStore
+from .limits import Limits, Verdict
+from .redis_limits import RedisLimits
 from .redis_link import RedisLink
 from .redis_messages import Messages
 from .redis_pins import RedisPins
@@ -74,6 +76,7 @@ class RedisStore(StateStore):
         self.pins = RedisPins(self.link, config.affinity_ttl, self.local, self._is_degraded, self._degrade)
         self.usage = UsageBatches(self.owner)
         self.rehoming = Rehoming()
+        self.limits = RedisLimits(self.link, self.local, self._is_degraded, self._degrade, self._background)
 
     # ---- life cycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -343,6 +346,12 @@ class RedisStore(StateStore):
         self.usage.record(endpoint, model)  # sent with the next sweep, in one script call
 
     # ---- views, health, pins ----------------------------------------------------------
+    async def admit(self, client: str, limits: Limits, count: bool = True) -> Verdict:
+        return await self.limits.admit(client, limits, count)
+
+    def spend(self, client: str, tokens: int, limits: Limits) -> None:
+        self.limits.spend(client, tokens, limits)
+
     def in_flight(self, endpoint: Endpoint) -> int:
         """Over all instances, as the last grant or sweep (at most a second ago) reported it,
         and never less than this process holds. No round trip: the gauges read it."""

@@ -14,18 +14,21 @@ import itertools
 import json
 import logging
 import os
+import time
 from typing import Any, Callable, Sequence
 
 from ..domain import Endpoint
 from . import private
 from .base import Changes, Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome, StateStore
 from .coordinator import Coordinator, TableStore
+from .limits import Limits, Verdict
 from .pins import PinTable
 from .slots import SlotTable
 
 log = logging.getLogger("nomyo_router.shared")
 
 CONNECT_TIMEOUT_S = 10.0
+LIMIT_TIMEOUT_S = 2.0  # how long a limited key's request waits for the host's verdict
 LEARN_TIMEOUT_S = 5.0  # how long a grant on an endpoint this worker's reload has not added yet waits
 
 
@@ -255,6 +258,27 @@ class SharedStore(StateStore):
 
     def in_flight(self, endpoint: Endpoint) -> int:
         return self._table.in_flight(endpoint.name)
+
+    async def admit(self, client: str, limits: Limits, count: bool = True) -> Verdict:
+        """Rate limits are counted once, by the host (the host worker asks its own count):
+        one round trip, only for keys that have limits. While no host answers (one is being
+        elected), this worker's own count stands in; a new host starts counting afresh."""
+        host = self._coordinator
+        if host is not None:
+            return host.limiter.admit(client, limits, time.time(), count)
+        try:
+            async with asyncio.timeout(LIMIT_TIMEOUT_S):
+                reply = await self._call({"op": "limit", "client": client, "limits": limits.wire(), "count": count})
+        except TimeoutError:
+            return await super().admit(client, limits, count)
+        return Verdict.from_wire(reply["verdict"])
+
+    def spend(self, client: str, tokens: int, limits: Limits) -> None:
+        host = self._coordinator
+        if host is not None:
+            host.limiter.spend(client, tokens, limits, time.time())
+        else:
+            self._send({"op": "spend", "client": client, "tokens": tokens, "limits": limits.wire()})
 
     def publish(self, topic: str, data: Any) -> None:
         self._send({"op": "pub", "topic": topic, "data": data})

@@ -1,0 +1,161 @@
+"""Per-key rate limits and token budgets on the request path: admit or refuse, and tell.
+
+A key with `rpm`, `tpm` or `tokens_per_day` (in `client_keys`) has each generation request
+admitted by the state store's one count (state/limits.py: in memory, at the shared-state host
+with `--workers N`, in Redis across instances) before its body is read. Beyond a limit it is
+answered 429 in the caller's API shape — OpenAI code `rate_limit_exceeded` (type `requests`
+or `tokens`), `insufficient_quota` for the daily budget; Ollama routes `{"error": "..."}` —
+with `Retry-After`, and never reaches a backend. Every answer of a limited key carries
+OpenAI's `x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests`,
+`x-ratelimit-limit-tokens`, `x-ratelimit-remaining-tokens` (and `x-ratelimit-reset-*`),
+counting the request itself; the token headers show `tpm`, or the daily budget when the key
+has no `tpm`. Tokens are spent when the answer ends (the events hub's record).
+
+Keys without limits pay one dict lookup; a limited key pays one count (with Redis, one round
+trip) per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from typing import Any, Iterable
+
+from prometheus_client.core import GaugeMetricFamily
+
+from ..events import Events, RequestRecord
+from ..state.limits import Limits, Verdict
+from .asgi import Headers, Scope, Send, with_headers
+from .errors import ApiError
+
+SCOPE_KEY = "nomyo.ratelimit"  # the headers for this request's answer, whatever it is (app.py)
+REFRESH_S = 2.0  # how often /metrics' view of every limited key is read from the count
+
+
+def limits_of(config: Any) -> dict[str, Limits]:
+    return {c.name: Limits(c.rpm, c.tpm, c.tokens_per_day) for c in config.client_keys
+            if c.rpm or c.tpm or c.tokens_per_day}
+
+
+def _seconds(s: float) -> bytes:
+    return b"%gs" % round(max(s, 0.0), 3)
+
+
+def headers_of(limits: Limits, v: Verdict) -> Headers:
+    """OpenAI's x-ratelimit-* headers for a verdict (the request itself counted)."""
+    h: Headers = []
+    if limits.rpm is not None:
+        h += [(b"x-ratelimit-limit-requests", b"%d" % limits.rpm),
+              (b"x-ratelimit-remaining-requests", b"%d" % max(limits.rpm - v.requests, 0)),
+              (b"x-ratelimit-reset-requests", _seconds(v.reset_requests))]
+    if limits.tpm is not None:
+        h += [(b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
+              (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tpm - v.tokens, 0)),
+              (b"x-ratelimit-reset-tokens", _seconds(v.reset_tokens))]
+    elif limits.tokens_per_day is not None:
+        h += [(b"x-ratelimit-limit-tokens", b"%d" % limits.tokens_per_day),
+              (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tokens_per_day - v.day_tokens, 0))]
+    return h
+
+
+def refusal(limits: Limits, v: Verdict, headers: Headers) -> ApiError:
+    wait = max(1, math.ceil(v.retry_after))
+    if v.refused == "tokens_per_day":
+        return ApiError(429, f"this API key's daily token budget ({limits.tokens_per_day} tokens per UTC day) is "
+                             f"spent; it renews at midnight UTC, in {wait}s", code="insufficient_quota",
+                        kind="insufficient_quota", retry_after=wait, headers=headers)
+    if v.refused == "rpm":
+        what, kind = f"{limits.rpm} requests per minute", "requests"
+    else:
+        what, kind = f"{limits.tpm} tokens per minute", "tokens"
+    return ApiError(429, f"rate limit reached for this API key: {what}; try again in {wait}s",
+                    code="rate_limit_exceeded", kind=kind, retry_after=wait, headers=headers)
+
+
+class RateLimits:
+    """The router's limited keys. Built always; empty when no key has limits."""
+
+    def __init__(self, config: Any, store: Any, events: Events) -> None:
+        self.store = store
+        self.by_client: dict[str, Limits] = limits_of(config)
+        self.last: dict[str, Verdict] = {}  # each key's count as last read (for /metrics, the dashboard)
+        self._task: asyncio.Task | None = None
+        events.on_request_done(self.done)
+
+    def apply(self, config: Any) -> None:
+        """A reload: limits change at once; a removed key's counts are forgotten."""
+        self.by_client = limits_of(config)
+        for client in [c for c in self.last if c not in self.by_client]:
+            del self.last[client]
+        self.store.limiter().forget(set(self.by_client))
+
+    async def admit(self, client: str, scope: Scope, send: Send) -> Send:
+        """Admit one request of a limited `client` (429 if a limit refuses it); the `send`
+        that adds the x-ratelimit-* headers to its answer."""
+        limits = self.by_client[client]
+        v = await self.store.admit(client, limits)
+        self.last[client] = v
+        headers = headers_of(limits, v)
+        if v.refused is not None:
+            raise refusal(limits, v, headers)
+        scope[SCOPE_KEY] = headers  # (an error answered later carries them too)
+        return with_headers(scope, send, headers)
+
+    def done(self, rec: RequestRecord) -> None:
+        """The answer ended: spend its tokens (the backend's counts) on the key's budgets."""
+        limits = self.by_client.get(rec.client) if rec.client is not None else None
+        if limits is None or (limits.tpm is None and limits.tokens_per_day is None):
+            return
+        tokens = (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
+        if tokens > 0:
+            self.store.spend(rec.client, tokens, limits)
+
+    # ---- what operators see ------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            with contextlib.suppress(Exception):  # (an outage is the store's to report)
+                await self.refresh()
+
+    async def refresh(self) -> None:
+        """Read every limited key's count now, counting nothing."""
+        for client, limits in list(self.by_client.items()):
+            self.last[client] = await self.store.admit(client, limits, count=False)
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Each limited key's use against its limits, for the dashboard."""
+        out = {}
+        for client, limits in self.by_client.items():
+            v = self.last.get(client)
+            row: dict[str, Any] = {}
+            for name, limit, used in (("rpm", limits.rpm, v.requests if v else 0),
+                                      ("tpm", limits.tpm, v.tokens if v else 0),
+                                      ("tokens_per_day", limits.tokens_per_day, v.day_tokens if v else 0)):
+                if limit is not None:
+                    row[name] = {"limit": limit, "used": used}
+            out[client] = row
+        return out
+
+    def gauges(self) -> Iterable[GaugeMetricFamily]:
+        """nomyo_router_client_limit and nomyo_router_client_used, by client and limit."""
+        if not self.by_client:
+            return []
+        limit = GaugeMetricFamily("nomyo_router_client_limit", "a client key's rate limit or token budget",
+                                  labels=["client", "limit"])
+        used = GaugeMetricFamily("nomyo_router_client_used", "a client key's use of it: requests or tokens in the "
+                                 "last 60 s, tokens today (UTC)", labels=["client", "limit"])
+        for client, row in self.describe().items():
+            for name, value in row.items():
+                limit.add_metric([client, name], value["limit"])
+                used.add_metric([client, name], value["used"])
+        return [limit, used]
