@@ -45,7 +45,7 @@ from .upstream.health import Health
 from .upstream.unload import is_unload, unload
 from .upstream.gcpace import GcPace
 from .upstream.looplag import LoopLag
-from .forward import overflow
+from .forward import moe, overflow
 from .forward.proxy import Proxy
 from .upstream.session import ManageSession
 
@@ -80,6 +80,7 @@ class Router:
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
         self.cache = cache_routes.make_cache(config, self.events)  # the response cache; None: off
+        self.ensemble = moe.Ensemble(self)  # moe-<model> requests
         self.usage_stream = usage_stream.UsageStream(self.events, lambda: usage_stream.snapshot_of(self))
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
         # the one client of every upstream call but model management (traced when tracing is on)
@@ -294,6 +295,9 @@ class RouterApp:
             send = await router.rate_limits.admit(client.name, scope, send)
         raw = await read_body(scope, receive, router.config.max_body_bytes)
         req = parse(scope["path"], raw, t0)
+        ensemble = req.model.startswith(moe.PREFIX)  # NOMYO's moe-<model>: <model>'s best of several answers
+        if ensemble:
+            moe.prepare(req)
         if client is not None:
             if not client.may_use(req.key):
                 raise ApiError(403, f"this API key may not use model '{req.model}'")
@@ -314,7 +318,7 @@ class RouterApp:
         rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
         if router.tracer is not None:
             router.tracer.begin(rec, scope, req.kind, req.key, t0)
-        handle = router.proxy.handle
+        handle = router.ensemble.handle if ensemble else router.proxy.handle
         if router.config.context_overflow == "trim":  # a chat too long for the model: its oldest turns go
             handle = overflow.wrap(handle, router.events)
         if router.cache is not None or "nomyo" in req.body:  # the response cache; NOMYO's body field
@@ -323,7 +327,7 @@ class RouterApp:
         limits = router.client_limits
         held: list[str] = []  # the client whose permit this request holds, once it has one
         try:
-            if limits.capped(req.client):
+            if limits.capped(req.client) and not ensemble:  # (an ensemble's steps each take a permit)
                 await cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive, scope)
                 if not held:
                     return  # the client left while waiting for its permit

@@ -23,7 +23,7 @@ from .config_checks import (ConfigError, a_type, accepted_keys, check_key, check
                             specs, split_userinfo)
 
 __all__ = ["CONFIG_ENV", "ENDPOINT_TYPES", "ROUTING_POLICIES", "ClientKey", "ConfigError", "EndpointConfig",
-           "CacheConfig", "RouterConfig", "TracingConfig", "digest_of", "expand_env", "load_config", "parse_config", "redact_url",
+           "CacheConfig", "MoeConfig", "RouterConfig", "TracingConfig", "digest_of", "expand_env", "load_config", "parse_config", "redact_url",
            "split_userinfo"]
 
 CONFIG_ENV = "NOMYO_ROUTER_CONFIG"  # the config path, handed from `nomyo-router` to its workers
@@ -168,6 +168,16 @@ class CacheConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True
         default="none (required when similarity < 1)")] = None
 
 
+class MoeConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The `moe-` ensemble (NOMYO's "multiple opinions"): the `moe` mapping. A request for
+    `moe-<model>` is answered by `<model>` after it reviewed several answers of its own; see
+    docs/nomyo-parity.md. Read at start."""
+
+    samples: Annotated[Annotated[int, Meta(ge=1, le=16)], doc(
+        "answers asked for at once, on distinct endpoints when enough serve the model, before the "
+        "review and the final answer")] = 3
+
+
 class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The whole configuration. Field order is the reference's order."""
 
@@ -235,6 +245,9 @@ class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     affinity_max_pins: Annotated[Slots, doc("pins kept at most (the oldest go first)", ROUTING)] = 100_000
     affinity_wait_ms: Annotated[Millis, doc("how long a pinned request may wait for its endpoint before going "
                                             "elsewhere", ROUTING)] = 2000.0
+    moe: Annotated[MoeConfig, doc(
+        "the moe- ensemble: a request for moe-<model> gets <model>'s best of several answers", ROUTING,
+        type="mapping", default="samples: 3 (see below)")] = MoeConfig()
     router_api_key: Annotated[Secret, doc(
         "one client key (NOMYO's name); every route but / and /health then needs it; ${ENV} expanded; "
         "sha256:<hex> stores only its hash", ACCESS)] = None

@@ -90,13 +90,15 @@ class Proxy:
                 raise _unknown_model(req)
         self.budget.request()
         keys = None
-        if self.config.conversation_affinity:
+        if self.config.conversation_affinity and req.pinned is None:  # (an ensemble's sample: no affinity)
             keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id)
         ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys)
         if self._wants_prompt:
             ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
         only = ONLY_ON.get(req.path)  # a route some backend types do not serve: they are never tried
         tried = [] if only is None else newer.others(self.scheduler.endpoints, only, req.key, req.path, req.model)
+        if req.pinned is not None:  # an ensemble's sample goes where it was sent (forward/moe.py)
+            tried += [ep.name for ep in self.scheduler.endpoints if ep.name not in req.pinned]
         last: RetryableFailure | None = None
         attempts = min(self.config.max_attempts, self.scheduler.serving(req.key))
         for attempt in range(attempts):
