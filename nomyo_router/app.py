@@ -79,7 +79,7 @@ class Router:
         self.history = dashboard.history_for(self.metrics)  # the dashboard's last hour, sampled on a timer
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
-        self.cache = cache_routes.make_cache(config, self.events)  # the response cache; None: off
+        self.cache = cache_routes.make_cache(config, self.events, self)  # the response cache; None: off
         self.ensemble = moe.Ensemble(self)  # moe-<model> requests
         self.usage_stream = usage_stream.UsageStream(self.events, lambda: usage_stream.snapshot_of(self))
         self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)

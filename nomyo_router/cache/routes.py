@@ -19,16 +19,16 @@ from .service import ResponseCache
 from .stores import MemoryStore, SqliteStore, Store
 
 
-def make_cache(config: RouterConfig, events: Events, embed: Any = None) -> ResponseCache | None:
-    """The response cache `config` asks for, or None when it is off. `embed`: how semantic mode
-    embeds a text (semantic.py), given by the app once it can reach the backends."""
+def make_cache(config: RouterConfig, events: Events, owner: Any = None) -> ResponseCache | None:
+    """The response cache `config` asks for, or None when it is off. `owner`: the Router, whose
+    proxy semantic mode asks for embeddings (semantic.py)."""
     cfg = config.cache
     if not cfg.enabled:
         return None
     semantic = None
     if cfg.similarity < 1.0:
         from .semantic import Semantic
-        semantic = Semantic(cfg, embed)
+        semantic = Semantic(cfg, owner)
     store = make_store(config)
     if semantic is not None:
         semantic.store = store

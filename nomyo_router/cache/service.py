@@ -125,8 +125,14 @@ class ResponseCache:
         ns = req.client or ""
         key = keys.request_key(req, ns)
         data = await self._guarded(self.store.get(key))
-        if data is None and self.semantic is not None:
-            data = await self._guarded(self.semantic.nearest(req, ns))
+        vector = None
+        if data is None and self.semantic is not None and self.semantic.applies(req):  # the nearest question
+            ns = self.semantic.namespace(req)
+            vector = await self._guarded(self.semantic.vector(req, rec))
+            near = await self._guarded(self.semantic.nearest(ns, vector)) if vector is not None else None
+            data = await self._guarded(self.store.get(near)) if near is not None else None
+            if near is not None and data is None:
+                self.semantic.index.drop(ns, near)  # expired or evicted meanwhile
         if data is None and key in self._inflight:  # the same question is being answered: wait for it
             data = await asyncio.shield(self._inflight[key])
         found = answers.decode(data) if data is not None else None
@@ -139,7 +145,7 @@ class ResponseCache:
             self._inflight[key] = asyncio.get_running_loop().create_future()
         kept: bytes | None = None
         try:
-            kept = await self._miss(req, send, rec, handle, key, ns)
+            kept = await self._miss(req, send, rec, handle, key, ns, vector)
         finally:
             if mine:
                 self._inflight.pop(key).set_result(kept)
@@ -153,7 +159,7 @@ class ResponseCache:
         self.events.count("cache_hit", "", req.key)
 
     async def _miss(self, req: GenRequest, send: Send, rec: RequestRecord, handle: Handle, key: str,
-                    ns: str) -> bytes | None:
+                    ns: str, vector: bytes | None) -> bytes | None:
         cap = Capture(send, self.cfg.max_entry_bytes)
         req.body_writer = None  # every byte through `send`, to be captured
         await handle(req, cap.send, rec)
@@ -166,9 +172,8 @@ class ResponseCache:
         if found.prompt_tokens is None and found.completion_tokens is None:  # (a stream without usage)
             found.prompt_tokens, found.completion_tokens = rec.prompt_tokens, rec.completion_tokens
         kept = answers.encode(found)
-        vector = None
-        if self.semantic is not None:
-            vector = await self._guarded(self.semantic.vector_for(req, found))
+        if vector is not None and not self.semantic.keepable(req, found):
+            vector = None  # personal: found by its exact question only
         await self._guarded(self.store.put(key, ns, kept, vector))
         return kept
 

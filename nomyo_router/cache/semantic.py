@@ -1,0 +1,204 @@
+"""Semantic mode (`cache.similarity` < 1): a question close enough to one answered before gets
+that answer, even when not worded the same.
+
+- What is compared: the request's last user message, and a little of the conversation before
+  it (the previous exchange, at most `HISTORY_CHARS` characters, weighing `HISTORY_WEIGHT`),
+  embedded in one call by `cache.embed_model` on the router's own endpoints (no model runs in
+  the router), combined into one unit vector.
+- Where it may match: only among answers to requests alike in everything else — the same
+  client key, route and model, the same system prompt, parameters, tools and format (the
+  namespace is the exact key of the request without its conversation).
+- What is never matched: an answer that holds, or whose question holds, something personal
+  (an e-mail address, a UUID, a number of 8 digits or more) is kept for exact hits only.
+
+The nearest-neighbour search runs on this process's index (numpy, one matrix per namespace),
+fed from the store with what was added since its last look (stores.py), so entries another
+worker or instance stored are found too. An entry gone from the store (expired, evicted) is a
+miss and leaves the index.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import numpy as np
+
+from ..api.errors import ApiError
+from ..api.requests import GenRequest
+from ..config import CacheConfig
+from ..events import RequestRecord
+from .answer import Answer
+from .keys import DELIVERY, request_key
+
+HISTORY_CHARS = 600
+HISTORY_WEIGHT = 0.25
+KINDS = frozenset(("chat", "generate"))
+PERSONAL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
+                      r"|\d(?:[ .-]?\d){7,}", re.I)
+
+
+def personal(*texts: str) -> bool:
+    return any(PERSONAL.search(t) for t in texts if t)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI's content parts: their text
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+class Index:
+    """Unit vectors by namespace; `nearest` is one matrix-vector product per lookup."""
+
+    def __init__(self) -> None:
+        self.spaces: dict[str, tuple[list[str], np.ndarray | None, list[np.ndarray]]] = {}
+        self.size = 0
+
+    def add(self, key: str, ns: str, vector: bytes) -> None:
+        v = np.frombuffer(vector, dtype=np.float32)
+        keys, matrix, pending = self.spaces.setdefault(ns, ([], None, []))
+        if (matrix is not None and matrix.shape[1] != v.shape[0]) or (pending and pending[0].shape[0] != v.shape[0]):
+            self.size -= len(keys)  # another embedding model's vectors: they cannot be compared
+            keys, matrix, pending = [], None, []
+            self.spaces[ns] = (keys, matrix, pending)
+        keys.append(key)
+        pending.append(v)
+        self.size += 1
+
+    def nearest(self, ns: str, q: np.ndarray, threshold: float) -> str | None:
+        space = self.spaces.get(ns)
+        if space is None:
+            return None
+        keys, matrix, pending = space
+        if pending:
+            matrix = np.vstack([m for m in (matrix, *pending) if m is not None])
+            self.spaces[ns] = space = (keys, matrix, [])
+        if matrix is None or matrix.shape[1] != q.shape[0]:
+            return None
+        scores = matrix @ q
+        best = int(np.argmax(scores))
+        return keys[best] if scores[best] >= threshold else None
+
+    def drop(self, ns: str, key: str) -> None:
+        keys, matrix, pending = self.spaces.get(ns, ([], None, []))
+        if key in keys and not pending and matrix is not None:
+            i = keys.index(key)
+            self.spaces[ns] = (keys[:i] + keys[i + 1:], np.delete(matrix, i, axis=0), [])
+            self.size -= 1
+
+    def clear(self) -> None:
+        self.spaces.clear()
+        self.size = 0
+
+
+class Semantic:
+    def __init__(self, cfg: CacheConfig, owner: Any) -> None:
+        self.threshold, self.model, self.max_entries = cfg.similarity, cfg.embed_model or "", cfg.max_entries
+        self.owner = owner  # the Router: its proxy asks the embedding model
+        self.store: Any = None  # stores.Store, set by routes.make_cache
+        self.index = Index()
+        self.cursor: Any = None
+
+    def applies(self, req: GenRequest) -> bool:
+        return req.kind in KINDS
+
+    def namespace(self, req: GenRequest) -> str:
+        """The exact key of the request without its conversation (and without the prompt)."""
+        body = {k: v for k, v in req.body.items() if k not in DELIVERY and k not in ("messages", "prompt")}
+        if req.kind == "chat":  # the system prompt stays: a question under another one is another question
+            body["system_messages"] = [m for m in req.body.get("messages") or []
+                                       if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+        return request_key(req, req.client or "", body)
+
+    def texts(self, req: GenRequest) -> tuple[str, str]:
+        """(the question, a little of the conversation before it)."""
+        if req.kind != "chat":
+            return _text(req.body.get("prompt")), ""
+        turns = [m for m in req.body.get("messages") or [] if isinstance(m, dict)
+                 and m.get("role") not in ("system", "developer")]
+        last = max((i for i, m in enumerate(turns) if m.get("role") == "user"), default=-1)
+        if last < 0:
+            return "", ""
+        before = "\n".join(_text(m.get("content")) for m in turns[max(last - 2, 0):last])
+        return _text(turns[last].get("content")), before[-HISTORY_CHARS:]
+
+    async def vector(self, req: GenRequest, rec: RequestRecord) -> bytes | None:
+        """The request's unit vector (float32 bytes), or None (no question, or no embedding)."""
+        question, before = self.texts(req)
+        if not question.strip():
+            return None
+        got = await self._embed([question, before] if before.strip() else [question], req, rec)
+        if not got:
+            return None
+        v = np.asarray(got[0], dtype=np.float32)
+        if len(got) > 1 and len(got[1]) == len(got[0]):
+            v = (1 - HISTORY_WEIGHT) * _unit(v) + HISTORY_WEIGHT * _unit(np.asarray(got[1], dtype=np.float32))
+        return _unit(v).astype(np.float32).tobytes()
+
+    async def nearest(self, ns: str, vector: bytes) -> str | None:
+        """The key of the closest kept answer in `ns` at least `threshold` alike, or None."""
+        if self.index.size > 2 * self.max_entries:  # many stale vectors: read the store's afresh
+            self.index.clear()
+            self.cursor = None
+        rows, self.cursor = await self.store.vectors(self.cursor)
+        for key, space, v in rows:
+            self.index.add(key, space, v)
+        return self.index.nearest(ns, np.frombuffer(vector, dtype=np.float32), self.threshold)
+
+    def keepable(self, req: GenRequest, found: Answer) -> bool:
+        """May this answer be found by meaning? Not when it, or its question, is personal."""
+        texts = [c.text for c in found.choices] + [c.thinking for c in found.choices]
+        texts += [json.dumps(c.tool_calls) for c in found.choices if c.tool_calls]
+        return not personal(self.texts(req)[0], *texts)
+
+    def clear(self) -> None:
+        self.index.clear()
+        self.cursor = None
+
+    async def _embed(self, texts: list[str], req: GenRequest, rec: RequestRecord) -> list[list[float]] | None:
+        """`texts` embedded by the embedding model through this router's own endpoints, as a
+        request of its own (`<request id>.embed`: accounted like any)."""
+        router = self.owner
+        body = {"model": self.model, "input": texts}
+        sub = GenRequest("ollama", "embed", "/api/embed", self.model, False, body, json.dumps(body).encode(),
+                         time.perf_counter())
+        sub.client = req.client
+        step = RequestRecord(f"{rec.request_id}.embed", "ollama", "/api/embed", self.model, False, req.client)
+        got = _Whole()
+        try:
+            await router.proxy.handle(sub, got.send, step)
+        except ApiError as e:
+            step.status, step.error = e.status, e.code or "error"
+            return None
+        finally:
+            step.total_s = time.perf_counter() - sub.t0
+            router.events.request_done(step)
+        if got.status != 200:
+            return None
+        try:
+            vectors = json.loads(b"".join(got.chunks)).get("embeddings")
+        except (ValueError, AttributeError):
+            return None
+        return vectors if isinstance(vectors, list) and vectors and isinstance(vectors[0], list) else None
+
+
+class _Whole:
+    def __init__(self) -> None:
+        self.status = 0
+        self.chunks: list[bytes] = []
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            self.status = msg["status"]
+        elif msg["type"] == "http.response.body":
+            self.chunks.append(msg.get("body", b""))
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else v

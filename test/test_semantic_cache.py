@@ -1,0 +1,153 @@
+"""The response cache's semantic mode on real sockets: a question worded otherwise finds the
+answer kept for a close one, embedded by an embedding model the router reaches through its own
+endpoints (a small bag-of-words backend here); the namespace (client key, system prompt,
+parameters), personal data, SQLite across a restart, and misses."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import re
+from typing import Any, AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from mock import free_port, run_mock
+from nomyo_router.cache import semantic
+from test.conftest import FAST
+from test.helpers import endpoints, run_router
+
+DIM = 256
+USE = {"nomyo": {"cache": True}}
+STOP = {"the", "a", "an", "and", "of", "is", "what", "whats", "s", "me", "tell", "please", "city", "do", "does", "how"}
+
+
+def embed(text: str) -> list[float]:
+    """Bag of words, hashed: texts sharing their content words are close."""
+    v = [0.0] * DIM
+    for w in re.findall(r"[a-z]+", text.lower()):
+        if w not in STOP:
+            v[int(hashlib.md5(w.encode()).hexdigest(), 16) % DIM] += 1.0
+    n = math.sqrt(sum(x * x for x in v)) or 1.0
+    return [x / n for x in v]
+
+
+class Embedder:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def embed(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        body = await request.json()
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        return web.json_response({"model": body["model"], "embeddings": [embed(t) for t in texts]})
+
+
+async def _tags(request: web.Request) -> web.Response:
+    return web.json_response({"models": [{"name": "embedder:latest", "model": "embedder:latest"}]})
+
+
+async def _version(request: web.Request) -> web.Response:
+    return web.json_response({"version": "0.12.0"})
+
+
+@contextlib.asynccontextmanager
+async def embedder() -> AsyncIterator[tuple[Embedder, str]]:
+    e = Embedder()
+    app = web.Application()
+    app.router.add_post("/api/embed", e.embed)
+    for path in ("/api/tags", "/api/ps"):
+        app.router.add_get(path, _tags)
+    app.router.add_get("/api/version", _version)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield e, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def config(m: Any, url: str, **cache: Any) -> dict[str, Any]:
+    return {"endpoints": [*endpoints(m), {"url": url, "name": "emb", "type": "ollama", "models": ["embedder"]}],
+            "cache": {"enabled": True, "similarity": 0.8, "embed_model": "embedder", **cache}}
+
+
+def chat(question: str, system: str = "You are terse.", **extra: Any) -> dict[str, Any]:
+    return {"model": "llama3", "stream": False, **USE, **extra,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+
+
+async def ask(s: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> str:
+    async with s.post(url + "/api/chat", json=body, headers=headers or {}) as r:
+        assert r.status == 200, await r.text()
+        return r.headers["X-Router-Response-Cache"]
+
+
+async def test_a_question_worded_otherwise_finds_the_answer_and_others_do_not():
+    async with run_mock(**FAST) as m, embedder() as (e, url):
+        async with run_router(config(m, url)) as r:
+            async with aiohttp.ClientSession() as s:
+                assert await ask(s, r.url, chat("What is the capital of France?")) == "miss"
+                assert await ask(s, r.url, chat("Tell me the capital city of France, please")) == "hit"
+                assert await ask(s, r.url, chat("How do volcanoes form?")) == "miss"
+                assert await ask(s, r.url, chat("what's the capital of france")) == "hit"
+                # alike in everything else only: another system prompt, parameters, or key
+                assert await ask(s, r.url, chat("What is the capital of France?", system="Answer in German.")) == "miss"
+                assert await ask(s, r.url, chat("The capital of France?", options={"temperature": 0})) == "miss"
+                # the conversation before the question counts a little: another topic, still close enough
+                longer = chat("and the capital of France?")
+                longer["messages"][1:1] = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+                assert await ask(s, r.url, longer) == "hit"
+                async with s.get(r.url + "/api/cache/stats") as resp:
+                    stats = await resp.json()
+    assert m.stats()["requests"]["/api/chat"] == 4
+    assert stats["mode"] == "semantic" and stats["hits"] == 3 and stats["misses"] == 4
+    assert e.calls == 7  # one embedding per lookup that missed exactly
+
+
+async def test_personal_questions_are_kept_for_exact_hits_only():
+    async with run_mock(**FAST) as m, embedder() as (e, url):
+        async with run_router(config(m, url)) as r:
+            async with aiohttp.ClientSession() as s:
+                q = "What is the capital of France? Mail it to bob@example.com"
+                assert await ask(s, r.url, chat(q)) == "miss"
+                assert await ask(s, r.url, chat("capital of France, mail to bob@example.com")) == "miss"
+                assert await ask(s, r.url, chat(q)) == "hit"  # the same question, exactly
+
+
+def test_what_counts_as_personal():
+    assert semantic.personal("write to ann.lee+x@mail.example.org")
+    assert semantic.personal("order 123e4567-e89b-12d3-a456-426614174000")
+    assert semantic.personal("card 4111 1111 1111 1111") and semantic.personal("id 12345678")
+    assert not semantic.personal("in 1789, 3 of 7 estates") and not semantic.personal("capital: Paris")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "memory"])
+async def test_client_keys_never_share_and_sqlite_finds_them_after_a_restart(tmp_path, backend):
+    keys = [{"name": "alice", "key": "alice-key-123"}, {"name": "bob", "key": "bob-key-12345"}]
+    alice, bob = {"Authorization": "Bearer alice-key-123"}, {"Authorization": "Bearer bob-key-12345"}
+    cfg_cache = {"backend": backend, "path": str(tmp_path / "c.db")}
+    async with run_mock(**FAST) as m, embedder() as (e, url):
+        async with run_router({**config(m, url, **cfg_cache), "client_keys": keys}) as r:
+            async with aiohttp.ClientSession() as s:
+                assert await ask(s, r.url, chat("What is the capital of France?"), alice) == "miss"
+                assert await ask(s, r.url, chat("the capital of France?"), bob) == "miss"
+        async with run_router({**config(m, url, **cfg_cache), "client_keys": keys}) as r:
+            async with aiohttp.ClientSession() as s:
+                want = "hit" if backend == "sqlite" else "miss"
+                assert await ask(s, r.url, chat("Capital city of France"), alice) == want
+                assert await ask(s, r.url, chat("France: its capital"), bob) == want
+
+
+async def test_without_the_embedding_model_the_cache_stays_exact():
+    async with run_mock(**FAST) as m, embedder() as (e, url):
+        async with run_router(config(m, url, embed_model="nosuch")) as r:
+            async with aiohttp.ClientSession() as s:
+                assert await ask(s, r.url, chat("What is the capital of France?")) == "miss"
+                assert await ask(s, r.url, chat("The capital of France?")) == "miss"
+                assert await ask(s, r.url, chat("What is the capital of France?")) == "hit"
