@@ -35,6 +35,7 @@ class MockConfig:
     openai_busy_status: int = 503
     stream_tick_ms: float = 0.0  # > 0: streams written by one shared timer per tick (mock.ticker)
     kv_events: str = ""  # bind a vLLM-style KV-event ZMQ publisher here (tcp://127.0.0.1:PORT)
+    context_length: int = 8192  # the context window it reports (/api/show, /api/ps, /v1/models)
 
     def validate(self) -> None:
         for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate", "error_rate"):
@@ -49,6 +50,8 @@ class MockConfig:
             raise ValueError("parallel must be >= 1")
         if self.max_queue < 0 or self.tokens < 0 or self.kv_cache_tokens < 0:
             raise ValueError("max_queue, tokens and kv_cache_tokens must be >= 0")
+        if self.context_length < 1:
+            raise ValueError("context_length must be >= 1")
         if self.kv_block_tokens < 1 or self.embed_dim < 1:
             raise ValueError("kv_block_tokens and embed_dim must be >= 1")
         if self.jitter_dist not in JITTER_DISTS:
@@ -106,6 +109,8 @@ HELP = {
     "seed": "seed of the fault dice and jitter",
     "stream_tick_ms": "> 0: one shared timer per tick writes every open stream's due chunk "
                       "(tokens delivered <= one tick late; TTFT exact); 0: one sleep per token",
+    "context_length": "the context window in tokens it reports: /api/show (num_ctx, model_info), "
+                      "/api/ps, /v1/models (max_model_len, as vLLM)",
     "kv_events": "publish vLLM-style KV-cache events on this ZMQ address (e.g. tcp://127.0.0.1:5557); empty: off",
 }
 

@@ -161,16 +161,16 @@ def ollama_model_entry(model: str) -> dict[str, Any]:
             "digest": _digest(name), "details": _details(model)}
 
 
-def ollama_ps_entry(model: str) -> dict[str, Any]:
+def ollama_ps_entry(model: str, context_length: int = 8192) -> dict[str, Any]:
     name = model if ":" in model else model + ":latest"
     expires = (datetime.now(timezone.utc) + timedelta(minutes=5)).isoformat().replace("+00:00", "Z")
     return {"name": name, "model": name, "size": 5_500_000_000, "digest": _digest(name),
             "details": _details(model), "expires_at": expires, "size_vram": 5_500_000_000,
-            "context_length": 8192}
+            "context_length": context_length}
 
 
-def ollama_show(model: str) -> dict[str, Any]:
-    return {"modelfile": f"FROM {model}\n", "parameters": "num_ctx 8192",
+def ollama_show(model: str, context_length: int = 8192) -> dict[str, Any]:
+    return {"modelfile": f"FROM {model}\n", "parameters": f"num_ctx {context_length}",
             "template": "{{ .Prompt }}", "details": _details(model),
-            "model_info": {"general.architecture": "llama", "llama.context_length": 8192},
+            "model_info": {"general.architecture": "llama", "llama.context_length": context_length},
             "capabilities": ["completion", "embedding"], "modified_at": now_iso()}

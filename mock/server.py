@@ -147,7 +147,7 @@ class MockBackend:
         return _json({"models": [formats.ollama_model_entry(m) for m in self.config.models]})
 
     async def ps(self, request: web.Request) -> web.Response:
-        return _json({"models": [formats.ollama_ps_entry(m) for m in self.config.models]})
+        return _json({"models": [formats.ollama_ps_entry(m, self.config.context_length) for m in self.config.models]})
 
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": formats.OLLAMA_VERSION})
@@ -157,7 +157,8 @@ class MockBackend:
 
     async def models(self, request: web.Request) -> web.Response:
         return _json({"object": "list", "data": [
-            {"id": m, "object": "model", "created": int(self.started), "owned_by": "mock"}
+            {"id": m, "object": "model", "created": int(self.started), "owned_by": "mock",
+             "max_model_len": self.config.context_length}
             for m in self.config.models]})
 
     async def show(self, request: web.Request) -> web.Response:
@@ -166,7 +167,7 @@ class MockBackend:
         if not isinstance(model, str) or not model:
             raise BadRequest(400, "model is required")
         self._check_model(model)
-        return _json(formats.ollama_show(model))
+        return _json(formats.ollama_show(model, self.config.context_length))
 
     async def stats_route(self, request: web.Request) -> web.Response:
         return _json(self.stats())

@@ -32,6 +32,7 @@ from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
 from .domain import Endpoint, model_key
 from .events import Events, RequestRecord
 from .routing import kv_events
+from .routing.context import Windows
 from .routing.policies import Policy, make_policy, picker
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, QueueFull, SharedStore, StateStore, private
@@ -87,6 +88,9 @@ class Router:
         self.tracer, self.upstream = tracing.make(config, self.events)
         self.manage_session = ManageSession(config)  # aiohttp, made when first needed
         self.discovery: Discovery | None = None
+        # context-length-aware routing (None: context_routing off)
+        self.windows = Windows(config.context_routing, self.upstream, lambda: self.endpoints) \
+            if config.context_routing != "off" else None
         self.proxy: Proxy | None = None
         self.kv_tasks: list[asyncio.Task] = []  # precise mode: KV-event subscribers
         self.kv_states: dict[str, kv_events.KVEventState] = {}
@@ -111,6 +115,8 @@ class Router:
         self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, self.config,
                                    self.health)
         await self.discovery.start()
+        if self.windows is not None:
+            self.windows.start()
         self.proxy.rediscover = self.discovery.refresh_now
         self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
         reload.install(self)
@@ -127,6 +133,8 @@ class Router:
             task.cancel()
         if self.discovery:
             await self.discovery.stop()
+        if self.windows is not None:
+            await self.windows.stop()
         await self.loop_lag.stop()
         await self.rate_limits.stop()
         if self.gc is not None:
@@ -302,6 +310,8 @@ class RouterApp:
             if not client.may_use(req.key):
                 raise ApiError(403, f"this API key may not use model '{req.model}'")
             req.client = client.name
+        if router.windows is not None and req.ctype is None:  # longer than some endpoint's context window?
+            req.too_small = router.windows.check(req, router.endpoints)
         if is_unload(req.kind, req.api, req.body):  # `ollama stop`: every endpoint that has it loaded
             assert router.discovery is not None
             await router.discovery.fresh_ps(max_age=0.0)  # a model loaded a moment ago must be unloaded too

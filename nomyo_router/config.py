@@ -99,6 +99,9 @@ class EndpointConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=T
     kv_events: Annotated[Annotated[str, Meta(pattern=r"^(tcp|ipc)://")] | None, doc(
         "vLLM's KV-event publisher (vLLM --kv-events-config): precise cache-aware routing",
         expected="vLLM's KV-event publisher address such as tcp://127.0.0.1:5557")] = None
+    context_length: Annotated[Slots | None, doc(
+        "its context window in tokens, for every model it serves; overrides the learned one (Ollama's "
+        "/api/show and /api/ps, vLLM's max_model_len)", unit="tokens", default="learned")] = None
     basic_auth: Annotated[str | None, doc("user:password taken out of url", secret=True, derived=True)] = None
 
 
@@ -243,6 +246,10 @@ class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     affinity_ttl: Annotated[Seconds, doc("a conversation's pin lasts this long after its last request",
                                          ROUTING)] = 600.0
     affinity_max_pins: Annotated[Slots, doc("pins kept at most (the oldest go first)", ROUTING)] = 100_000
+    context_routing: Annotated[Literal["route", "reject", "off"], doc(
+        "requests longer than an endpoint's context window (prompt estimated at 4 characters a token, plus "
+        "max_tokens/num_predict): route (to an endpoint whose window fits, before affinity and load), reject "
+        "(as route; 400 context_length_exceeded when none fits), off", ROUTING)] = "route"
     affinity_wait_ms: Annotated[Millis, doc("how long a pinned request may wait for its endpoint before going "
                                             "elsewhere", ROUTING)] = 2000.0
     moe: Annotated[MoeConfig, doc(

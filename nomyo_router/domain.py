@@ -31,11 +31,12 @@ class Endpoint:
     ps: list[dict[str, Any]] = field(default_factory=list)  # raw /api/ps entries
     version: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    context_length: int | None = None  # configured context window (tokens): overrides the learned ones
 
     @classmethod
     def from_config(cls, cfg: EndpointConfig) -> "Endpoint":
         ep = cls(name=cfg.name, url=cfg.url, slots=cfg.max_concurrent, type=cfg.type,
-                 api_key=cfg.api_key, static_models=cfg.models)
+                 api_key=cfg.api_key, static_models=cfg.models, context_length=cfg.context_length)
         # Every header aiohttp would add is set here, so it adds none (its cheapest path).
         ep.headers = {"Content-Type": "application/json", "Accept": "*/*",
                       "Accept-Encoding": "identity", "User-Agent": "nomyo-router"}

@@ -27,7 +27,7 @@ class GenRequest:
     """One validated generation request. `raw` is forwarded untouched when APIs match."""
 
     __slots__ = ("api", "kind", "path", "model", "key", "stream", "body", "raw", "t0", "session_id", "client",
-                 "ctype", "body_writer", "pinned")
+                 "ctype", "body_writer", "pinned", "too_small")
 
     def __init__(self, api: str, kind: str, path: str, model: str, stream: bool,
                  body: dict[str, Any], raw: bytes, t0: float) -> None:
@@ -38,6 +38,7 @@ class GenRequest:
         self.client: str | None = None  # the client key's name, when keys are configured
         self.ctype: str | None = None  # a Content-Type to forward instead of JSON's (multipart)
         self.body_writer: Any = None  # the server's protocol.BodyWriter, if it offers one (upstream/relay.py)
+        self.too_small: frozenset[str] | None = None  # endpoints whose context window it exceeds (routing/context.py)
         self.pinned: tuple[str, ...] | None = None  # only these endpoints, no affinity (forward/moe.py)
 
 

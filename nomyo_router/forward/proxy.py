@@ -92,7 +92,7 @@ class Proxy:
         keys = None
         if self.config.conversation_affinity and req.pinned is None:  # (an ensemble's sample: no affinity)
             keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id)
-        ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys)
+        ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys, too_small=req.too_small)
         if self._wants_prompt:
             ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
         only = ONLY_ON.get(req.path)  # a route some backend types do not serve: they are never tried

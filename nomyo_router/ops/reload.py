@@ -75,6 +75,7 @@ async def apply(router: Any, new: RouterConfig) -> dict[str, Any]:
         ep = current.get(cfg.name)
         if ep is not None and cfg.name in old_cfg and _backend(cfg) == _backend(old_cfg[cfg.name]):
             ep.slots = cfg.max_concurrent
+            ep.context_length = cfg.context_length
         else:
             ep = Endpoint.from_config(cfg)
             fresh.append(ep)

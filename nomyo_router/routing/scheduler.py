@@ -80,6 +80,8 @@ class Scheduler:
     async def acquire(self, ctx: RouteContext, exclude: Iterable[str] = ()) -> Lease:
         """A slot for `ctx.model`, skipping endpoints in `exclude` (already tried)."""
         candidates = self._by_model.get(ctx.model, [])
+        if ctx.too_small:  # (too short a context window: left out before affinity and load)
+            candidates = [e for e in candidates if e.name not in ctx.too_small]
         if exclude:
             skip = set(exclude)
             candidates = [e for e in candidates if e.name not in skip]
@@ -129,7 +131,7 @@ class Scheduler:
         the first slot that frees, not to a policy's or a pin's favourite."""
         keys = ctx.keys
         pin = keys.register if keys is not None and self.affinity_wait is not None else None
-        skip = set(exclude)
+        skip = set(exclude) | (ctx.too_small or set())
         waited = 0.0
         while True:
             waited += signal.waited

@@ -33,6 +33,7 @@ class RouteContext:
     keys: "Keys | None" = None  # conversation affinity keys, when affinity applies
     prompt: "Prompt | None" = None  # block keys of the prompt, for prefix-aware policies
     cached_tokens: int | None = None  # prefix the chosen endpoint is believed to hold
+    too_small: frozenset[str] | None = None  # endpoints whose context window the request exceeds
 
 
 class Policy(Protocol):
