@@ -151,3 +151,19 @@ async def test_without_the_embedding_model_the_cache_stays_exact():
                 assert await ask(s, r.url, chat("What is the capital of France?")) == "miss"
                 assert await ask(s, r.url, chat("The capital of France?")) == "miss"
                 assert await ask(s, r.url, chat("What is the capital of France?")) == "hit"
+
+
+async def test_redis_finds_by_meaning_what_another_router_kept(redis_url):
+    async with run_mock(**FAST) as m, embedder() as (e, url):
+        cfg = config(m, url, backend="redis")
+        cfg["cache"]["url"] = redis_url
+        async with run_router(cfg) as a, run_router(cfg) as b:
+            async with aiohttp.ClientSession() as s:
+                assert await ask(s, a.url, chat("What is the capital of France?")) == "miss"
+                assert await ask(s, b.url, chat("the capital city of France")) == "hit"
+                assert await ask(s, b.url, chat("How do volcanoes form?")) == "miss"
+                assert await ask(s, a.url, chat("so how do volcanoes form")) == "hit"
+                async with s.post(a.url + "/api/cache/clear") as resp:
+                    assert (await resp.json())["cleared"] == 2
+                assert await ask(s, b.url, chat("What's the capital of France")) == "miss"
+    assert m.stats()["requests"]["/api/chat"] == 3
