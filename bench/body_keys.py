@@ -19,7 +19,8 @@ import statistics
 import sys
 import time
 import timeit
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,7 +38,8 @@ def bodies() -> list[tuple[str, str, bytes]]:
             "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": LOREM * 13}
                          for i in range(20)]}
     escaped = {"model": "llama3", "stream": False,  # json.dumps escapes non-ASCII as \uXXXX (ensure_ascii)
-               "messages": [{"role": "user", "content": "Почему небо голубое? 为什么天空是蓝色的？ Warum ist er blau? " * 12}]}
+               "messages": [{"role": "user",
+                             "content": "Почему небо голубое? 为什么天空是蓝色的？ Warum ist er blau? " * 12}]}
     tool = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "run the model"}],
             "tools": [{"type": "function", "function": {
                 "name": "run_model", "description": "Run a model on an input",
@@ -82,10 +84,10 @@ def main() -> None:
     print(f"{'body':34} {'bytes':>7} {'json.loads':>11} {'parse before':>13} {'parse after':>12} {'added':>7}")
     for label, route, raw in bodies():
         assert requests.parse(route, raw, t0).body == json.loads(raw)
-        loads = per_call(lambda: json.loads(raw), args.runs)
+        loads = per_call(lambda raw=raw: json.loads(raw), args.runs)
         with before():
-            old = per_call(lambda: requests.parse(route, raw, t0), args.runs)
-        new = per_call(lambda: requests.parse(route, raw, t0), args.runs)
+            old = per_call(lambda route=route, raw=raw: requests.parse(route, raw, t0), args.runs)
+        new = per_call(lambda route=route, raw=raw: requests.parse(route, raw, t0), args.runs)
         print(f"{label:34} {len(raw):7d} {loads:11.2f} {old:13.2f} {new:12.2f} {new - old:+7.2f}")
     print("(µs per call, median of", args.runs, "runs)")
 

@@ -31,8 +31,8 @@ import sys
 import tempfile
 import time
 import timeit
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from common import free_port, mock_process, router_process, wait_tcp
 
@@ -68,9 +68,10 @@ def gate_cost(runs: int = 7) -> dict[str, float]:
         req = parse("/api/chat", raw, 0.0)
         off: ResponseCache | None = None
         cases = {
-            "off": lambda: off is not None or "nomyo" in req.body,
-            "on": lambda: hook.handler(cache, scope, req, handle) if (cache is not None or "nomyo" in req.body) else 0,
-            "off, searching the raw body instead": lambda: b'"nomyo"' in raw,
+            "off": lambda off=off, req=req: off is not None or "nomyo" in req.body,
+            "on": lambda req=req: (hook.handler(cache, scope, req, handle) if (cache is not None or "nomyo" in req.body)
+                                   else 0),
+            "off, searching the raw body instead": lambda raw=raw: b'"nomyo"' in raw,
         }
         for mode, fn in cases.items():
             n = 200_000

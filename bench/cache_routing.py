@@ -33,7 +33,7 @@ import random
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 
@@ -137,7 +137,7 @@ async def drive(url: str, workload: Workload, requests: int, warmup: int, users:
                     marks.append(await mock_stats(stats_urls))  # KV counters from here on
                 try:
                     ttft, _, answer = await one(session, url, messages)
-                except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError, RuntimeError):
                     failures[0] += 1
                     break
                 if measured:
@@ -152,7 +152,8 @@ async def drive(url: str, workload: Workload, requests: int, warmup: int, users:
     ttfts.sort()
     queue = QUEUE_MS[warmup:]
     QUEUE_MS.clear()
-    return {"queue_mean_ms": statistics.fmean(queue) if queue else 0.0,"n": len(ttfts), "failed": failures[0], "rps": len(ttfts) / elapsed,
+    return {"queue_mean_ms": statistics.fmean(queue) if queue else 0.0, "n": len(ttfts), "failed": failures[0],
+            "rps": len(ttfts) / elapsed,
             "ttft_mean_ms": 1000 * statistics.fmean(ttfts), "ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2],
             "ttft_p90_ms": 1000 * ttfts[int(len(ttfts) * 0.9)]}
 
@@ -184,8 +185,8 @@ def run_one(mocks: list[MockProcess], policy: str, kind: str, requests: int, war
         res = asyncio.run(drive(url, Workload(kind), requests, warmup, users, urls, marks))
         after = asyncio.run(mock_stats(urls))
         before = marks[0]
-    hit = sum(a["kv_cache"]["hit_tokens"] - b["kv_cache"]["hit_tokens"] for a, b in zip(after, before))
-    miss = sum(a["kv_cache"]["miss_tokens"] - b["kv_cache"]["miss_tokens"] for a, b in zip(after, before))
+    hit = sum(a["kv_cache"]["hit_tokens"] - b["kv_cache"]["hit_tokens"] for a, b in zip(after, before, strict=True))
+    miss = sum(a["kv_cache"]["miss_tokens"] - b["kv_cache"]["miss_tokens"] for a, b in zip(after, before, strict=True))
     per = [a["requests_total"] for a in after]  # whole run: where the traffic went
     res.update(policy=policy, workload=kind, workers=workers, kv_hit=hit / max(hit + miss, 1),
                split=per, imbalance=max(per) / max(min(per), 1))
@@ -221,7 +222,8 @@ def main() -> None:
                     rows.append(r)
                     print(f"{kind:8} {policy:12} {workers:>2} {r['ttft_mean_ms']:7.1f}ms {r['ttft_p50_ms']:5.1f}ms "
                           f"{r['ttft_p90_ms']:5.1f}ms {r['rps']:6.1f} {r['kv_hit']:6.1%} {r['imbalance']:7.2f}  "
-                          f"{'/'.join(map(str, r['split']))}  queue {r['queue_mean_ms']:.1f}ms" + (f"  failed {r['failed']}" if r["failed"] else ""),
+                          f"{'/'.join(map(str, r['split']))}  queue {r['queue_mean_ms']:.1f}ms"
+                          + (f"  failed {r['failed']}" if r["failed"] else ""),
                           flush=True)
     finally:
         for m in mocks:

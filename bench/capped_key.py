@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import router_process, rss_mb  # noqa: E402
-
 from mock import MockConfig, MockProcess  # noqa: E402
 
 KEY = "flood-key-0123456789"

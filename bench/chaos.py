@@ -31,8 +31,8 @@ import json
 import time
 
 import aiohttp
-from common import router_process
 
+from common import router_process
 from mock import MockConfig, MockProcess
 from mock.text import output_tokens
 
@@ -187,7 +187,7 @@ def redis_restart() -> dict:
             time.sleep(0.3)
             eps = [{"url": m.url, "name": "a", "max_concurrent": 1}]
             with router_process(eps, state=f"redis://127.0.0.1:{port}/0", queue_timeout=120) as (url, _):
-                async def go() -> list[tuple[int, float]]:
+                async def go(outage: bool = outage) -> list[tuple[int, float]]:
                     async with aiohttp.ClientSession() as s:
                         async def one() -> tuple[int, float]:
                             t0 = time.monotonic()

@@ -8,8 +8,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import yaml
 
@@ -35,8 +35,8 @@ def wrk(url: str, body: str, conc: int, seconds: float = 4.0,
             f.write(f"wrk.headers['{name}']='{value}'\n")
         script = f.name
     try:
-        out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script, url],
-                             capture_output=True, text=True, timeout=seconds + 30).stdout
+        out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script,
+                              url], capture_output=True, text=True, timeout=seconds + 30).stdout
     finally:
         os.unlink(script)
     res = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}

@@ -16,7 +16,6 @@ import asyncio
 import threading
 
 from common import router_process
-
 from loadtest.engine import Stage, run_stage
 from loadtest.metrics import summarize
 from loadtest.workload import WorkloadSpec

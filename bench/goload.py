@@ -20,9 +20,9 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import slowload
 

@@ -33,8 +33,8 @@ import tempfile
 import time
 
 import aiohttp
-from common import router_process, wait_tcp
 
+from common import router_process, wait_tcp
 from mock import MockConfig, MockProcess, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

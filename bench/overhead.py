@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import threading
-import time
-
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from contextlib import contextmanager
 
 from common import free_port, mock_process, router_process, rss_mb, wait_tcp, wrk
@@ -97,9 +96,10 @@ def main() -> None:
                              "added_p50_ms": round(r["p50_ms"] - d["p50_ms"], 3),
                              "added_p99_ms": round(r["p99_ms"] - d["p99_ms"], 3),
                              "throughput_ratio": round(r["rps"] / d["rps"], 3)})
-                print(f"{'stream' if stream else 'whole ':6} c={c:<3} direct {d['rps']:8.0f} req/s p50 {d['p50_ms']:7.3f} "
-                      f"p99 {d['p99_ms']:7.3f} | router {r['rps']:8.0f} req/s p50 {r['p50_ms']:7.3f} "
-                      f"p99 {r['p99_ms']:7.3f} | +p50 {rows[-1]['added_p50_ms']:+.3f} ms  ratio {rows[-1]['throughput_ratio']:.2f}"
+                print(f"{'stream' if stream else 'whole ':6} c={c:<3} direct {d['rps']:8.0f} req/s "
+                      f"p50 {d['p50_ms']:7.3f} p99 {d['p99_ms']:7.3f} | router {r['rps']:8.0f} req/s "
+                      f"p50 {r['p50_ms']:7.3f} p99 {r['p99_ms']:7.3f} | +p50 {rows[-1]['added_p50_ms']:+.3f} ms  "
+                      f"ratio {rows[-1]['throughput_ratio']:.2f}"
                       + (f"  non2xx {r['non2xx']}" if r["non2xx"] else ""), flush=True)
         stop.set()
         print(f"router RSS: idle {idle:.1f} MB, peak under load {peak[0]:.1f} MB")

@@ -6,8 +6,8 @@ One router worker pinned to core 0; one healthy backend (50 ms to first token, 1
 40 ms: 25 tok/s, written by a shared 5 ms tick) and the load generator pinned to core 1.
 `--load go` (the default when Go is installed; bench/goload.py): both are bench/slowgen,
 compiled, one thread each — at 2,000 streams the Python pair saturates core 1 by itself.
-`--load python`: the mock (`stream_tick_ms`) and bench/slowload.py (a lean client on uvloop). `--streams` users open their
-first stream evenly over one stream's length (4.05 s), then loop closed; only streams
+`--load python`: the mock (`stream_tick_ms`) and bench/slowload.py (a lean client on uvloop).
+`--streams` users open their first stream evenly over one stream's length (4.05 s), then loop closed; only streams
 started in the `--seconds` window count, and the window opens one stream's length after
 the ramp, so every counted stream was opened in the steady state. `--direct` runs the same
 stage against the mock without the router first: the added TTFT is router minus direct at
@@ -39,10 +39,10 @@ import time
 import urllib.request
 
 import yaml
-from common import cpu_of, free_port, rss_mb
 
 import goload
 import slowload
+from common import cpu_of, free_port, rss_mb
 from mock import MockConfig, MockProcess
 from mock.runner import wait_http
 

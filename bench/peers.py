@@ -36,14 +36,14 @@ import sys
 import tempfile
 import time
 import venv
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
 
 import yaml
 
 import scaling
-from common import MockConfig, cpu_of, free_port, mock_process, rss_mb, _children, wait_tcp, wrk
-from spawn import PATH, MODEL, Peer, _nomyo_at, _served, _spawn, _stop, run_nomyo
+from common import MockConfig, _children, cpu_of, free_port, mock_process, rss_mb, wait_tcp, wrk
+from spawn import MODEL, PATH, Peer, _nomyo_at, _served, _spawn, _stop, run_nomyo
 
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "nomyo-router", "peers")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -296,7 +296,8 @@ def main() -> None:
             else:
                 print(f"nomyo-router / olla at {label}: olla answered nothing with 2xx")
     if scaled:
-        print(f"\nworker scaling, c=32 non-stream (bench/scaling.py: every worker on core {core}; projected = a core each)")
+        print(f"\nworker scaling, c=32 non-stream (bench/scaling.py: every worker on core {core}; "
+              "projected = a core each)")
         scaling.print_table(scaled)
     if args.json:
         with open(args.json, "w") as f:

@@ -17,9 +17,8 @@ import json
 import os
 import time
 
-from common import router_process
-
 import slowload
+from common import router_process
 from mock import MockConfig, MockProcess
 
 TTFT_MS, TOK_MS, TOKENS = 50.0, 40.0, 100

@@ -101,8 +101,10 @@ def _alternated(one, each, conc: int, seconds: float, reps: int) -> tuple[dict, 
         for _ in range(reps):
             a.append(run_once(url1 + PATH, pid1, conc, seconds))
             b.append(run_once(url2 + PATH, pid2, conc, seconds))
-    ratios = [x["cpu_us_per_req"] / y["cpu_us_per_req"] for x, y in zip(a, b)]
-    med = lambda runs: {k: statistics.median(r[k] for r in runs) for k in ("rps", "cpu_us_per_req")}
+    ratios = [x["cpu_us_per_req"] / y["cpu_us_per_req"] for x, y in zip(a, b, strict=True)]
+
+    def med(runs: list[dict[str, float]]) -> dict[str, float]:
+        return {k: statistics.median(r[k] for r in runs) for k in ("rps", "cpu_us_per_req")}
     return med(a), med(b), ratios
 
 
@@ -153,7 +155,8 @@ def main() -> None:
     with mock_process(cfg) as m:
         rows = measure(m.url, [int(x) for x in args.workers.split(",")], args.conc, args.seconds, args.reps,
                        lambda url, n, shared=False: _nomyo_at(url, 0, n, shared))
-    print(f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs at c={args.conc}; router on core 0, mock+wrk on core 1")
+    print(f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs at c={args.conc}; "
+          "router on core 0, mock+wrk on core 1")
     print_table(rows)
 
 

@@ -126,7 +126,7 @@ async def run(host: str, port: int, streams: int, tokens: int, ramp: float, warm
             open_now[0] += 1
             try:
                 err = await asyncio.wait_for(fut, timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 err = "timeout"
                 conn.transport.close()  # type: ignore[union-attr]
             open_now[0] -= 1

@@ -16,8 +16,8 @@ import json
 import time
 
 import aiohttp
-from common import rss_mb, router_process
 
+from common import router_process, rss_mb
 from mock import MockConfig, MockProcess
 
 CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
@@ -47,7 +47,7 @@ async def slow(host: str, port: int, closed: list[float], t0: float) -> None:
             try:
                 await asyncio.wait_for(reader.read(1 << 16), 1.0)
                 break  # any answer (408) or EOF: the router ended it
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
     except (ConnectionError, OSError):
         pass
@@ -62,7 +62,7 @@ async def big(host: str, port: int, closed: list[float], t0: float) -> None:
             writer.write(b"b" * 4096)
             await writer.drain()
         await asyncio.wait_for(reader.read(), 60)
-    except (ConnectionError, OSError, asyncio.TimeoutError):
+    except (TimeoutError, ConnectionError, OSError):
         pass
     closed.append(time.monotonic() - t0)
 

@@ -12,9 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import yaml
 
@@ -30,7 +30,7 @@ class Peer:
     url: str  # base URL; requests go to url + PATH (or `path`)
     pid: int
     path: str = PATH
-    restart: Callable[["Peer"], "Peer"] | None = None  # a fresh process, after runs that leave it broken
+    restart: Callable[[Peer], Peer] | None = None  # a fresh process, after runs that leave it broken
 
 
 def _spawn(cmd: list[str], core: int | None, **kw) -> subprocess.Popen:

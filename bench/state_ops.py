@@ -27,7 +27,6 @@ import time
 import urllib.request
 
 from common import cpu_of, free_port, mock_process, router_process, wrk
-
 from mock import MockConfig
 from nomyo_router.config import parse_config
 from nomyo_router.domain import Endpoint
@@ -74,7 +73,8 @@ from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import LeastBusy, picker
 from nomyo_router.state import SharedStore
 async def main():
-    s = SharedStore(sys.argv[1], [Endpoint(name="e", url="http://127.0.0.1:1", slots=1)], 1000, 600, 1000, picker(LeastBusy()))
+    s = SharedStore(sys.argv[1], [Endpoint(name="e", url="http://127.0.0.1:1", slots=1)], 1000, 600, 1000,
+                    picker(LeastBusy()))
     await s.start()
     await asyncio.sleep(3600)
 asyncio.run(main())
@@ -178,8 +178,9 @@ def main() -> None:
                 time.sleep(0.5)
                 reset(m.url)
                 out: dict[str, dict] = {}
-                threads = [threading.Thread(target=lambda u=u: out.__setitem__(u, wrk(u + "/api/chat", BODY, 20, args.seconds)))
-                           for u in (u1, u2)]
+                threads = [threading.Thread(
+                    target=lambda u=u: out.__setitem__(u, wrk(u + "/api/chat", BODY, 20, args.seconds)))
+                    for u in (u1, u2)]
                 for t in threads:
                     t.start()
                 for t in threads:

@@ -12,7 +12,8 @@ with an output limit of 1, the least a server accepts, so the row count stays th
 from __future__ import annotations
 
 import csv
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HEADER = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
 

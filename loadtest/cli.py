@@ -24,6 +24,7 @@ from mock.config import MockConfig, add_arguments, from_namespace
 from . import compare as compare_mod
 from . import dataset as dataset_mod
 from . import models as models_mod
+from . import prefix as prefix_mod
 from . import search as search_mod
 from . import slo as slo_mod
 from .drive import drive
@@ -32,7 +33,6 @@ from .knee import find_knee
 from .orchestrate import Fleet, install_sigterm_as_interrupt
 from .report import document, print_summary, write_json
 from .report_html import write_html
-from . import prefix as prefix_mod
 from .workload import WorkloadSpec
 
 # The mock the load tester spawns is cheap and wide, so the router is what gets measured.
@@ -43,7 +43,7 @@ def _floats(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError("every ramp value must be > 0")
     return values
@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--duration", type=float, default=10.0, help="seconds per stage")
     load.add_argument("--requests", type=int, default=None, help="requests per stage instead of --duration")
     load.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each stage")
-    load.add_argument("--timeout", type=float, default=120.0, help="per request (a request cut by it is an error of kind timeout)")
+    load.add_argument("--timeout", type=float, default=120.0,
+                      help="per request (a request cut by it is an error of kind timeout)")
     load.add_argument("--max-error-rate", type=float, default=0.01,
                       help="exit 1 when a stage's error rate is above this (default 0.01 = 1%%)")
     load.add_argument("--seed", type=int, default=0, help="seed of arrivals and workloads")
@@ -160,10 +161,10 @@ def stages_from(args: argparse.Namespace, trace: Any = None) -> list[Stage]:
         loads = [args.rate]
     else:
         loads = [float(args.concurrency)]
-    return [Stage(mode="open" if open_loop else "closed", load=l, duration=args.duration,
+    return [Stage(mode="open" if open_loop else "closed", load=load, duration=args.duration,
                   requests=args.requests, warmup=args.warmup, arrival=args.arrival, seed=args.seed + i,
                   burstiness=args.burstiness)
-            for i, l in enumerate(loads)]
+            for i, load in enumerate(loads)]
 
 
 def run(args: argparse.Namespace) -> int:

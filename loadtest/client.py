@@ -7,6 +7,7 @@ work on the hot path is what is measured: splitting chunks and finding their con
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import time
@@ -176,7 +177,7 @@ async def send(client: Client, data: bytes, api: str, endpoint: str, stream: boo
     try:
         async with asyncio.timeout(timeout):
             await client.send(data, m, sent)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         r.error = "timeout"
     except (ConnectionError, OSError):
         r.error = "protocol" if m.received else "connection"
@@ -201,7 +202,7 @@ async def send(client: Client, data: bytes, api: str, endpoint: str, stream: boo
                 r.error = "protocol"
             r.out_tokens = m.count if m.count is not None else len(m.chunks_at)
     if len(m.chunks_at) > 1:
-        r.itl = [b - a for a, b in zip(m.chunks_at, m.chunks_at[1:])]
+        r.itl = [b - a for a, b in itertools.pairwise(m.chunks_at)]
     if keep_answer:
         r.answer = "".join(m.parts)
     return r

@@ -47,7 +47,7 @@ def parse_percent(text: str) -> float:
     try:
         value = float(t[:-1]) / 100
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{t!r} is not a percentage")
+        raise argparse.ArgumentTypeError(f"{t!r} is not a percentage") from None
     if value < 0:
         raise argparse.ArgumentTypeError("a threshold must be >= 0%")
     return value

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools

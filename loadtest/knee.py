@@ -16,7 +16,8 @@ Example: 2 mocks x 4 slots at 200 ms serve 40 req/s. Concurrency 8 gives 40 req/
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 MAX_ERROR_RATE = 0.01
 MAX_P99_GROWTH = 1.5

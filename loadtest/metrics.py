@@ -14,7 +14,6 @@ from .slo import goodput
 from .timeline import cdf, timeline
 
 
-
 def _dist(prefix: str, values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
     if not values:
         return {f"mean_{prefix}_ms": None, f"median_{prefix}_ms": None, f"p90_{prefix}_ms": None,

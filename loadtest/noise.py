@@ -10,7 +10,8 @@ when that whole interval lies on one side of zero.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -36,7 +36,7 @@ class Fleet:
     config_path: str | None = None
     router_url: str = ""
 
-    def start(self) -> "Fleet":
+    def start(self) -> Fleet:
         try:
             for i in range(self.mock_count):
                 port = self.mock_port + i if self.mock_port else None
@@ -83,7 +83,7 @@ class Fleet:
         if self.config_path and not self.keep_config and os.path.exists(self.config_path):
             os.unlink(self.config_path)
 
-    def __enter__(self) -> "Fleet":
+    def __enter__(self) -> Fleet:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

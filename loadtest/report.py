@@ -7,7 +7,8 @@ import os
 import platform
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -133,7 +134,7 @@ def document(config: dict[str, Any], stages: list[dict[str, Any]], knee: dict[st
              "added_p99_ms": _sub(s["p99_e2el_ms"], d["p99_e2el_ms"]),
              "throughput_ratio": round(s["request_throughput"] / d["request_throughput"], 4)
              if d["request_throughput"] else None}
-            for s, d in zip(stages, direct)]
+            for s, d in zip(stages, direct, strict=False)]
     return doc
 
 

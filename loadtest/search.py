@@ -27,7 +27,7 @@ def parse_bounds(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO,HI in req/s, e.g. 1,256; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected LO,HI in req/s, e.g. 1,256; got {text!r}") from None
     if not 0 < lo < hi:
         raise argparse.ArgumentTypeError("need 0 < LO < HI")
     return lo, hi

@@ -12,7 +12,8 @@ completed requests — the same rule `--find-max-rate` searches with.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from .client import Result
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 Series = tuple[str, str, Sequence[float], Sequence[float | None]]  # name, colour, xs, ys
 FONT = 11
@@ -130,7 +131,7 @@ def chart(title: str, panels: Panel | list[Panel], xlabel: str, *, xlog: bool = 
     (default: round numbers), `xspan` x values the axis must include (a stage's start)."""
     panels = [panels] if isinstance(panels, Panel) else panels
     every = [s for p in panels for s in p.series]
-    xs = [x for _, _, sx, sy in every for x, y in zip(sx, sy) if y is not None]
+    xs = [x for _, _, sx, sy in every for x, y in zip(sx, sy, strict=False) if y is not None]
     xs += [v for band in bands for v in band] + list(marks) + list(xspan)
     xlo, xhi = _range(xs, xlog, xpad, zero=False)
     yscales = []
@@ -138,7 +139,8 @@ def chart(title: str, panels: Panel | list[Panel], xlabel: str, *, xlog: bool = 
         ys = [y for _, _, _, sy in p.series for y in sy if y is not None]
         lo, hi = _range(ys, p.log, 0.08, zero=p.yfloor_zero and not p.log)
         yscales.append((lo, hi))
-    ylabels = [[num(t) for t in Scale(lo, hi, 0, 1, p.log).ticks()] for p, (lo, hi) in zip(panels, yscales)]
+    ylabels = [[num(t) for t in Scale(lo, hi, 0, 1, p.log).ticks()]
+               for p, (lo, hi) in zip(panels, yscales, strict=True)]
     widest = max((text_width(t) for labels in ylabels for t in labels), default=20.0)
     pad_l = int(max(48.0, widest + 30))
     pad_r, pad_t, gap = 18, 28, 14
@@ -147,7 +149,7 @@ def chart(title: str, panels: Panel | list[Panel], xlabel: str, *, xlog: bool = 
     y = float(pad_t)
     out: list[str] = []
     xs_px = Scale(xlo, xhi, pad_l, w - pad_r, xlog)
-    for k, (p, (lo, hi)) in enumerate(zip(panels, yscales)):
+    for k, (p, (lo, hi)) in enumerate(zip(panels, yscales, strict=True)):
         top, bottom = y, y + p.height
         ys_px = Scale(lo, hi, bottom, top, p.log)
         for a, b in bands:
@@ -175,7 +177,7 @@ def chart(title: str, panels: Panel | list[Panel], xlabel: str, *, xlog: bool = 
                 out.append(f'<text class="marklabel" x="{lx:.1f}" y="{top + 12:.1f}" '
                            f'text-anchor="{"start" if right else "end"}" fill="#d33">{esc(label)}</text>')
         for name, color, sx, sy in p.series:
-            pts = [(xs_px(x), ys_px(v)) for x, v in zip(sx, sy) if v is not None and (v > 0 or not p.log)]
+            pts = [(xs_px(x), ys_px(v)) for x, v in zip(sx, sy, strict=False) if v is not None and (v > 0 or not p.log)]
             if not pts:
                 continue
             out.append(f'<polyline class="line" data-name="{esc(name)}" fill="none" stroke="{color}" '
@@ -187,7 +189,7 @@ def chart(title: str, panels: Panel | list[Panel], xlabel: str, *, xlog: bool = 
     ticks = list(xticks) if xticks is not None else xs_px.ticks()
     ticks = [t for t in ticks if xlo <= t <= xhi and (t > 0 or not xlog)]
     labels = [num(t) for t in ticks]
-    for i in _thin([(xs_px(t), text_width(s) / 2, text_width(s) / 2) for t, s in zip(ticks, labels)], 6):
+    for i in _thin([(xs_px(t), text_width(s) / 2, text_width(s) / 2) for t, s in zip(ticks, labels, strict=True)], 6):
         out.append(f'<text class="tick" x="{xs_px(ticks[i]):.1f}" y="{bottom + 15:.1f}" '
                    f'text-anchor="middle">{labels[i]}</text>')
     out.append(f'<text class="xlabel" x="{pad_l + plot_w / 2:.1f}" y="{bottom + 32:.1f}" '

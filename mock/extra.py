@@ -24,7 +24,7 @@ PNG = base64.b64encode(bytes.fromhex(
 
 
 class Extra:
-    def __init__(self, backend: "MockBackend") -> None:
+    def __init__(self, backend: MockBackend) -> None:
         self.b = backend
         self.routes = {("POST", "/v1/responses"): self.responses, ("GET", "/api/status"): self.status,
                        ("POST", "/v1/rerank"): self.rerank, ("POST", "/rerank"): self.rerank,

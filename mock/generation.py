@@ -87,7 +87,7 @@ async def read_json(request: web.Request) -> dict:
     try:
         body = json.loads(raw) if raw else {}
     except ValueError:
-        raise BadRequest(400, "invalid JSON body")
+        raise BadRequest(400, "invalid JSON body") from None
     if not isinstance(body, dict):
         raise BadRequest(400, "the JSON body must be an object")
     return body

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Awaitable, Callable
 
 import httptools
 
@@ -60,7 +60,7 @@ class StreamResponse:
     def __init__(self, headers: dict[str, str] | None = None, status: int = 200) -> None:
         self.status = status
         self.headers = headers or {}
-        self._conn: "HttpProtocol | None" = None
+        self._conn: HttpProtocol | None = None
         self._keep_alive = True
 
     async def prepare(self, request: Request) -> None:
@@ -112,7 +112,7 @@ Handler = Callable[[Request], Awaitable[Reply]]
 class HttpProtocol(asyncio.Protocol):
     """One connection. Requests are handled one after another (pipelining keeps order)."""
 
-    def __init__(self, handler: Handler, connections: set["HttpProtocol"]) -> None:
+    def __init__(self, handler: Handler, connections: set[HttpProtocol]) -> None:
         self.handler = handler
         self.connections = connections
         self.transport: asyncio.Transport | None = None

@@ -26,7 +26,7 @@ STEP_S = 0.002  # between two progress lines
 
 
 class Manage:
-    def __init__(self, backend: "MockBackend") -> None:
+    def __init__(self, backend: MockBackend) -> None:
         self.b = backend
         self.blobs: set[str] = set()
         self.routes = {("POST", "/api/pull"): self.pull, ("POST", "/api/push"): self.push,

@@ -12,8 +12,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import asdict, fields
-from typing import Any, AsyncIterator
+from typing import Any
 
 from .config import MockConfig
 from .http import Server
@@ -86,7 +87,7 @@ class MockProcess:
         self.url = f"http://{host}:{self.port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 15.0) -> "MockProcess":
+    def start(self, timeout: float = 15.0) -> MockProcess:
         cmd = [sys.executable, "-m", "mock", "--host", self.host, "--port", str(self.port),
                *config_args(self.config)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -108,7 +109,7 @@ class MockProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def __enter__(self) -> "MockProcess":
+    def __enter__(self) -> MockProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

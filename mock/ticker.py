@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .http import StreamResponse
 
@@ -43,7 +44,7 @@ class Ticker:
         self._armed = 0  # the tick the timer is set for
 
     @staticmethod
-    def of(backend: Any) -> "Ticker":
+    def of(backend: Any) -> Ticker:
         """The backend's ticker at its current `stream_tick_ms` (a new one if the knob changed)."""
         tick = backend.config.stream_tick_ms / 1000
         t = getattr(backend, "_stream_ticker", None)

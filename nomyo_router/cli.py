@@ -28,7 +28,6 @@ from .config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, load_config  # noqa
 from .ops import leftovers, lifecycle, preflight  # noqa: E402
 from .state import private  # noqa: E402
 
-
 DEFAULT_PORT = 12434
 
 
@@ -92,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                     proxy_headers=False, server_header=False, date_header=False,
                     timeout_graceful_shutdown=config.shutdown_grace)
     if args.workers == 1:  # the worker itself handles SIGHUP (ops/reload.py)
-        uvicorn.run("nomyo_router.app:app", **settings)  # type: ignore[arg-type]
+        uvicorn.run("nomyo_router.app:app", **settings)
         return 0
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
-    server_config = uvicorn.Config("nomyo_router.app:app", **settings)  # type: ignore[arg-type]
+    server_config = uvicorn.Config("nomyo_router.app:app", **settings)
     lifecycle.use_bound_workers()  # workers end with this process, even when it is SIGKILLed
     Supervisor(server_config, sockets=[server_config.bind_socket()]).run()
     # every worker has exited (uvicorn joined them): what they and this process made goes too

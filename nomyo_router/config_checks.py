@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import operator
 import os
 import re
 import types
 import typing
-from typing import Any, Iterable, Literal, Union
+from collections.abc import Iterable
+from typing import Any, Literal, Union
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
@@ -34,7 +36,8 @@ class Spec:
     """One declared type, read back: its base type, its constraints and its documentation,
     merged over the `Meta` annotations it carries (msgspec accepts several)."""
 
-    def __init__(self, tp: Any) -> None:
+    def __init__(self, tp: object) -> None:
+        """`tp`: a type expression (a class, `Annotated[...]`, `X | None`, `Literal[...]`, ...)."""
         self.constraints: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         self.description = ""
@@ -47,12 +50,12 @@ class Spec:
         self.optional = typing.get_origin(tp) in (Union, types.UnionType) and type(None) in args
         if self.optional:
             rest = [a for a in args if a is not type(None)]
-            inner = Spec(rest[0] if len(rest) == 1 else Union[tuple(rest)])
+            inner = Spec(functools.reduce(operator.or_, rest))
             self.constraints = {**inner.constraints, **self.constraints}
             self.extra = {**inner.extra, **self.extra}
             self.description = self.description or inner.description
             tp = inner.type
-        self.type = tp
+        self.type: object = tp
 
     def _merge(self, meta: msgspec.Meta) -> None:
         for name in ("ge", "gt", "le", "lt", "min_length", "max_length", "pattern"):
@@ -65,7 +68,7 @@ class Spec:
     def secret(self) -> bool:
         return bool(self.extra.get("secret"))
 
-    def item(self) -> "Spec":
+    def item(self) -> Spec:
         """A list's element type (`tuple[X, ...]`)."""
         return Spec(typing.get_args(self.type)[0])
 
@@ -73,7 +76,8 @@ class Spec:
         """What a valid value looks like, in words ("an integer >= 1 (bytes)"). `plain`: the
         type and bounds alone, without the key's own sentence (the reference's type column)."""
         if "expected" in self.extra and not plain:
-            return self.extra["expected"]
+            expected: str = self.extra["expected"]
+            return expected
         tp, origin = self.type, typing.get_origin(self.type)
         if origin is Literal:
             text = "one of " + ", ".join(repr(v) for v in typing.get_args(tp))
@@ -114,7 +118,7 @@ def accepted_keys(struct: type) -> list[str]:
     return [name for name, spec in specs(struct).items() if not spec.extra.get("derived")]
 
 
-def refuse_unknown(where: str, given: Iterable[Any], allowed: Iterable[str], listed: bool = True) -> None:
+def refuse_unknown(where: str, given: Iterable[object], allowed: Iterable[str], listed: bool = True) -> None:
     """`max_queu: unknown key; did you mean max_queue?` for every key not in `allowed`."""
     allowed = list(allowed)
     unknown = sorted((k for k in given if k not in allowed), key=str)
@@ -130,7 +134,7 @@ def refuse_unknown(where: str, given: Iterable[Any], allowed: Iterable[str], lis
     raise ConfigError("; ".join(problems))
 
 
-def a_type(value: Any) -> str:
+def a_type(value: object) -> str:
     """"a str", "an int": what a value is, for messages that must not show it."""
     if value is None:
         return "null"
@@ -138,11 +142,11 @@ def a_type(value: Any) -> str:
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
-def _shown(spec: Spec, value: Any) -> str:
+def _shown(spec: Spec, value: object) -> str:
     return a_type(value) if spec.secret else repr(value)  # (never a secret's value)
 
 
-def explain(error: msgspec.ValidationError, root: type, data: Any) -> ConfigError:
+def explain(error: msgspec.ValidationError, root: type, data: object) -> ConfigError:
     """msgspec's error on converting `data` into `root`, as a message naming the key (its
     path in the file), the value given and what is expected."""
     m = _AT_RE.match(str(error))
@@ -152,7 +156,9 @@ def explain(error: msgspec.ValidationError, root: type, data: Any) -> ConfigErro
     spec, value = Spec(root), data
     for name, index in _STEP_RE.findall(path):
         if name:
-            spec = specs(spec.type)[name]
+            struct = spec.type
+            assert isinstance(struct, type)  # (a named step is a field of a Struct)
+            spec = specs(struct)[name]
             value = value.get(name) if isinstance(value, dict) else None
         else:
             spec = spec.item()
@@ -185,14 +191,14 @@ def expand_env(value: str, where: str) -> str:
     return _ENV_RE.sub(sub, value)
 
 
-def check_url(key: str, url: Any) -> str:
+def check_url(key: str, url: object) -> str:
     """An http(s) URL with a host and a numeric port if any: the shape msgspec cannot check."""
     if not isinstance(url, str):
         raise ConfigError(f"{key}: expected a URL such as http://127.0.0.1:11434, got {a_type(url)}")
     shown = redact_url(url.strip())
     try:
         parts = urlsplit(url.strip())
-        parts.port
+        _ = parts.port  # (raises ValueError for a port that is not a number)
     except ValueError:
         raise ConfigError(f"{key}: the port in {shown!r} is not a number") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -235,7 +241,7 @@ def digest_of(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def check_key(where: str, value: Any) -> str:
+def check_key(where: str, value: object) -> str:
     """A client, admin or metrics key: long enough to resist guessing, or its sha256: form.
     Explicit rather than declared: the value is `${ENV}`-expanded first and never shown."""
     if not isinstance(value, str) or not value.strip():
@@ -247,7 +253,8 @@ def check_key(where: str, value: Any) -> str:
         if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
             raise ConfigError(f"{where}: a hashed key is sha256: followed by 64 hex digits")
     elif len(value) < 8:
-        raise ConfigError(f"{where}: a key of {len(value)} characters is too easy to guess; use at least 8 (16 or more recommended)")
+        raise ConfigError(f"{where}: a key of {len(value)} characters is too easy to guess; "
+                          "use at least 8 (16 or more recommended)")
     return value
 
 

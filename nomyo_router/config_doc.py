@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import sys
 import typing
-from typing import Any, Iterator, Literal
+from collections.abc import Iterator
+from typing import Any, Literal
 
 import msgspec
 
@@ -76,11 +77,12 @@ def _type(spec: Spec, default: Any) -> str:
     """The type column: the declared type and bounds in a few words."""
     tp = spec.type
     if "type" in spec.extra:
-        return spec.extra["type"]
+        declared: str = spec.extra["type"]
+        return declared
+    item = spec.item().type if typing.get_origin(tp) is tuple else None
     if typing.get_origin(tp) is Literal:
         text = " \\| ".join(f"`{v}`" for v in typing.get_args(tp))
-    elif typing.get_origin(tp) is tuple and isinstance(spec.item().type, type) \
-            and issubclass(spec.item().type, msgspec.Struct):
+    elif isinstance(item, type) and issubclass(item, msgspec.Struct):
         text = "list of mappings"
     else:
         text = spec.expected(article=False, plain=True)
@@ -93,7 +95,8 @@ def _type(spec: Spec, default: Any) -> str:
 
 def _default(spec: Spec, value: Any) -> str:
     if "default" in spec.extra:
-        return spec.extra["default"]
+        declared: str = spec.extra["default"]
+        return declared
     if value is msgspec.NODEFAULT:
         return "required"
     if value is None or value == ():

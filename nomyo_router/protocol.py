@@ -42,27 +42,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import cast
 
-from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from .api.asgi import BODY_WRITER, DISCONNECT_HOOK, GONE
+from .api.asgi import BODY_WRITER, DISCONNECT_HOOK, GONE, Scope
 
 log = logging.getLogger("nomyo_router.protocol")
 DEFAULTS = {"max_header_bytes": 64 * 1024, "header_timeout": 10.0, "body_idle_timeout": 30.0,
             "stream_idle_timeout": 120.0}
 
 
-def _limits(app: Any) -> dict[str, float]:
+def _limits(app: object) -> dict[str, float]:
     """The router's configured limits, found through uvicorn's middleware wrappers."""
     for _ in range(8):
         router = getattr(app, "router", None)
         config = getattr(router, "config", None)
         if config is not None:
             return {k: getattr(config, k, v) for k, v in DEFAULTS.items()}
-        app = getattr(app, "app", None)
-        if app is None:
+        inner = getattr(app, "app", None)
+        if inner is None:
             break
+        app = inner
     return dict(DEFAULTS)
 
 
@@ -194,7 +195,7 @@ class BodyWriter:
 
     __slots__ = ("proto", "cycle", "flow", "transport", "cork")
 
-    def __init__(self, proto: "GuardedHttpToolsProtocol", cycle: Any, cork: _Cork) -> None:
+    def __init__(self, proto: GuardedHttpToolsProtocol, cycle: RequestResponseCycle, cork: _Cork) -> None:
         self.proto, self.cycle, self.flow, self.transport, self.cork = proto, cycle, proto.flow, proto.transport, cork
 
     def ready(self) -> bool:
@@ -236,6 +237,12 @@ class BodyWriter:
 BODY_IDLE, KEEP_ALIVE, WRITE_STALL = 0, 1, 2
 
 
+def _scope(cycle: RequestResponseCycle) -> Scope:
+    """The cycle's ASGI scope as the plain dict it is: uvicorn types it as a TypedDict of the
+    spec's keys, without the router's own (the disconnect hook, the body writer)."""
+    return cast(Scope, cycle.scope)
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -255,13 +262,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         super().connection_lost(exc)
         if cycle is not None:
-            cycle.scope.pop(BODY_WRITER, None)  # (it refers to the cycle: no reference cycle left)
+            scope = _scope(cycle)
+            scope.pop(BODY_WRITER, None)  # (it refers to the cycle: no reference cycle left)
             if cycle.disconnected:  # the client left mid-request: tell the app
-                hook = cycle.scope.get(DISCONNECT_HOOK)
+                hook = scope.get(DISCONNECT_HOOK)
                 if hook is not None and hook is not GONE:
                     hook()
-                elif DISCONNECT_HOOK in cycle.scope:
-                    cycle.scope[DISCONNECT_HOOK] = GONE  # (no hook yet: the app finds this when it sets one)
+                elif DISCONNECT_HOOK in scope:
+                    scope[DISCONNECT_HOOK] = GONE  # (no hook yet: the app finds this when it sets one)
 
     def _arm(self, delay: float, status: int) -> None:
         """The connection's one bound — its head's time, its body's idle gap, or keep-alive —
@@ -309,8 +317,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
-        if cycle is not None and cycle.transport.held is not None:
-            cycle.transport.flush()  # (a held head leaves before anything we may write now)
+        if cycle is not None:
+            cork = cycle.transport
+            if isinstance(cork, _Cork) and cork.held is not None:
+                cork.flush()  # (a held head leaves before anything we may write now)
         g = self._g
         if not g.in_head:
             if g.status == BODY_IDLE and g.deadline is not None:  # a body piece: the idle clock restarts
@@ -336,9 +346,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(g.body_timeout, BODY_IDLE)
         super().on_headers_complete()
         if self.cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
-            self.cycle.transport = cork = _Cork(self.transport, self.loop)
-            self.cycle.scope[DISCONNECT_HOOK] = None
-            self.cycle.scope[BODY_WRITER] = BodyWriter(self, self.cycle, cork)
+            cork = _Cork(self.transport, self.loop)
+            # (the cycle writes, closes and asks is_closing() of its transport: what _Cork does)
+            self.cycle.transport = cast(asyncio.Transport, cork)
+            scope = _scope(self.cycle)
+            scope[DISCONNECT_HOOK] = None
+            scope[BODY_WRITER] = BodyWriter(self, self.cycle, cork)
             _lean(self.cycle, "message_event")
 
     def on_message_complete(self) -> None:
@@ -361,7 +374,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         if self.cycle is not None and self.cycle.response_complete:
-            self.cycle.scope.pop(BODY_WRITER, None)
+            _scope(self.cycle).pop(BODY_WRITER, None)
         if self.pipeline or self.transport.is_closing():
             super().on_response_complete()
             return

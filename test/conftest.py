@@ -33,7 +33,7 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = None
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         import shutil
         import subprocess
         import time
@@ -60,7 +60,7 @@ class RedisServer:
             self.proc.terminate()
             self.proc.wait(10)
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -8,7 +8,8 @@ import json
 import os
 import socket
 import tempfile
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import uvicorn
 

@@ -41,7 +41,7 @@ class Hostile:
         self.url = ""
         self._open: set[asyncio.StreamWriter] = set()
 
-    async def start(self, port: int = 0) -> "Hostile":
+    async def start(self, port: int = 0) -> Hostile:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", port)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self
@@ -53,7 +53,7 @@ class Hostile:
                 w.close()
             await self.server.wait_closed()
 
-    async def __aenter__(self) -> "Hostile":
+    async def __aenter__(self) -> Hostile:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -122,8 +122,8 @@ class Hostile:
         if self.api == "ollama":
             out = [json.dumps({"model": self.model, "message": {"role": "assistant", "content": t},
                                "done": False}).encode() + b"\n" for t in texts]
-            return out + [json.dumps({"model": self.model, "message": {"role": "assistant", "content": ""}, "done": True,
-                                      "done_reason": "stop", "prompt_eval_count": 3,
+            return out + [json.dumps({"model": self.model, "message": {"role": "assistant", "content": ""},
+                                      "done": True, "done_reason": "stop", "prompt_eval_count": 3,
                                       "eval_count": len(texts)}).encode() + b"\n"]
 
         def event(obj: dict) -> bytes:

@@ -8,7 +8,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import yaml
 

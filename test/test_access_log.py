@@ -14,7 +14,8 @@ import json
 import logging
 import re
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -149,7 +150,7 @@ async def test_forged_request_ids_and_model_names_stay_in_their_field(mock, capl
     lines = [parse(line, fmt) for line in access_lines(caplog)]
     by_id = {x["request_id"]: x for x in lines}
     assert len(by_id) == len(sent)  # one line per request, each with its own id
-    for (rid, keep), (_, status, echoed) in zip(REQUEST_IDS, sent):
+    for (rid, keep), (_, status, echoed) in zip(REQUEST_IDS, sent, strict=False):
         assert status == 200
         if keep:
             assert echoed == rid  # kept verbatim, and echoed as it came
@@ -158,7 +159,7 @@ async def test_forged_request_ids_and_model_names_stay_in_their_field(mock, capl
         line = by_id[echoed.decode("ascii")]
         assert line["status"] == 200 and line["model"] == "llama3" and line["client"] == CLIENT
         assert line["endpoint"] == "m0" and line["route"] == "/api/chat" and line["stream"] is False
-    for model, (_, status, rid) in zip(MODELS, sent[len(REQUEST_IDS):]):
+    for model, (_, status, rid) in zip(MODELS, sent[len(REQUEST_IDS):], strict=True):
         assert status == 404  # an unknown model, still logged
         line = by_id[rid.decode()]
         assert line["model"] == model and line["status"] == 404 and line["client"] == CLIENT

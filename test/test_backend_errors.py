@@ -50,7 +50,7 @@ def text(recs: list[dict], shape: str) -> list[str]:
 def metric(page: str, name: str, **labels: str) -> float:
     """The sum of `name`'s samples whose labels include `labels` (0 when there is none)."""
     total = 0.0
-    for m in re.finditer(r"^%s\{([^}]*)\} (\S+)$" % re.escape(name), page, re.M):
+    for m in re.finditer(r"^" + re.escape(name) + r"\{([^}]*)\} (\S+)$", page, re.M):
         have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
         if all(have.get(k) == v for k, v in labels.items()):
             total += float(m.group(2))

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mock import run_mock
 from mock import http as web
+from mock import run_mock
 from nomyo_router.api import body_keys, newer
 from nomyo_router.api.errors import ApiError
 from nomyo_router.api.requests import GENERATION_ROUTES, load_json
@@ -48,13 +48,13 @@ BASE: dict[str, dict[str, Any]] = {  # a legitimate body per route, with the all
 JSON_ROUTES = [p for p, (_, kind) in GENERATION_ROUTES.items() if kind != "transcription"]
 # (JSON text of a member added to the body, the key as the router reads it, where: end or start)
 BYPASSES = [
-    ('"Model": "%s"' % SECRET, "Model", "end"),
-    ('"Model": "%s"' % SECRET, "Model", "start"),
-    ('"MODEL": "%s"' % SECRET, "MODEL", "end"),
-    ('"\\u004dodel": "%s"' % SECRET, "Model", "end"),  # Model, escaped
-    ('"model": "%s"' % SECRET, "model", "end"),  # a second model
-    ('"mod\\u0065l": "%s"' % SECRET, "model", "end"),  # a second model, escaped
-    ('"model": "%s"' % SECRET, "model", "start"),  # the first of two
+    (f'"Model": "{SECRET}"', "Model", "end"),
+    (f'"Model": "{SECRET}"', "Model", "start"),
+    (f'"MODEL": "{SECRET}"', "MODEL", "end"),
+    (f'"\\u004dodel": "{SECRET}"', "Model", "end"),  # Model, escaped
+    (f'"model": "{SECRET}"', "model", "end"),  # a second model
+    (f'"mod\\u0065l": "{SECRET}"', "model", "end"),  # a second model, escaped
+    (f'"model": "{SECRET}"', "model", "start"),  # the first of two
     ('"\u017ftream": true', "\u017ftream", "end"),  # stream with the long s (folds to s)
     ('"\\u017ftream": false', "\u017ftream", "end"),
     ('"\u212aeep_alive": 0', "\u212aeep_alive", "end"),  # keep_alive with the Kelvin sign (folds to k)
@@ -169,8 +169,10 @@ async def test_show_with_two_names_or_a_case_variant_is_refused(router):
             assert status == 400 and isinstance(body["error"], str), (raw, status, body)
             assert f'"{key}"' in body["error"] or f"`{key}`" in body["error"], body
         # what Ollama's own CLI sends: both fields, one empty
-        for raw in (b'{"model": "", "system": "", "template": "", "verbose": false, "options": null, "name": "llama3"}',
-                    b'{"model": "llama3", "system": "", "template": "", "verbose": false, "options": null, "name": ""}'):
+        for raw in (b'{"model": "", "system": "", "template": "", "verbose": false, "options": null, '
+                    b'"name": "llama3"}',
+                    b'{"model": "llama3", "system": "", "template": "", "verbose": false, "options": null, '
+                    b'"name": ""}'):
             status, body = await post(s, url + "/api/show", raw)
             assert status == 200 and "modelfile" in body
     assert seen == ["/api/show", "/api/show"]
@@ -282,7 +284,7 @@ def escaped(key: str, draw: Any) -> str:
     out = []
     for ch in key:
         plain = json.dumps(ch, ensure_ascii=False)[1:-1]
-        out.append(draw(st.sampled_from([plain, "\\u%04x" % ord(ch) if ord(ch) < 0x10000 else plain])))
+        out.append(draw(st.sampled_from([plain, f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else plain])))
     return '"' + "".join(out) + '"'
 
 

@@ -6,6 +6,7 @@ colour fixed by its name, an error breakdown and per-endpoint latencies, behind 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -36,9 +37,9 @@ def test_history_keeps_an_hour_fine_then_coarse_and_bounded():
     ts = [s["t"] for s in got]
     assert ts == sorted(ts) and now - ts[0] <= KEEP_S and ts[-1] == now
     fine = [t for t in ts if now - t <= FINE_S]
-    assert all(b - a == 5 for a, b in zip(fine, fine[1:])) and len(fine) == FINE_S // 5 + 1
+    assert all(b - a == 5 for a, b in itertools.pairwise(fine)) and len(fine) == FINE_S // 5 + 1
     older = [t for t in ts if now - t > FINE_S]
-    assert all(b - a == COARSE_S for a, b in zip(older, older[1:])) and now - older[0] > KEEP_S - 2 * COARSE_S
+    assert all(b - a == COARSE_S for a, b in itertools.pairwise(older)) and now - older[0] > KEEP_S - 2 * COARSE_S
     assert len(h.fine) + len(h.coarse) <= FINE_S / 5 + KEEP_S / COARSE_S + 4  # bounded whatever the uptime
     assert [json.loads(b)["t"] for b in h.encoded(since=now - 10)] == [now - 5, now]
     h.sample(at=now - 1)  # time only moves forward
@@ -169,7 +170,7 @@ async def test_every_worker_samples_the_merged_counters_on_its_timer(monkeypatch
     for d in answers.values():
         ts = [x["t"] for x in d["samples"]]
         assert now - 30 < ts[0] and ts[-1] <= now and d["history"]["interval_s"] == 0.3
-        gaps = [b - a for a, b in zip(ts, ts[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(ts)]
         assert len(gaps) >= 3 and all(0.2 < g < 0.6 for g in gaps), gaps
         assert sum(d["samples"][-1]["requests"].values()) == sent  # every worker's requests
         assert d["samples"][-1]["endpoint_ttft"]["one"][-1] == sent

@@ -52,7 +52,7 @@ async def test_the_timer_slows_down_while_passes_find_little_garbage_and_not_aft
             pace._full()
         assert pace.wait_s == 160.0  # at most 16 × gc_full_interval
         nodes = [_Node() for _ in range(2000)]
-        for a, b in zip(nodes, nodes[1:] + nodes[:1]):
+        for a, b in zip(nodes, nodes[1:] + nodes[:1], strict=True):
             a.other = b  # one cycle of 2,000 objects (and their dicts)
         del nodes, a, b
         pace._full()

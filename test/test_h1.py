@@ -4,7 +4,7 @@ that answers exactly as each case needs (what a backend may do that the mock doe
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest

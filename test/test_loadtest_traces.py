@@ -5,6 +5,7 @@ within seconds, naming it and the models served)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import statistics
@@ -39,7 +40,7 @@ def test_blocks_are_fixed_by_their_id():
     a = prompt_from_blocks([1, 2, 3], 1400, 512, "a")
     b = prompt_from_blocks([1, 2, 9], 1500, 512, "b")
     assert len(a) == 1400 * 4 and len(b) == 1500 * 4
-    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     assert 1024 * 4 <= shared < 1024 * 4 + 40  # exactly the two shared blocks (plus a chance letter)
     short = prompt_from_blocks([5], 1300, 512, "c")  # a list shorter than ceil(1300/512): own text
     assert short.startswith(block_text(5, 512)) and len(short) == 1300 * 4
@@ -115,7 +116,7 @@ async def test_burstgpt_replays_every_row_at_its_time(tmp_path):
     assert s["completed"] == 6 and s["total_output_tokens"] == 3 + 1 + 5 + 2 + 4 + 1
     sent = sorted(r.start + r.send_lag - run.t0 for r in run.results)
     want = [e.at / 2 for e in trace.entries]
-    assert all(abs(a - b) < 0.05 for a, b in zip(sent, want)), (sent, want)
+    assert all(abs(a - b) < 0.05 for a, b in zip(sent, want, strict=True)), (sent, want)
 
 
 def test_burstgpt_from_the_command_line_by_its_header(tmp_path):
@@ -151,7 +152,7 @@ async def test_gamma_arrivals_on_the_wire_are_bursty():
             run = await run_stage(m.url, WorkloadSpec(stream=False), Stage(
                 "open", 150.0, duration=2.0, warmup=0.0, arrival="gamma", burstiness=b, seed=3), 30)
             sent = sorted(r.start + r.send_lag for r in run.results)
-            gaps = [y - x for x, y in zip(sent, sent[1:])]
+            gaps = [y - x for x, y in itertools.pairwise(sent)]
             cvs[b] = statistics.pstdev(gaps) / statistics.fmean(gaps)
     assert 1.5 < cvs[0.25] < 2.6 and 0.3 < cvs[4.0] < 0.75, cvs
 

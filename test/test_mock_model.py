@@ -119,7 +119,7 @@ async def test_drop_cuts_the_stream_midway():
             async with s.post(m.url + "/api/chat", json=CHAT) as r:
                 async for line in r.content:
                     lines.append(line)
-        assert len(lines) == 5 and not any(json.loads(l)["done"] for l in lines)
+        assert len(lines) == 5 and not any(json.loads(line)["done"] for line in lines)
         with pytest.raises(aiohttp.ServerDisconnectedError):
             await post(s, m.url, {**CHAT, "stream": False})
         assert m.stats()["in_flight"] == 0 and m.stats()["active"] == 0
@@ -193,7 +193,7 @@ async def test_jitter_is_seeded():
             return out
     a, b = await ttfts(3), await ttfts(3)
     assert max(a) - min(a) > 0.010  # it varies
-    assert all(abs(x - y) < 0.008 for x, y in zip(a, b))  # and the same seed replays it
+    assert all(abs(x - y) < 0.008 for x, y in zip(a, b, strict=True))  # and the same seed replays it
 
 
 async def _stream_lines(session, url, body, path="/api/chat") -> list[bytes]:

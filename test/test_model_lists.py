@@ -15,7 +15,8 @@ import os
 import signal
 import tempfile
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest

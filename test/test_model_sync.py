@@ -9,7 +9,8 @@ import asyncio
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from nomyo_router.domain import Endpoint
 from nomyo_router.upstream import model_sync
@@ -23,7 +24,7 @@ class Bus:
         self.subs: list[tuple[object, Callable[[Any], None]]] = []
         self.sent: list[dict[str, Any]] = []
 
-    def store(self) -> "BusStore":
+    def store(self) -> BusStore:
         return BusStore(self)
 
 
@@ -166,4 +167,4 @@ async def test_one_process_polls_periodically_the_others_later():
     await asyncio.sleep(0.01)
     await first.sync.share({first.ep: snap(time.time(), "m:latest")}, wait=False, full=True)
     await asyncio.sleep(0.01)
-    assert all(w.sync.last_full > b for w, b in zip(others, before))  # their turn moved on
+    assert all(w.sync.last_full > b for w, b in zip(others, before, strict=True))  # their turn moved on

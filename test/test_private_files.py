@@ -13,8 +13,8 @@ import json
 import os
 import stat
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import aiohttp
 import pytest

@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 import aiohttp
 import pytest

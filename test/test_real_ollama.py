@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 import anthropic
 import pytest

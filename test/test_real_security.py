@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -122,7 +123,8 @@ async def test_ollama_itself_serves_tiny2_for_these_bodies(ollama_url):
         # multipart: the first model field, its name spelt any way Go's mime package accepts
         for first in (b'name="model"', b"NAME=model"):
             status, body = await post(s, ollama_url + "/v1/audio/transcriptions",
-                                      form((first, b"no-such-model"), (b'name="model"', b"tiny")), MULTIPART, auth=False)
+                                      form((first, b"no-such-model"), (b'name="model"', b"tiny")), MULTIPART,
+                                      auth=False)
             assert status == 404 and b"no-such-model" in body, body
 
 
@@ -161,7 +163,8 @@ async def test_a_limited_key_learns_nothing_of_tiny2(ollama_url):
     """Listings, /api/ps, /v1/models/{id} and /api/show, against the real Ollama: tiny2 is
     invisible to a key limited to tiny, and answers as an absent model would."""
     cfg = {"endpoints": [{"url": ollama_url, "name": "real"}],
-           "client_keys": [{"name": "app", "key": KEY, "models": ["tiny"]}, {"name": "all", "key": "all-key-0123456789"}]}
+           "client_keys": [{"name": "app", "key": KEY, "models": ["tiny"]},
+                           {"name": "all", "key": "all-key-0123456789"}]}
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
         async with s.post(r.url + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False,
                                                          "options": {"num_predict": 2}}, headers=AUTH) as resp:

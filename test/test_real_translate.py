@@ -6,7 +6,7 @@ with counts and durations filled. Skipped, with the reason, where it is absent."
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -9,7 +9,8 @@ import asyncio
 import os
 import signal
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis

@@ -51,7 +51,7 @@ class RawClient:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def post(cls, url: str, path: str, body: dict, rcvbuf: int = 0) -> "RawClient":
+    async def post(cls, url: str, path: str, body: dict, rcvbuf: int = 0) -> RawClient:
         reader, writer = await post_stream_raw(url, path, body, rcvbuf)
         return cls(reader, writer)
 
@@ -116,7 +116,8 @@ async def test_a_paused_client_gets_every_byte_in_order(spy, path, body):
     # the router's transport pauses, the direct writer refuses, the ASGI path waits for the
     # drain, then the direct path takes over again.
     tokens = 40_000
-    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=tokens) as m, run_router({"native_relay": False, "endpoints": endpoints(m)}) as r:
+    async with (run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=tokens) as m,
+                run_router({"native_relay": False, "endpoints": endpoints(m)}) as r):
         out = await read_with_a_stall(await RawClient.post(r.url, path, body, rcvbuf=4096))
     lines = _ollama_lines(out)
     assert _text(lines) == [WORDS[i % 16] for i in range(tokens)]
@@ -153,7 +154,8 @@ async def test_a_stream_cut_mid_way_resumes_elsewhere_through_the_direct_path(sp
     # Slow enough (2 ms a token) that the pieces go through the direct writer before and after the cut.
     async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80) as good, \
             run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80, drop_rate=1.0) as dropping:
-        cfg = {"native_relay": False, "endpoints": endpoints(dropping, good, slots=4), "routing": "least_busy", "eject_after": 1000}
+        cfg = {"native_relay": False, "endpoints": endpoints(dropping, good, slots=4), "routing": "least_busy",
+               "eject_after": 1000}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             async with s.post(good.url + "/api/chat", json=CHAT) as resp:
                 direct = _text(_ollama_lines(await resp.read()))
@@ -172,7 +174,8 @@ async def test_a_stream_cut_mid_way_resumes_elsewhere_through_the_direct_path(sp
 async def test_openai_stream_without_usage_is_stripped_and_counted_on_the_direct_path(spy):
     # The router asks for usage on the client's behalf, takes the usage event out and counts it.
     body = {"model": "llama3", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    async with run_mock(ttft_ms=0.0, tok_ms=3.0, tokens=40) as m, run_router({"native_relay": False, "endpoints": endpoints(m)}) as r:
+    async with (run_mock(ttft_ms=0.0, tok_ms=3.0, tokens=40) as m,
+                run_router({"native_relay": False, "endpoints": endpoints(m)}) as r):
         records = []
         r.router.events.on_request_done(records.append)
         async with aiohttp.ClientSession() as s:

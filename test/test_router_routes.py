@@ -34,7 +34,7 @@ async def test_ollama_chat_and_generate(setup, clients):
         c = clients.ollama(router)
         got = await getattr(c, fn)(model="llama3", stream=False, **kwargs)
         parts = [p async for p in await getattr(c, fn)(model="llama3", stream=True, **kwargs)]
-        text = lambda r: r.message.content if field == "message" else r.response  # noqa: E731
+        text = lambda r, field=field: r.message.content if field == "message" else r.response  # noqa: E731
         assert text(got) == text(want) == "".join(text(p) for p in parts)
         assert parts[-1].done and parts[-1].done_reason == want.done_reason
         assert got.eval_count == parts[-1].eval_count == want.eval_count
@@ -46,7 +46,7 @@ async def test_ollama_stream_is_the_default(setup):
     async with aiohttp.ClientSession() as s:
         async with s.post(router + "/api/chat", json={"model": "llama3", "messages": MSGS}) as r:
             assert r.status == 200 and r.headers["Content-Type"].startswith("application/x-ndjson")
-            lines = [l async for l in r.content if l.strip()]
+            lines = [line async for line in r.content if line.strip()]
     assert len(lines) == 9  # 8 tokens + the done chunk
 
 
@@ -130,7 +130,8 @@ async def test_models_are_described_by_their_backends_and_retrievable(mock, clie
 
 
 async def test_a_model_added_on_a_backend_is_served_at_once(mock):
-    async with run_router({"endpoints": endpoints(mock), "model_refresh_interval": 3600}) as r, aiohttp.ClientSession() as s:
+    async with (run_router({"endpoints": endpoints(mock), "model_refresh_interval": 3600}) as r,
+                aiohttp.ClientSession() as s):
         mock.update(models=["llama3", "qwen2.5:7b", "fresh"])
         body = {"model": "fresh", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
         async with s.post(r.url + "/api/chat", json=body) as resp:
@@ -151,7 +152,7 @@ async def test_unload_reaches_every_endpoint_that_has_the_model_loaded(mock, moc
         async with s.post(r.url + "/api/chat", json={"model": "llama3", "messages": [], "keep_alive": 0}) as resp:
             assert resp.status == 200
         after = [m.stats()["requests"].get("/api/chat", 0) for m in (mock, mock2)]
-        assert [a - b for a, b in zip(after, before)] == [1, 1]  # both, not one
+        assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1]  # both, not one
         async with s.get(r.url + "/health") as h:
             assert all(e["in_flight"] == 0 for e in (await h.json())["endpoints"])  # no slot taken
 

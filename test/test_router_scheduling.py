@@ -110,7 +110,7 @@ async def test_queued_client_that_leaves_is_dropped(state):
             await asyncio.sleep(0.05)
             try:
                 await post(s, r.url, timeout=aiohttp.ClientTimeout(total=0.1))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             await asyncio.sleep(0.05)
             assert r.router.store.queue_length() == 0

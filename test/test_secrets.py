@@ -16,7 +16,8 @@ import logging
 import os
 import subprocess
 import sys
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -50,7 +51,7 @@ class Backend:
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
 
-    async def __aenter__(self) -> "Backend":
+    async def __aenter__(self) -> Backend:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

@@ -11,8 +11,8 @@ import json
 import shutil
 import ssl
 import subprocess
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 import aiohttp
 import pytest
@@ -77,7 +77,8 @@ async def tls_front(port: int, key, crt) -> AsyncIterator[int]:
 
 
 async def test_streams_and_whole_answers_over_tls_and_the_stream_stays_on_the_python_relay(cert, taken):
-    async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=60) as m, tls_front(int(m.url.rsplit(":", 1)[1]), *cert) as port:
+    async with (run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=60) as m,
+                tls_front(int(m.url.rsplit(":", 1)[1]), *cert) as port):
         eps = [{"url": f"https://127.0.0.1:{port}", "name": "tls", "max_concurrent": 4}]
         async with run_router({"endpoints": eps}) as r, aiohttp.ClientSession() as s:
             async with s.post(m.url + "/api/chat", json=CHAT) as resp:
@@ -96,8 +97,9 @@ async def test_streams_and_whole_answers_over_tls_and_the_stream_stays_on_the_py
 
 async def test_an_https_router_streams_whole_and_keeps_the_python_relay(cert, taken):
     key, crt = cert
-    async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=60) as m, \
-            run_router({"endpoints": [{"url": m.url, "name": "m0", "max_concurrent": 4}]}, tls=(str(key), str(crt))) as r:
+    async with (run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=60) as m,
+                run_router({"endpoints": [{"url": m.url, "name": "m0", "max_concurrent": 4}]},
+                           tls=(str(key), str(crt))) as r):
         assert r.url.startswith("https://")
         ctx = ssl.create_default_context(cafile=str(crt))
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:

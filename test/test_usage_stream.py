@@ -6,10 +6,12 @@ slow for the router is dropped, never buffered without bound."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -38,7 +40,8 @@ async def events(resp: httpx.Response) -> AsyncIterator[tuple[str, dict[str, Any
 
 async def test_the_stream_tells_starts_finishes_in_flight_and_tokens():
     async with run_mock(ttft_ms=1200, tok_ms=0, tokens=8) as m:  # (a tick falls while it holds its slot)
-        async with run_router({"endpoints": endpoints(m), "client_keys": [{"name": "alice", "key": "alice-key-1"}]}) as r:
+        cfg = {"endpoints": endpoints(m), "client_keys": [{"name": "alice", "key": "alice-key-1"}]}
+        async with run_router(cfg) as r:
             router = r.router
             assert router.events._start == []  # nobody watches: nothing registered
             async with httpx.AsyncClient(timeout=10) as c:
@@ -80,7 +83,7 @@ async def test_the_stream_tells_starts_finishes_in_flight_and_tokens():
     assert last["tokens"]["by_model"]["llama3"] == {"prompt": done["prompt_tokens"], "completion": 8}
     assert last["tokens"]["by_client"]["alice"]["completion"] == 8
     ticks = [at for k, _, at in seen if k == "usage"]
-    assert all(b - a < 1.5 for a, b in zip(ticks, ticks[1:]))  # at least every second (+ scheduling)
+    assert all(b - a < 1.5 for a, b in itertools.pairwise(ticks))  # at least every second (+ scheduling)
 
 
 async def test_ticks_come_every_second_and_the_hooks_go_with_the_last_reader(mock):
@@ -88,7 +91,7 @@ async def test_ticks_come_every_second_and_the_hooks_go_with_the_last_reader(moc
         async with httpx.AsyncClient(timeout=10) as c:
             async with c.stream("GET", r.url + "/api/usage-stream") as resp:
                 ticks = []
-                async for kind, _, at in events(resp):
+                async for _kind, _, at in events(resp):
                     ticks.append(at)
                     if len(ticks) == 4:
                         break

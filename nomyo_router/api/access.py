@@ -17,8 +17,9 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..config import digest_of
@@ -53,7 +54,7 @@ class Client:
         return self.role in OPERATOR_ROLES
 
 
-def keys_of(config: "RouterConfig") -> "Keys | None":
+def keys_of(config: RouterConfig) -> Keys | None:
     """Every key the config names, or None when the router is open."""
     from ..domain import model_key
     entries: list[tuple[str, str, frozenset[str] | None, str]] = []
@@ -67,7 +68,7 @@ def keys_of(config: "RouterConfig") -> "Keys | None":
     return Keys(entries, required=bool(config.router_api_key or config.client_keys)) if entries else None
 
 
-def caps_of(config: "RouterConfig") -> dict[str, int]:
+def caps_of(config: RouterConfig) -> dict[str, int]:
     """Per-key concurrency caps (`client_keys[].max_concurrent`)."""
     return {c.name: c.max_concurrent for c in config.client_keys if c.max_concurrent}
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -67,7 +68,8 @@ async def send_response(send: Send, status: int, body: bytes, content_type: byte
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
-    for k, v in scope["headers"]:
+    headers: Headers = scope["headers"]
+    for k, v in headers:
         if k == name:
             return v
     return None
@@ -78,7 +80,7 @@ def with_headers(scope: Scope, send: Send, extra: list[tuple[bytes, bytes]]) -> 
     around `send`) is taken out of `scope`: this request's answer takes the ASGI path."""
     scope.pop(BODY_WRITER, None)
 
-    async def wrapped(msg: dict) -> None:
+    async def wrapped(msg: dict[str, Any]) -> None:
         if msg["type"] == "http.response.start":
             msg = {**msg, "headers": [*msg.get("headers", []), *extra]}
         await send(msg)

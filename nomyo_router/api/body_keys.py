@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from json import decoder as _jd
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -102,9 +103,12 @@ _FOLDED: dict[str, str] = {f.casefold(): f for f in FIELDS}
 assert len(_FOLDED) == len(FIELDS), "two field names fold alike"
 
 _DECODER = json.JSONDecoder()  # what json.loads uses: the same C scanner, the same settings
-_scan_value = _DECODER.scan_once
-_scan_string = _jd.scanstring
-_skip = _jd.WHITESPACE.match
+# json's scanner internals, which typeshed leaves out of its json stubs (ignored below): (value,
+# end) of the JSON value at an index; (text, end) of the string whose opening quote is before
+# an index; the run of whitespace at an index (empty or not: never None)
+_scan_value: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+_scan_string: Callable[[str, int], tuple[str, int]] = _jd.scanstring  # type: ignore[attr-defined]
+_skip: Callable[[str, int], re.Match[str]] = _jd.WHITESPACE.match  # type: ignore[attr-defined]
 _WS = " \t\n\r"
 
 

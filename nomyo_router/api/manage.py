@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..domain import Endpoint, model_key
 from ..upstream import records
@@ -145,7 +146,7 @@ async def manage(app: Any, scope: Scope, receive: Receive, send: Send, t0: float
         await cancel_on_disconnect(work, receive)
 
 
-def _timeout(router: Any, streamed: bool) -> "aiohttp.ClientTimeout":
+def _timeout(router: Any, streamed: bool) -> aiohttp.ClientTimeout:
     """Lines of progress come often; a whole answer (a non-stream pull) may take hours."""
     import aiohttp
     cfg = router.config
@@ -173,7 +174,8 @@ async def _whole(router: Any, eps: list[Endpoint], method: str, path: str, raw: 
     await _refresh(router, eps)
     names = [ep.name for ep in eps]
     ok = [r for r in results if r[0] < 300]
-    failures = {ep.name: f"HTTP {s}: {error_message(b)}" for ep, (s, b, _) in zip(eps, results) if s >= 300}
+    failures = {ep.name: f"HTTP {s}: {error_message(b)}"
+                for ep, (s, b, _) in zip(eps, results, strict=True) if s >= 300}
     if op == "delete" and ok:  # gone there already (our list was stale): nothing left to delete
         failures = {n: w for n, w in failures.items() if not w.startswith("HTTP 404")}
     if not failures:
@@ -266,7 +268,7 @@ def _why(e: BaseException) -> str:
 
 # ---- blobs ---------------------------------------------------------------------------------
 def _digest(scope: Scope) -> str:
-    digest = scope["path"][len("/api/blobs/"):]
+    digest: str = scope["path"][len("/api/blobs/"):]
     if not _DIGEST.match(digest):
         raise ApiError(400, f"invalid digest {digest[:80]!r}: expected sha256:<64 hex digits>")
     return digest
@@ -280,7 +282,8 @@ async def _heads(router: Any, eps: list[Endpoint], digest: str) -> list[int]:
         try:
             async with router.manage_session.get().head(ep.url + "/api/blobs/" + digest, headers=ep.headers,
                                            timeout=timeout) as r:
-                return r.status
+                status: int = r.status
+                return status
         except (aiohttp.ClientError, TimeoutError):
             return 502
     return list(await asyncio.gather(*(one(ep) for ep in eps)))
@@ -301,7 +304,7 @@ async def blob_post(app: Any, scope: Scope, receive: Receive, send: Send, t0: fl
     eps = targets(router, scope)
     async with _permits(router):
         statuses = await _heads(router, eps, digest)
-        need = [ep for ep, s in zip(eps, statuses) if s != 200]
+        need = [ep for ep, s in zip(eps, statuses, strict=True) if s != 200]
         if not need:  # every target has it already: like Ollama, 200 without reading the body
             await send_response(send, 200, b"")
             return
@@ -311,7 +314,7 @@ async def blob_post(app: Any, scope: Scope, receive: Receive, send: Send, t0: fl
 
 def _blob_answer(eps: list[Endpoint], need: list[Endpoint], results: list[tuple[int, str]]
                  ) -> tuple[int, bytes]:
-    failures = {ep.name: why for ep, (s, why) in zip(need, results) if s >= 300}
+    failures = {ep.name: why for ep, (s, why) in zip(need, results, strict=True) if s >= 300}
     if not failures:
         return 201, b""
     statuses = {s for s, _ in results if s >= 300}
@@ -344,7 +347,7 @@ async def _upload(router: Any, scope: Scope, receive: Receive, need: list[Endpoi
         except (aiohttp.ClientError, TimeoutError) as e:
             return 502, _why(e)
 
-    tasks = [asyncio.create_task(one(ep, q)) for ep, q in zip(need, queues)]
+    tasks = [asyncio.create_task(one(ep, q)) for ep, q in zip(need, queues, strict=True)]
     try:
         while True:
             msg = await receive()
@@ -352,11 +355,11 @@ async def _upload(router: Any, scope: Scope, receive: Receive, need: list[Endpoi
                 raise ClientGone
             piece = msg.get("body", b"")
             more = msg.get("more_body", False)
-            for q, t in zip(queues, tasks):
+            for q, t in zip(queues, tasks, strict=True):
                 if piece and not t.done():
                     await _put(q, piece, t)
             if not more:
-                for q, t in zip(queues, tasks):
+                for q, t in zip(queues, tasks, strict=True):
                     if not t.done():
                         await _put(q, None, t)
                 break
@@ -366,7 +369,7 @@ async def _upload(router: Any, scope: Scope, receive: Receive, need: list[Endpoi
             t.cancel()
 
 
-async def _put(q: asyncio.Queue[bytes | None], piece: bytes | None, task: asyncio.Task) -> None:
+async def _put(q: asyncio.Queue[bytes | None], piece: bytes | None, task: asyncio.Task[tuple[int, str]]) -> None:
     """Queue a piece for one endpoint, unless its upload ends first (then it needs no more)."""
     put = asyncio.ensure_future(q.put(piece))
     done, _ = await asyncio.wait({put, task}, return_when=asyncio.FIRST_COMPLETED)

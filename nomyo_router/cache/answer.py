@@ -87,7 +87,9 @@ def of_stream(api: str, kind: str, data: bytes) -> Answer | None:
 
 
 def _ndjson(kind: str, data: bytes) -> Answer | None:
-    text, thinking, calls = [], [], []
+    text: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
     for line in data.splitlines():
         if not line.strip():
             continue

@@ -10,10 +10,10 @@ the headers (bench/cache.py).
 from __future__ import annotations
 
 import functools
-from typing import Any
 
-from ..api.asgi import Scope, header
+from ..api.asgi import Scope, Send, header
 from ..api.requests import GenRequest
+from ..events import RequestRecord
 from . import keys
 from .service import Handle, ResponseCache
 
@@ -28,9 +28,8 @@ def handler(cache: ResponseCache | None, scope: Scope, req: GenRequest, handle: 
         value = header(scope, keys.HEADER)
         if value is None or value.strip().lower() != b"use":
             return handle
-    serve: Any = functools.partial(_serve, cache, handle)
-    return serve
+    return functools.partial(_serve, cache, handle)
 
 
-async def _serve(cache: ResponseCache, handle: Handle, req: GenRequest, send: Any, rec: Any) -> None:
+async def _serve(cache: ResponseCache, handle: Handle, req: GenRequest, send: Send, rec: RequestRecord) -> None:
     await cache.serve(req, send, rec, handle)

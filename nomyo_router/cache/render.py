@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ..api.asgi import Headers, Send
@@ -51,7 +51,7 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 # ---- Ollama --------------------------------------------------------------------------------

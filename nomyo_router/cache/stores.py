@@ -15,14 +15,17 @@ import asyncio
 import sqlite3
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 from ..config import CacheConfig
 from ..ops.usage_store import _private_db_file
 
 ENTRY_OVERHEAD = 200  # bytes a memory entry costs besides its value and vector (dict slot, tuple, key)
 Vectors = list[tuple[str, str, bytes]]  # (key, namespace, vector)
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class Store:
@@ -140,7 +143,7 @@ class SqliteStore(Store):
         self._db: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="nomyo-cache")
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    async def _run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     async def start(self) -> None:
@@ -211,9 +214,9 @@ class SqliteStore(Store):
         db = self._sql()
         with db:
             db.execute("BEGIN IMMEDIATE")
-            (n,) = db.execute("SELECT COUNT(*) FROM entries WHERE expires > ?", (time.time(),)).fetchone()
+            row: tuple[int] = db.execute("SELECT COUNT(*) FROM entries WHERE expires > ?", (time.time(),)).fetchone()
             db.execute("DELETE FROM entries")
-        return n
+        return row[0]
 
     async def add_counts(self, hits: int, misses: int) -> None:
         await self._run(self._add_counts, hits, misses)

@@ -12,7 +12,6 @@ seen then, but at the end, in the stream's tail (which the final counts are read
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ..api.asgi import Headers, Send
@@ -55,7 +54,7 @@ async def relay(resp: h1.Response, first: bytes, headers: Headers, send: Send, r
             chunk = await resp.content.readany()
             if not chunk:
                 break
-    except (h1.ClientError, asyncio.TimeoutError) as e:
+    except (TimeoutError, h1.ClientError) as e:
         cut = e
         await send({"type": "http.response.body", "body": stream_error(resp, e), "more_body": True})
     else:

@@ -16,8 +16,6 @@ answer is held only up to a bound (`bound`). Beyond it (`finish`):
 
 from __future__ import annotations
 
-import asyncio
-
 from ..api.asgi import Headers, Send
 from ..api.errors import ApiError
 from ..config import RouterConfig
@@ -56,7 +54,7 @@ async def finish(resp: h1.Response, translating: bool, config: RouterConfig, hea
         while piece := await resp.readany():
             before, last = last, piece
             await send({"type": "http.response.body", "body": piece, "more_body": True})
-    except (h1.ClientError, asyncio.TimeoutError) as e:
+    except (TimeoutError, h1.ClientError) as e:
         resp.close()
         rec.error = "answer_cut"
         health.failure(ep, f"whole answer cut after its head went out: {type(e).__name__}")

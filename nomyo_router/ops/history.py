@@ -33,7 +33,8 @@ import math
 import os
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("nomyo_router.dashboard")
 
@@ -62,7 +63,7 @@ class History:
         self.interval = interval or sample_interval()
         self.fine: deque[tuple[float, bytes]] = deque(maxlen=math.ceil(FINE_S / self.interval) + 2)
         self.coarse: deque[tuple[float, bytes]] = deque(maxlen=math.ceil(KEEP_S / COARSE_S) + 2)
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def sample(self, at: float | None = None) -> None:
         """Take one sample now (or stamped `at`, for a test feeding real samples); time only

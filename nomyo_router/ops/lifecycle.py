@@ -52,7 +52,8 @@ def arm_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        rc: int = libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        return rc == 0
     except (OSError, AttributeError):
         return False
 

@@ -24,12 +24,16 @@ from __future__ import annotations
 import asyncio
 import os
 from bisect import bisect_left
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from ..events import Events, RequestRecord
+
+Labels = tuple[str, ...]  # a metric's label values, in its labels' order
+_M = TypeVar("_M", Counter, Histogram)
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -79,9 +83,10 @@ class Metrics:
         self.endpoint_queue = Histogram("nomyo_router_endpoint_queue_wait_seconds",
                                         "Time waiting for a slot, by the endpoint that then took the request",
                                         ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
-        self._children: dict[tuple, Any] = {}  # label tuple -> child: skips labels() on the hot path
-        self._counts: dict[tuple, float] = {}  # (metric, labels) -> increment not yet handed on
-        self._hists: dict[tuple, list[float]] = {}  # (metric, labels) -> [bucket counts..., sum]
+        # (id(metric), labels) -> that metric's child: skips labels() on the hot path
+        self._children: dict[tuple[int, Labels], Any] = {}
+        self._counts: dict[tuple[Counter, Labels], float] = {}  # (metric, labels) -> increment not yet handed on
+        self._hists: dict[tuple[Histogram, Labels], list[float]] = {}  # (metric, labels) -> [bucket counts..., sum]
         self._scheduled = False
         # multiprocess mode writes each value to a memory-mapped file (~2 µs, ~12 per flush) that
         # other workers' scrapes read: there, hand on every MULTIPROCESS_FLUSH_S
@@ -93,18 +98,18 @@ class Metrics:
         if multiprocess_dir() is None:
             r.register(_StateCollector(state))
 
-    def _child(self, metric: Any, labels: tuple) -> Any:
+    def _child(self, metric: _M, labels: Labels) -> _M:
         key = (id(metric), labels)
-        child = self._children.get(key)
+        child: _M | None = self._children.get(key)
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def _inc(self, metric: Any, labels: tuple, by: float = 1.0) -> None:
+    def _inc(self, metric: Counter, labels: Labels, by: float = 1.0) -> None:
         key = (metric, labels)
         self._counts[key] = self._counts.get(key, 0.0) + by
 
-    def _observe(self, metric: Any, labels: tuple, value: float, buckets: tuple[float, ...]) -> None:
+    def _observe(self, metric: Histogram, labels: Labels, value: float, buckets: tuple[float, ...]) -> None:
         key = (metric, labels)
         h = self._hists.get(key)
         if h is None:
@@ -160,8 +165,8 @@ class Metrics:
         hists, self._hists = self._hists, {}
         for (metric, labels), by in counts.items():
             (self._child(metric, labels) if labels else metric).inc(by)
-        for (metric, labels), h in hists.items():
-            child = self._child(metric, labels) if labels else metric
+        for (hist, labels), h in hists.items():
+            child = self._child(hist, labels) if labels else hist
             cumulative = child._buckets  # prometheus-client keeps one value per bucket (non-cumulative)
             for i, n in enumerate(h[:-1]):
                 if n:
@@ -180,7 +185,8 @@ class Metrics:
             return self.registry
         from prometheus_client import multiprocess
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=mp)
+        # (prometheus-client's MultiProcessCollector has no annotations)
+        multiprocess.MultiProcessCollector(registry, path=mp)  # type: ignore[no-untyped-call]
         registry.register(_StateCollector(self._state))
         return registry
 

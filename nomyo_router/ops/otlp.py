@@ -157,7 +157,7 @@ class Exporter:
             where = self._servers[url] = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
         return where
 
-    def _template(self, key: tuple[Any, ...], kind: int, operation: str, model: str, ep: Any,
+    def _template(self, key: tuple[Any, ...], kind: Span.SpanKind.ValueType, operation: str, model: str, ep: Any,
                   served: str | None = None, route: str | None = None) -> bytes:
         """The encoded name, kind and shared attributes of a span for `key`."""
         data = self._templates.get(key)
@@ -233,7 +233,8 @@ class Exporter:
             model = aep.models.get(trace.key) or rec.model
             c = spans.add(trace_id=tid, span_id=span_id.to_bytes(8, "big"), parent_span_id=sid, flags=_LOCAL_PARENT,
                           start_time_unix_nano=self._ns(a_start), end_time_unix_nano=self._ns(a_end))
-            c.MergeFromString(self._template((CLIENT, trace.operation, model, aep), CLIENT, trace.operation, model, aep))
+            c.MergeFromString(self._template((CLIENT, trace.operation, model, aep), CLIENT, trace.operation, model,
+                                             aep))
             a = c.attributes
             _i(a, "nomyo.attempt", i + 1)
             if status:

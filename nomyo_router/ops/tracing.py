@@ -42,7 +42,7 @@ _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-
 
 # The request being served, for `TracedUpstream.post` (set by `begin` in the request's task; the
 # proxy's tasks inherit it).
-CURRENT: contextvars.ContextVar["Trace | None"] = contextvars.ContextVar("nomyo_trace", default=None)
+CURRENT: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("nomyo_trace", default=None)
 
 
 class Trace:

@@ -45,7 +45,7 @@ def select(rows: list[tuple[Row, Counts]], p: dict[str, str]) -> list[tuple[Row,
 
 def summary(rows: list[tuple[Row, Counts]]) -> dict[str, Any]:
     def add(into: dict[str, int], c: Counts) -> None:
-        for name, n in zip(FIELDS, c):
+        for name, n in zip(FIELDS, c, strict=True):
             into[name] = into.get(name, 0) + n
 
     totals: dict[str, int] = dict.fromkeys(FIELDS, 0)
@@ -55,7 +55,7 @@ def summary(rows: list[tuple[Row, Counts]]) -> dict[str, Any]:
         for group, key in (("by_day", day), ("by_model", model), ("by_endpoint", endpoint), ("by_client", client)):
             add(groups[group].setdefault(key, {}), c)
     return {"totals": totals, **groups,
-            "rows": [{"day": r[0], "model": r[1], "endpoint": r[2], "client": r[3], **dict(zip(FIELDS, c))}
+            "rows": [{"day": r[0], "model": r[1], "endpoint": r[2], "client": r[3], **dict(zip(FIELDS, c, strict=True))}
                      for r, c in rows]}
 
 

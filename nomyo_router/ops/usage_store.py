@@ -24,10 +24,14 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 from ..events import Events, RequestRecord
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 log = logging.getLogger("nomyo_router.usage")
 
@@ -46,7 +50,7 @@ def today() -> str:
     global _day
     now = time.time()
     if now >= _day[0]:
-        d = datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+        d = datetime.datetime.fromtimestamp(now, datetime.UTC)
         midnight = d.replace(hour=0, minute=0, second=0, microsecond=0) + datetime.timedelta(days=1)
         _day = (midnight.timestamp(), d.strftime("%Y-%m-%d"))
     return _day[1]
@@ -57,7 +61,7 @@ class Usage:
 
     def __init__(self, events: Events) -> None:
         self._batch: dict[Row, Counts] = {}
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         events.on_request_done(self.add)
 
     def add(self, rec: RequestRecord) -> None:
@@ -142,7 +146,7 @@ class SqliteUsage(Usage):
         self._db: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="nomyo-usage")  # one connection, one thread
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    async def _run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     async def _open(self) -> None:
@@ -163,9 +167,10 @@ class SqliteUsage(Usage):
         self._thread.shutdown(wait=False)
 
     async def _write(self, batch: dict[Row, Counts]) -> None:
-        await self._run(self._write_sync, [(*row, *c) for row, c in batch.items()])
+        rows: list[tuple[str | int, ...]] = [(*row, *c) for row, c in batch.items()]
+        await self._run(self._write_sync, rows)
 
-    def _write_sync(self, rows: list[tuple]) -> None:
+    def _write_sync(self, rows: list[tuple[str | int, ...]]) -> None:
         assert self._db is not None
         with self._db:  # one transaction
             self._db.execute("BEGIN IMMEDIATE")
@@ -223,7 +228,7 @@ class RedisUsage(Usage):
     async def _write(self, batch: dict[Row, Counts]) -> None:
         pipe = self._redis.pipeline(transaction=False)
         for (day, model, endpoint, client), c in batch.items():
-            for name, n in zip(FIELDS, c):
+            for name, n in zip(FIELDS, c, strict=True):
                 if n:
                     pipe.hincrby(f"{self.prefix}:usage:{day}", self.SEP.join((model, endpoint, client, name)), n)
         await pipe.execute()

@@ -27,7 +27,8 @@ import asyncio
 import json
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..api.access import require_admin
 from ..api.asgi import ClientGone, Receive, Scope, Send, cancel_on_disconnect

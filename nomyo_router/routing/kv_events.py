@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from .prefix_index import BLOCK_TOKENS, PrefixIndex
 
@@ -83,10 +84,10 @@ def _hashable(h: Any) -> Any:
     return bytes(h) if isinstance(h, (bytearray, list)) else h
 
 
-def start(endpoints: Iterable[Any], policy: Any) -> tuple[list[asyncio.Task], dict[str, KVEventState]]:
+def start(endpoints: Iterable[Any], policy: Any) -> tuple[list[asyncio.Task[None]], dict[str, KVEventState]]:
     """A subscriber task per endpoint configured with `kv_events`, when the policy has an index."""
     index = getattr(policy, "index", None)
-    tasks: list[asyncio.Task] = []
+    tasks: list[asyncio.Task[None]] = []
     states: dict[str, KVEventState] = {}
     for e in endpoints:
         if e.kv_events and index is not None:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import zlib
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 BLOCK_CHARS = 1024
 CHARS_PER_TOKEN = 4

@@ -7,7 +7,8 @@ import asyncio
 import itertools
 import time
 from collections import Counter, OrderedDict, deque
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..domain import Endpoint
 from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
@@ -16,7 +17,8 @@ from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, R
 class _Waiter:
     __slots__ = ("seq", "names", "future", "owner")
 
-    def __init__(self, seq: int, names: frozenset[str], future: asyncio.Future, owner: object) -> None:
+    def __init__(self, seq: int, names: frozenset[str], future: asyncio.Future[Endpoint | None],
+                 owner: object) -> None:
         self.seq, self.names, self.future, self.owner = seq, names, future, owner
 
 
@@ -63,7 +65,7 @@ class MemoryStore(StateStore):
         for e in candidates:
             self._endpoints[e.name] = e
         t0 = time.monotonic()
-        fut: asyncio.Future[Endpoint] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Endpoint | None] = asyncio.get_running_loop().create_future()  # None: see `rehome`
         waiter = _Waiter(next(self._seq) if order is None else order,
                          frozenset(e.name for e in candidates), fut, owner)
         queue = self._queues.setdefault(model, deque())
@@ -77,11 +79,12 @@ class MemoryStore(StateStore):
         self._queued += 1
         try:
             async with asyncio.timeout(timeout):
-                ep = await fut
+                got = await fut
         except BaseException as exc:
             if fut.done() and not fut.cancelled():
-                if fut.result() is not None:  # (None: sent back by `rehome`, no slot)
-                    self.release(fut.result(), owner)  # handed a slot just as we gave up: pass it on
+                handed = fut.result()
+                if handed is not None:  # (None: sent back by `rehome`, no slot)
+                    self.release(handed, owner)  # handed a slot just as we gave up: pass it on
             else:
                 fut.cancel()
                 if waiter in queue:
@@ -90,11 +93,11 @@ class MemoryStore(StateStore):
             if isinstance(exc, TimeoutError):
                 raise QueueTimeout(model, waiter.seq) from None
             raise
-        if ep is None:  # sent back by `rehome` (no endpoint left): placed again, in the same order
+        if got is None:  # sent back by `rehome` (no endpoint left): placed again, in the same order
             raise Rehome(model, waiter.seq, time.monotonic() - t0)
         if pin is not None:
-            self._pin(pin, ep.name)
-        lease = Lease(self, ep, time.monotonic() - t0)
+            self._pin(pin, got.name)
+        lease = Lease(self, got, time.monotonic() - t0)
         lease.token = owner
         return lease
 
@@ -124,7 +127,7 @@ class MemoryStore(StateStore):
     def record(self, endpoint: str, model: str) -> None:
         self._usage.setdefault(endpoint, Counter())[model] += 1
 
-    async def snapshot(self) -> dict:
+    async def snapshot(self) -> dict[str, Any]:
         return {"mode": "memory", "in_flight": dict(self._in_flight), "queue_length": self._queued,
                 "pins": len(self._pins), "usage": {e: dict(c) for e, c in self._usage.items()}}
 
@@ -199,7 +202,7 @@ class MemoryStore(StateStore):
                 queue.extend(stay)
         self._queued -= len(woken)
         for w in sorted(woken, key=lambda w: w.seq):
-            w.future.set_result(None)  # type: ignore[arg-type]  # None: see `acquire`
+            w.future.set_result(None)  # (None: see `acquire`)
         for ep in added.values():
             self._dispatch(ep)
 

@@ -21,7 +21,7 @@ import mmap
 import os
 import struct
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from . import private
 
@@ -148,7 +148,8 @@ class PinTable:
 
     def count(self) -> int:
         """Pins held (expired ones count until a lookup or a new pin clears them)."""
-        return _HEAD.unpack_from(self._map, 0)[2]
+        held: int = _HEAD.unpack_from(self._map, 0)[2]
+        return held
 
     def close(self) -> None:
         self._map.close()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -31,7 +32,7 @@ class Messages:
         self._degrade = degrade
         self._background = background
         self._subs: dict[str, Callable[[Any], None]] = {}
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def listen(self) -> None:
         """A fresh subscription, in place before this returns (so no wake-up can be missed)."""

@@ -8,7 +8,7 @@ local pins answer it.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
@@ -41,7 +41,7 @@ class RedisPins:
     async def _find(self, keys: Sequence[str]) -> tuple[str, str] | None:
         client = self.link.client
         values = await client.mget([self._key(k) for k in keys])
-        for key, value in zip(keys, values):
+        for key, value in zip(keys, values, strict=True):
             if value is not None:
                 await client.pexpire(self._key(key), self.ttl_ms)
                 return key, as_str(value)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
 
 from .base import Rehome
 
@@ -37,7 +38,7 @@ class Rehoming:
     def left(self, lid: str) -> None:
         self._waiters.pop(lid, None)
 
-    def wake(self, models: Collection[str], waiting: dict[str, asyncio.Future]) -> None:
+    def wake(self, models: Collection[str], waiting: dict[str, asyncio.Future[str | None]]) -> None:
         """Send back the waiters (futures in `waiting`, by id) for `models`, oldest first; and
         the requests whose ACQUIRE is on its way (with the old candidates, of a model not known
         here): should it queue, it comes back at once, else the answer stands."""

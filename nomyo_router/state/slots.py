@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import fcntl
 import mmap
-from fcntl import LOCK_EX, LOCK_UN, flock
 import os
 import struct
+from fcntl import LOCK_EX, LOCK_UN, flock
+
 from . import private
 
 MAGIC = b"nomyoST1"

@@ -38,6 +38,7 @@ class Deadlines:
 
     def observe(self, endpoint: str, model: str, stream: bool, body_bytes: int, seconds: float) -> None:
         value = seconds / max(1.0, body_bytes / 1024) if stream else seconds
-        for table, key in ((self._seen, (endpoint, model, stream)), (self._model, (model, stream))):
-            old = table.get(key)
-            table[key] = value if old is None else max(value, old * DECAY)
+        seen = self._seen.get((endpoint, model, stream))
+        self._seen[(endpoint, model, stream)] = value if seen is None else max(value, seen * DECAY)
+        peak = self._model.get((model, stream))
+        self._model[(model, stream)] = value if peak is None else max(value, peak * DECAY)

@@ -12,7 +12,8 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..config import RouterConfig
 from ..domain import Endpoint, model_key
@@ -42,11 +43,11 @@ class Discovery:
         self.store = store
         self.scheduler = scheduler
         self.config = config
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._probing: set[Endpoint] = set()
-        self._round: asyncio.Future | None = None  # the on-demand re-discovery in progress or last done
+        self._round: asyncio.Future[None] | None = None  # the on-demand re-discovery in progress or last done
         self._round_at = 0.0
-        self._ps_round: asyncio.Future | None = None
+        self._ps_round: asyncio.Future[list[None]] | None = None
         self._ps_at = 0.0
         self._timeout = config.health_timeout
         self.sync = ModelSync(store, lambda: self.endpoints, scheduler.reindex, self._refresh)
@@ -110,7 +111,8 @@ class Discovery:
         """Re-discover these endpoints now (model management just changed them), and return
         once every other worker has applied the new lists too."""
         snaps = await asyncio.gather(*(self._refresh(ep) for ep in endpoints))
-        await self.sync.share({ep: s for ep, s in zip(endpoints, snaps) if s is not None}, wait=True, full=False)
+        await self.sync.share({ep: s for ep, s in zip(endpoints, snaps, strict=True) if s is not None}, wait=True,
+                              full=False)
 
     async def fresh_ps(self, max_age: float = 1.0) -> None:
         """Make every Ollama endpoint's /api/ps at most `max_age` s old (for GET /api/ps and
@@ -134,7 +136,7 @@ class Discovery:
         self.sync.last_full = time.monotonic()
         eps = list(self.endpoints)
         snaps = await asyncio.gather(*(self._refresh(ep) for ep in eps))
-        await self.sync.share({ep: s for ep, s in zip(eps, snaps) if s is not None}, wait=False, full=True)
+        await self.sync.share({ep: s for ep, s in zip(eps, snaps, strict=True) if s is not None}, wait=False, full=True)
 
     async def _get(self, ep: Endpoint, path: str) -> Any:
         status, _, body = await self.upstream.fetch(ep, path, total=self._timeout)

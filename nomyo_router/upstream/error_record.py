@@ -31,9 +31,9 @@ from .errors import ErrorRecord
 MARK = b'"error"'
 
 try:
-    from ._pump import marked  # marked(data) -> whether `data` holds MARK
+    from ._pump import marked as marked  # marked(data) -> whether `data` holds MARK (re-exported)
 except ImportError:  # built without a C compiler
-    def marked(data: bytes) -> bool:
+    def marked(data: bytes, /) -> bool:
         return data.find(MARK) >= 0
 EVENT = "error_record"  # nomyo_router_events_total{what=...}: per endpoint, its error records
 

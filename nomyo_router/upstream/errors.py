@@ -3,7 +3,9 @@ a `Response`; all of them are also reachable as `h1.<name>`."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeVar, overload
+
+_T = TypeVar("_T")
 
 
 class ClientError(Exception):
@@ -58,8 +60,15 @@ class Timeout(NamedTuple):
     sock_read: float | None = None
 
 
-class Headers(dict):
+class Headers(dict[str, str]):
     """Response headers, names lower-cased; `get` is case-insensitive like aiohttp's."""
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    @overload
+    def get(self, name: str, default: None = None, /) -> str | None: ...
+    @overload
+    def get(self, name: str, default: str, /) -> str: ...
+    @overload
+    def get(self, name: str, default: _T, /) -> str | _T: ...
+
+    def get(self, name: str, default: object = None, /) -> object:
         return dict.get(self, name.lower(), default)

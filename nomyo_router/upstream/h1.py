@@ -32,14 +32,25 @@ import asyncio
 import ssl
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httptools
 
-from .errors import (ClientError, Cut, Disconnected, Headers, Timeout, TooLarge, Unreachable,  # noqa: F401 (h1.* names)
-                     record_too_large)
-from .h1_response import Response
+# (callers name these h1.ClientError, h1.Response, ...: re-exported)
+from .errors import ClientError as ClientError
+from .errors import Cut as Cut
+from .errors import Disconnected as Disconnected
+from .errors import Headers as Headers
+from .errors import Timeout as Timeout
+from .errors import TooLarge as TooLarge
+from .errors import Unreachable as Unreachable
+from .errors import record_too_large as record_too_large
+from .h1_response import Response as Response
+
+if TYPE_CHECKING:
+    from .native import Pump
 
 HIGH_WATER = 256 * 1024  # buffered body bytes before reading pauses
 IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop them)
@@ -319,7 +330,7 @@ class Upstream:
 
     def __init__(self) -> None:
         self._pools: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
-        self.pump: Any = None  # native.py's, made on first use (it is closed with the pools)
+        self.pump: Pump | None = None  # native.py's, made on first use (it is closed with the pools)
 
     def pool(self, ep: Any) -> Pool:
         """`ep`: an `Endpoint` (its `url` and `headers`)."""

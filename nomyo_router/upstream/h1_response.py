@@ -3,7 +3,8 @@ it, and the hand-over of its connection's socket to the compiled relay (native.p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import httptools
 
@@ -29,7 +30,7 @@ class Response:
         self._done = False
 
     @property
-    def content(self) -> "Response":
+    def content(self) -> Response:
         """aiohttp's `resp.content.readany()` spelling (a property: an attribute pointing at
         the response itself was a reference cycle per answer, left to the cyclic collector)."""
         return self
@@ -139,7 +140,8 @@ class Response:
                 or c.transport is None or c.headers.get("transfer-encoding") != "chunked"):
             return None
         sock = c.transport.get_extra_info("socket")
-        if sock is None or c.transport.get_extra_info("ssl_object") is not None:  # (TLS: bytes on the socket are ciphertext)
+        # (TLS: the bytes on the socket are ciphertext)
+        if sock is None or c.transport.get_extra_info("ssl_object") is not None:
             return None
         c.transport.pause_reading()
         return sock.fileno(), c.parser.should_keep_alive()

@@ -18,7 +18,7 @@ class LoopLag:
         self.window = window
         self.lag = 0.0  # seconds late, last tick
         self._peaks: list[tuple[float, float]] = []  # (when, lag) of recent ticks, newest last
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if self._task is None:

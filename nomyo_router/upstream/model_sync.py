@@ -49,7 +49,8 @@ import socket
 import time
 import uuid
 import zlib
-from typing import Any, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from ..domain import Endpoint, model_key
 from ..state import StateStore
@@ -74,7 +75,7 @@ def apply(ep: Endpoint, snap: Snapshot) -> None:
         ep.tags = snap["tags"]
         ep.ps = snap["ps"]
         if ep.static_models is None:
-            ep.set_models([m.get("model") or m.get("name") for m in ep.tags if m.get("model") or m.get("name")])
+            ep.set_models([str(m.get("model") or m.get("name")) for m in ep.tags if m.get("model") or m.get("name")])
         ep.loaded = frozenset(model_key(m.get("model") or m.get("name", "")) for m in ep.ps)
     else:
         if ep.static_models is None and snap.get("openai") is not None:

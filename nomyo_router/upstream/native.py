@@ -26,7 +26,8 @@ against the backend), where a silent backend is a TimeoutError as before.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import h1
 from .error_record import Check, find

@@ -23,7 +23,6 @@ its slot back at once (the lease passed in, or a continuation's), not when the s
 
 from __future__ import annotations
 
-import asyncio
 import json
 import zlib
 from typing import Any
@@ -291,7 +290,7 @@ async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Se
                         break
                 resp.sink(whole.take)
             chunk = await resp.content.readany()
-    except (h1.ClientError, asyncio.TimeoutError) as e:
+    except (TimeoutError, h1.ClientError) as e:
         return e
     finally:
         resp.sink(None)

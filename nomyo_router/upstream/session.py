@@ -21,7 +21,7 @@ class ManageSession:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
 
-    def get(self) -> "aiohttp.ClientSession":
+    def get(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = create_session(self.config)
         return self._session
@@ -32,7 +32,7 @@ class ManageSession:
             self._session = None
 
 
-def create_session(config: RouterConfig) -> "aiohttp.ClientSession":
+def create_session(config: RouterConfig) -> aiohttp.ClientSession:
     import aiohttp
     # limit=0: admission is ours; aiohttp's default of 100 would silently cap concurrent streams.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 # Ollama route kind -> the OpenAI path that does the same job
@@ -42,7 +42,7 @@ UNMAPPED = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "num_thre
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 def request_to_openai(kind: str, body: dict[str, Any], model: str, stream: bool) -> bytes:
@@ -111,9 +111,9 @@ def messages_to_openai(messages: list[Any]) -> list[Any]:
                 call_id = str(tc.get("id") or f"call_{count}")
                 count += 1
                 args = fn.get("arguments", {})
+                arguments = args if isinstance(args, str) else json.dumps(args)
                 msg["tool_calls"].append({"id": call_id, "type": "function",
-                                          "function": {"name": fn.get("name", ""),
-                                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
+                                          "function": {"name": fn.get("name", ""), "arguments": arguments}})
                 pending.append((str(fn.get("name", "")), call_id))
             msg["content"] = msg["content"] or ""  # a string: llama-cpp-python refuses null here
         elif role == "tool":

@@ -11,7 +11,8 @@ a model that is not loaded: one endpoint serving it answers).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..domain import Endpoint, model_key
 from . import h1

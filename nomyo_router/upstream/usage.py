@@ -41,8 +41,8 @@ def _last(tail: bytes, keys: tuple[bytes, ...], pattern: re.Pattern[bytes]) -> i
         return None
     m = pattern.match(tail, at)
     if m is None:  # that key holds no count ("prompt_tokens": null): the full scan
-        for m in pattern.finditer(tail, 0, at):
-            pass
+        matches = list(pattern.finditer(tail, 0, at))
+        m = matches[-1] if matches else None
     return None if m is None else int(m.group(1))
 
 
@@ -59,7 +59,8 @@ def ask(raw: bytes, body: dict[str, Any]) -> bytes:
     if so is None:
         i = raw.find(b"{") + 1
         return raw[:i] + b'"stream_options":{"include_usage":true},' + raw[i:]
-    return json.dumps({**body, "stream_options": {**(so if isinstance(so, dict) else {}), "include_usage": True}}).encode()
+    options = {**(so if isinstance(so, dict) else {}), "include_usage": True}
+    return json.dumps({**body, "stream_options": options}).encode()
 
 
 class Strip:

@@ -1,6 +1,6 @@
 """Routing policies, one per module, behind `Policy`; `POLICIES` maps config names to them."""
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ...domain import Endpoint
 from ...state.base import Picker
@@ -9,7 +9,7 @@ from .cache_aware import CacheAware
 from .least_busy import LeastBusy
 from .sglang import SGLangCacheAware
 
-POLICIES: dict[str, type] = {"cache_aware": CacheAware, "least_busy": LeastBusy,
+POLICIES: dict[str, type[Policy]] = {"cache_aware": CacheAware, "least_busy": LeastBusy,
                              "sglang": SGLangCacheAware}
 
 

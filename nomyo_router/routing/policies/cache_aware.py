@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ...domain import Endpoint
 from ..prefix_index import BLOCK_TOKENS, PrefixIndex
@@ -44,6 +44,8 @@ DECAY = 0.995  # the fit forgets with a half-life of ~140 samples
 MIN_SAMPLES = 8
 MIN_SPREAD_TOKENS = 128.0  # a fit needs samples with and without cache hits
 REPLICA_SLACK = 0.125  # a replica must leave this share of the cache for requests' own tails
+# a candidate as ranked: (sort key, the endpoint, expected wait + prefill, prefill) in seconds
+Ranked = tuple[tuple[bool, int, float, float, float], Endpoint, float, float]
 
 
 class _Fit:
@@ -140,9 +142,9 @@ class CacheAware:
         return 0.0 if over <= 0 else over * self._hold.get(ep.name, PRIOR_HOLD_S) / ep.slots
 
     def _rank(self, ctx: RouteContext, cands: Sequence[Endpoint], load: Callable[[Endpoint], int],
-              matched: dict[str, int]) -> list[tuple[tuple, Endpoint, float, float]]:
+              matched: dict[str, int]) -> list[Ranked]:
         model, rand = ctx.model, self._random
-        out = []
+        out: list[Ranked] = []
         for e in cands:
             n = load(e)
             prefill = self._prefill(ctx, e, matched)
@@ -180,7 +182,7 @@ class CacheAware:
         ctx.cached_tokens = matched.get(homes[0][1].name, 0)
         return [r[1] for r in homes], budget
 
-    def _replicate(self, ctx: RouteContext, homes: list, alt: tuple, wait: float,
+    def _replicate(self, ctx: RouteContext, homes: list[Ranked], alt: Ranked, wait: float,
                    load: Callable[[Endpoint], int]) -> bool:
         """Rent or buy: requests that wait for a prefix's full homes add their expected wait
         to its debt; once the debt pays for one prefill elsewhere, the prefix gets another
@@ -191,6 +193,8 @@ class CacheAware:
         if load(target) >= target.slots:
             return False
         p = ctx.prompt
+        if p is None:  # (not asked: a prefix is matched only for a prompt)
+            return False
         shared = max(self.index.match(p.keys, [homes[0][1].name]).values())
         if shared < 1:
             return False
@@ -216,7 +220,8 @@ class CacheAware:
             model, rand, placed = ctx.model, self._random, self._placed
             if ctx.prompt is None or not ctx.prompt.keys:
                 return min(free, key=lambda e: (model not in e.loaded, in_flight(e) / e.slots, rand()))
-            ep = min(free, key=lambda e: (model not in e.loaded, placed.get(e.name, 0.0), in_flight(e) / e.slots, rand()))
+            ep = min(free, key=lambda e: (model not in e.loaded, placed.get(e.name, 0.0), in_flight(e) / e.slots,
+                                          rand()))
             for name in placed:
                 placed[name] *= 0.9
             placed[ep.name] = placed.get(ep.name, 0.0) + 1.0

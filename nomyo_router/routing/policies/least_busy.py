@@ -4,7 +4,7 @@ loaded; ties are broken at random so no replica is always first."""
 from __future__ import annotations
 
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ...domain import Endpoint
 from .base import RouteContext

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ...domain import Endpoint
 from ..prefix_index import BLOCK_CHARS, CHARS_PER_TOKEN, PrefixIndex
