@@ -63,7 +63,7 @@ class MockConfig:
         if not self.models or not all(isinstance(m, str) and m for m in self.models):
             raise ValueError("models must be a non-empty list of names")
 
-    def updated(self, changes: dict[str, Any]) -> "MockConfig":
+    def updated(self, changes: dict[str, Any]) -> MockConfig:
         """A copy with `changes` applied; unknown keys and bad types raise ValueError."""
         known = {f.name: f for f in dataclasses.fields(self)}
         values = dataclasses.asdict(self)

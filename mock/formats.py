@@ -6,7 +6,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def now_iso() -> str:
     ms = int(t * 1000)
     if _iso_cache[0] != ms:
         _iso_cache[0] = ms
-        _iso_cache[1] = datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+        _iso_cache[1] = datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
     return _iso_cache[1]
 
 
@@ -163,7 +163,7 @@ def ollama_model_entry(model: str) -> dict[str, Any]:
 
 def ollama_ps_entry(model: str, context_length: int = 8192) -> dict[str, Any]:
     name = model if ":" in model else model + ":latest"
-    expires = (datetime.now(timezone.utc) + timedelta(minutes=5)).isoformat().replace("+00:00", "Z")
+    expires = (datetime.now(UTC) + timedelta(minutes=5)).isoformat().replace("+00:00", "Z")
     return {"name": name, "model": name, "size": 5_500_000_000, "digest": _digest(name),
             "details": _details(model), "expires_at": expires, "size_vram": 5_500_000_000,
             "context_length": context_length}

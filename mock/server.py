@@ -7,24 +7,24 @@ its fault dice and its counters. It knows nothing about routers.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import time
-import itertools
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Any, Awaitable, Callable
-
-from . import http as web  # Request, Response, StreamResponse
+from typing import Any
 
 from . import fidelity, formats
-from .extra import Extra
-from .generation import BadRequest, Generation, _parse_generation, read_json
-from .manage import BadInput, Manage
+from . import http as web  # Request, Response, StreamResponse
 from .capacity import QueueFull, Slots
 from .config import MockConfig
+from .extra import Extra
+from .generation import BadRequest, Generation, _parse_generation, read_json
 from .kvcache import PrefixCache
+from .manage import BadInput, Manage
 from .text import count_tokens, embedding, output_tokens
 from .ticker import Ticker
 
@@ -178,7 +178,7 @@ class MockBackend:
             try:
                 self.update(**changes)
             except (ValueError, TypeError) as e:
-                raise BadRequest(400, str(e))
+                raise BadRequest(400, str(e)) from e
         return _json(asdict(self.config))
 
     async def reset_route(self, request: web.Request) -> web.Response:

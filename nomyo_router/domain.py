@@ -34,7 +34,7 @@ class Endpoint:
     context_length: int | None = None  # configured context window (tokens): overrides the learned ones
 
     @classmethod
-    def from_config(cls, cfg: EndpointConfig) -> "Endpoint":
+    def from_config(cls, cfg: EndpointConfig) -> Endpoint:
         ep = cls(name=cfg.name, url=cfg.url, slots=cfg.max_concurrent, type=cfg.type,
                  api_key=cfg.api_key, static_models=cfg.models, context_length=cfg.context_length)
         # Every header aiohttp would add is set here, so it adds none (its cheapest path).

@@ -97,8 +97,8 @@ def _encodable(obj: Any) -> bool:
 def parse(path: str, raw: bytes, t0: float) -> GenRequest:
     api, kind = GENERATION_ROUTES[path]
     if kind == "transcription":
-        ctype, model, stream = newer.transcription(raw)
-        req = GenRequest(api, kind, path, model, stream, {"model": model}, raw, t0)
+        ctype, named, streamed = newer.transcription(raw)
+        req = GenRequest(api, kind, path, named, streamed, {"model": named}, raw, t0)
         req.ctype = ctype
         return req
     body = load_json(raw)

@@ -49,7 +49,8 @@ def _cache(app: Any, scope: Scope, what: str) -> ResponseCache:
     require_admin(router, scope, what)
     if router.cache is None:
         raise ApiError(404, "the response cache is off; set cache.enabled: true in the config to turn it on")
-    return router.cache
+    cache: ResponseCache = router.cache
+    return cache
 
 
 async def stats(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:

@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..api.asgi import Headers, Send
 from ..api.requests import GenRequest
@@ -71,7 +72,7 @@ class ResponseCache:
         self.semantic = semantic  # semantic.Semantic in semantic mode, else None
         self.hits = self.misses = 0  # this process's, not yet added to the store's counters
         self._inflight: dict[str, asyncio.Future[bytes | None]] = {}
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._failing = False
 
     async def start(self) -> None:

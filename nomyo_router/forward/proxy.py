@@ -7,16 +7,16 @@ to OpenAI-type backends.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from ..api import newer
 from ..api.asgi import Headers, Send
 from ..api.errors import ApiError, error_body
-from ..api import newer
 from ..api.newer import ONLY_ON
 from ..api.requests import GenRequest
 from ..config import RouterConfig
@@ -27,12 +27,12 @@ from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
 from ..upstream import error_record, h1, relay, translate, usage
-from . import passthrough, whole
 from ..upstream.deadline import Deadlines
 from ..upstream.errors import ErrorRecord
 from ..upstream.health import Health
 from ..upstream.resume import Resumer, resumable
 from ..upstream.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
+from . import passthrough, whole
 
 log = logging.getLogger("nomyo_router.proxy")
 
@@ -92,7 +92,8 @@ class Proxy:
         keys = None
         if self.config.conversation_affinity and req.pinned is None:  # (an ensemble's sample: no affinity)
             keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id)
-        ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys, too_small=req.too_small)
+        ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys, too_small=req.too_small,
+                           client=req.client)
         if self._wants_prompt:
             ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
         only = ONLY_ON.get(req.path)  # a route some backend types do not serve: they are never tried
@@ -323,7 +324,7 @@ class Proxy:
                 pending = await resp.content.readline(self.config.max_record_bytes)
                 if not pending:
                     break
-        except (h1.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, h1.ClientError) as e:
             await send({"type": "http.response.body", "body": relay.ndjson_error(e), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return e
@@ -332,7 +333,8 @@ class Proxy:
             await send({"type": "http.response.body", "body": tail, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         if isinstance(conv.usage, dict):  # the backend's counts (translation asks for them)
-            rec.prompt_tokens, rec.completion_tokens = conv.usage.get("prompt_tokens"), conv.usage.get("completion_tokens")
+            rec.prompt_tokens = conv.usage.get("prompt_tokens")
+            rec.completion_tokens = conv.usage.get("completion_tokens")
         return False
 
     async def _send_translated(self, req: GenRequest, status: int, data: bytes, headers: Headers,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..domain import Endpoint
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
+from ..state.base import Choose
 from .policies import Policy, RouteContext
 
 
@@ -28,7 +28,7 @@ class Scheduler:
         self._pick = getattr(policy, "pick", None)
         self._routed = getattr(policy, "routed", None)
         self._observe = getattr(policy, "observe", None)
-        self._waiting: Counter[str] = Counter()  # requests waiting for these endpoints (picked)
+        self._waiting: dict[str, float] = {}  # requests waiting for these endpoints (picked)
         self._changes = 0  # index changes so far: a request that awaited something checks it
         self.reindex()
 
@@ -71,7 +71,7 @@ class Scheduler:
     def load(self, ep: Endpoint) -> float:
         """Requests holding a slot on `ep` or waiting for it in particular (one waiting for
         any of k endpoints counts 1/k on each)."""
-        return self.store.in_flight(ep) + round(self._waiting[ep.name], 6)
+        return self.store.in_flight(ep) + round(self._waiting.get(ep.name, 0.0), 6)
 
     def observe(self, ctx: RouteContext, ep: Endpoint, first_s: float | None, held_s: float) -> None:
         if self._observe is not None:
@@ -154,7 +154,7 @@ class Scheduler:
             lease.affinity = "repin"  # (its pin, if any, now points at the endpoint it got)
         return lease
 
-    def _chooser(self, ctx: RouteContext):
+    def _chooser(self, ctx: RouteContext) -> Choose:
         policy, in_flight = self.policy, self.store.in_flight
         return lambda free: policy.choose(ctx, free, in_flight)
 
@@ -170,7 +170,7 @@ class Scheduler:
                 share = 1.0 / len(targets)  # one request, waiting for any of them
                 waiting = self._waiting
                 for t in targets:
-                    waiting[t.name] += share
+                    waiting[t.name] = waiting.get(t.name, 0.0) + share
                 try:
                     lease = await store.acquire(ctx.model, targets, choose,
                                                 min(wait, self.queue_timeout), order, pin)
@@ -180,7 +180,7 @@ class Scheduler:
                     pass
                 finally:
                     for t in targets:
-                        waiting[t.name] -= share
+                        waiting[t.name] -= share  # (added above)
         if lease is None:
             lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order, pin)
         if self._routed is not None and ctx.prompt is not None:

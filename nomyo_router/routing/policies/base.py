@@ -13,8 +13,9 @@ A policy may also implement, all optional:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from ...domain import Endpoint
 
@@ -30,10 +31,11 @@ class RouteContext:
     model: str  # model_key
     api: str  # "ollama" | "openai"
     kind: str  # "chat" | "generate" | "embed" | ...
-    keys: "Keys | None" = None  # conversation affinity keys, when affinity applies
-    prompt: "Prompt | None" = None  # block keys of the prompt, for prefix-aware policies
+    keys: Keys | None = None  # conversation affinity keys, when affinity applies
+    prompt: Prompt | None = None  # block keys of the prompt, for prefix-aware policies
     cached_tokens: int | None = None  # prefix the chosen endpoint is believed to hold
     too_small: frozenset[str] | None = None  # endpoints whose context window the request exceeds
+    client: str | None = None  # the client key's name: its priority and share of the queue
 
 
 class Policy(Protocol):
