@@ -72,8 +72,8 @@ def main() -> None:
             if mode == "off":
                 base = ttft
             speedup = f"  {base / ttft:.1f}x" if base and ttft and mode != "off" else ""
-            rows.append({"context": context, "mode": mode, "ttft_turn2plus_p50_ms": ttft, "hit_rate": hit, "outcomes": aff,
-                         "split": eps, "completed": s["completed"], "failed": s["failed"]})
+            rows.append({"context": context, "mode": mode, "ttft_turn2plus_p50_ms": ttft, "hit_rate": hit,
+                         "outcomes": aff, "split": eps, "completed": s["completed"], "failed": s["failed"]})
             print(f"{context:>8} {mode:>7} {ttft:>9.1f}ms {'' if hit is None else f'{hit:.1%}':>9} "
                   f"{split:>12} {s['completed']:>5}{speedup}  {aff}", flush=True)
     if args.json:

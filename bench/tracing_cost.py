@@ -82,7 +82,8 @@ def main() -> None:
                     r = wrk(url + "/api/chat", body, args.conc, args.seconds)
                     r["cpu_us"] = (cpu_of(proc.pid) - cpu) / (r["rps"] * round(args.seconds)) * 1e6
                 runs[mode].append(r)
-                print(f"{mode:3} c={args.conc} {r['rps']:8.0f} req/s p50 {r['p50_ms']:7.3f} ms p99 {r['p99_ms']:7.3f} ms"
+                print(f"{mode:3} c={args.conc} {r['rps']:8.0f} req/s p50 {r['p50_ms']:7.3f} ms "
+                      f"p99 {r['p99_ms']:7.3f} ms"
                       f"  router CPU {r['cpu_us']:5.0f} us/request"
                       + (f"  non2xx {r['non2xx']}" if r["non2xx"] else ""), flush=True)
     med = {mode: {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50_ms", "p99_ms", "cpu_us")}

@@ -88,7 +88,8 @@ async def drive(args: argparse.Namespace, spec: WorkloadSpec, stages: list[Stage
         targets = [("direct", direct_url)] if direct_url else []
         targets.append(("router", router_url))
         for target, url in targets:
-            label = f"stage {i + 1}/{len(stages)} {target} {'conc' if stage.mode == 'closed' else 'rate'}={stage.load:g}"
+            kind = "conc" if stage.mode == "closed" else "rate"
+            label = f"stage {i + 1}/{len(stages)} {target} {kind}={stage.load:g}"
             m = await measure(args, url, spec, stage, target, label, console)  # type: ignore[arg-type]
             (direct if target == "direct" else results).append(m)  # type: ignore[union-attr]
     return results, direct

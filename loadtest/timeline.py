@@ -33,7 +33,8 @@ def timeline(run: StageRun) -> dict[str, Any]:
     width = _nice(max(float(ends.max()) / BUCKETS, 0.1))
     idx = np.floor(ends / width).astype(int)
     n = int(idx.max()) + 1
-    out: dict[str, Any] = {"bucket_s": width, "throughput_window_s": None, "t": [], "throughput": [], "errors": [], "p50_ms": [], "p99_ms": []}
+    out: dict[str, Any] = {"bucket_s": width, "throughput_window_s": None, "t": [], "throughput": [], "errors": [],
+                           "p50_ms": [], "p99_ms": []}
     # throughput: completions in a window of at least the median latency around each bucket,
     # so requests of many seconds give a rate, not a comb of single completions
     span = max(width, float(np.median(lat[ok])) / 1000 if ok.any() else width)

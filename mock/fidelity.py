@@ -32,7 +32,8 @@ class Extras:
 
 def parse(api: str, kind: str, body: dict[str, Any]) -> Extras | None:
     """None (the common case, at the cost of three dict lookups) when nothing applies."""
-    n, tools, fmt = body.get("n"), body.get("tools"), body.get("format") if api == "ollama" else body.get("response_format")
+    n, tools = body.get("n"), body.get("tools")
+    fmt = body.get("format") if api == "ollama" else body.get("response_format")
     if n in (None, 1) and not tools and not fmt:
         return None
     ex = Extras()
@@ -111,8 +112,8 @@ def whole(body: dict[str, Any], api: str, ex: Extras, rid: str) -> dict[str, Any
     """A complete answer with the extras applied."""
     if ex.tool is not None:
         if api == "ollama":
-            body["message"] = {"role": "assistant", "content": "",
-                               "tool_calls": [{"function": {"name": ex.tool["name"], "arguments": ex.tool["arguments"]}}]}
+            call = {"function": {"name": ex.tool["name"], "arguments": ex.tool["arguments"]}}
+            body["message"] = {"role": "assistant", "content": "", "tool_calls": [call]}
         else:
             choice = body["choices"][0]
             choice["message"] = {"role": "assistant", "content": None, "tool_calls": [_openai_call(ex, rid)]}

@@ -253,7 +253,8 @@ def test_both_forms_make_the_same_config(monkeypatch):
         "max_concurrent_connections": 3})
     assert nomyo == documented
     a, c, b = nomyo.endpoints
-    assert (a.api_key, c.url, c.basic_auth, b.url, b.api_key) == (None, "http://c:9", "u:p", "http://b:8000", "sk-b-0123")
+    assert (a.api_key, c.url, c.basic_auth, b.url, b.api_key) == (None, "http://c:9", "u:p", "http://b:8000",
+                                                                    "sk-b-0123")
 
 
 def test_the_config_is_immutable_and_reload_replaces_it():

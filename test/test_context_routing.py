@@ -59,8 +59,8 @@ async def test_a_long_request_goes_where_it_fits_before_affinity_and_load():
                 aiohttp.ClientSession() as s:
             await r.router.windows.learn()
             ws = r.router.windows
-            assert (ws.window(r.router.endpoints[0], "llama3:latest"), ws.window(r.router.endpoints[1], "llama3:latest")) \
-                == (1000, 8000)
+            ep_a, ep_b = r.router.endpoints[0], r.router.endpoints[1]
+            assert (ws.window(ep_a, "llama3:latest"), ws.window(ep_b, "llama3:latest")) == (1000, 8000)
             # short ones go to both (load); a pinned conversation stays on the small one
             seen = {(await served_by(s, r.url, "/api/chat", chat(50, messages=[
                 {"role": "user", "content": f"short {i}"}])))[1] for i in range(8)}

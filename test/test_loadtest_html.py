@@ -90,7 +90,8 @@ def assert_no_overlap(browser) -> None:
     boxes = text_boxes(browser)
 
     def hit(a, b, slack=1.0):
-        return a["l"] < b["r"] - slack and b["l"] < a["r"] - slack and a["t"] < b["b"] - slack and b["t"] < a["b"] - slack
+        return (a["l"] < b["r"] - slack and b["l"] < a["r"] - slack
+                and a["t"] < b["b"] - slack and b["t"] < a["b"] - slack)
     charts = [b for b in boxes if b["kind"] == "chart"]
     texts = [b for b in boxes if b["kind"] != "chart"]
     assert len(texts) > 50

@@ -117,7 +117,8 @@ async def test_the_header_opts_in_and_the_body_field_never_reaches_the_backend(c
 
 async def test_the_key_is_the_whole_canonical_request(cached):
     m, r, s = cached
-    raw = b'{"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "temperature": 1, "nomyo": {"cache": true}}'
+    raw = (b'{"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "temperature": 1, '
+           b'"nomyo": {"cache": true}}')
     async with s.post(r.url + "/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"}) as resp:
         assert resp.headers["X-Router-Response-Cache"] == "miss"
     same = {"temperature": 1.0, "nomyo": {"cache": True}, "messages": [{"content": "hi", "role": "user"}],

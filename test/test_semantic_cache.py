@@ -9,7 +9,8 @@ import contextlib
 import hashlib
 import math
 import re
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest

@@ -36,13 +36,15 @@ def test_tool_history_options_and_think_map_to_openai():
     assert (out["top_k"], out["min_p"], out["repetition_penalty"], out["repeat_penalty"], out["typical_p"]) == \
            (20, 0.05, 1.1, 1.1, 0.9)
     assert "num_ctx" not in out and out["chat_template_kwargs"] == {"enable_thinking": True}
-    assert json.loads(request_to_openai("chat", {"think": "high", "messages": []}, "b", False))["reasoning_effort"] == "high"
+    thinking = json.loads(request_to_openai("chat", {"think": "high", "messages": []}, "b", False))
+    assert thinking["reasoning_effort"] == "high"
 
 
 def test_tool_calls_and_reasoning_come_back_in_ollama_shape():
     data = {"choices": [{"finish_reason": "tool_calls", "message": {
         "content": None, "reasoning_content": "hmm", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}}],
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}}],
         "usage": {"prompt_tokens": 80, "completion_tokens": 10}}
     out = response_to_ollama("chat", data, "m", 2_000_000)
     assert out["message"]["tool_calls"] == [{"id": "call_1", "function": {"index": 0, "name": "get_weather",
@@ -50,7 +52,8 @@ def test_tool_calls_and_reasoning_come_back_in_ollama_shape():
     assert out["message"]["thinking"] == "hmm"
     assert out["prompt_eval_duration"] + out["eval_duration"] == 2_000_000 and out["eval_duration"] > 0
     conv = SseToNdjson("chat", "m", 0.0)
-    pieces = [{"reasoning_content": "th"}, {"tool_calls": [{"index": 0, "id": "c9", "function": {"name": "f", "arguments": ""}}]},
+    pieces = [{"reasoning_content": "th"},
+              {"tool_calls": [{"index": 0, "id": "c9", "function": {"name": "f", "arguments": ""}}]},
               {"tool_calls": [{"index": 0, "function": {"arguments": '{"a": '}}]},
               {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}]
     out_lines = [conv.line(b"data: " + json.dumps({"choices": [{"delta": d}]}).encode()) for d in pieces]

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -80,7 +81,7 @@ class RateLimits:
         self.store = store
         self.by_client: dict[str, Limits] = limits_of(config)
         self.last: dict[str, Verdict] = {}  # each key's count as last read (for /metrics, the dashboard)
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         events.on_request_done(self.done)
 
     def apply(self, config: Any) -> None:

@@ -135,7 +135,7 @@ class Semantic:
         got = await self._embed([question, before] if before.strip() else [question], req, rec)
         if not got:
             return None
-        v = np.asarray(got[0], dtype=np.float32)
+        v: np.ndarray = np.asarray(got[0], dtype=np.float32)
         if len(got) > 1 and len(got[1]) == len(got[0]):
             v = (1 - HISTORY_WEIGHT) * _unit(v) + HISTORY_WEIGHT * _unit(np.asarray(got[1], dtype=np.float32))
         return _unit(v).astype(np.float32).tobytes()

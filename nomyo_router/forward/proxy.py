@@ -251,14 +251,15 @@ class Proxy:
             return
         finished = False
         try:
+            broke: BaseException | bool | None
             if translating:
-                cut = await self._relay_translated(req, resp, first, headers, send, rec)
+                broke = await self._relay_translated(req, resp, first, headers, send, rec)
             else:
-                cut = await passthrough.relay(resp, first, headers, send, rec, req.body_writer,
-                                              self.upstream if self.config.native_relay else None)
-            if cut:
-                error_record.ended(rec, cut)
-                error_record.blame(self.health, self.events, ep, req.key, cut)
+                broke = await passthrough.relay(resp, first, headers, send, rec, req.body_writer,
+                                                self.upstream if self.config.native_relay else None)
+            if broke:
+                error_record.ended(rec, broke)
+                error_record.blame(self.health, self.events, ep, req.key, broke)
             finished = True
         finally:
             if finished:

@@ -102,6 +102,7 @@ def request_keys(kind: str, model: str, body: dict[str, Any], session_id: str | 
             return Keys(key, [key])
         items = body.get("input")
         if isinstance(items, list):
-            head = [{"role": "system", "content": body["instructions"]}] if isinstance(body.get("instructions"), str) else []
+            instructions = body.get("instructions")
+            head = [{"role": "system", "content": instructions}] if isinstance(instructions, str) else []
             return chat_keys(model, head + [i for i in items if isinstance(i, dict) and "role" in i])
     return None

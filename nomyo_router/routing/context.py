@@ -93,7 +93,7 @@ class Windows:
         self._show: dict[tuple[str, str, str], int | None] = {}  # (endpoint, model, digest) -> window
         self._learned: dict[str, dict[str, int]] = {}  # endpoint name -> model key -> window
         self.floor = math.inf  # the smallest known window: a request below it fits everywhere
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     # ---- the request path ------------------------------------------------------------------
     def window(self, ep: Endpoint, key: str) -> int | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 WINDOW_S = 60.0
 DAY_S = 86400
@@ -35,7 +35,7 @@ class Limits:
         return [self.rpm or 0, self.tpm or 0, self.tokens_per_day or 0]
 
     @classmethod
-    def from_wire(cls, v: list[int]) -> "Limits":
+    def from_wire(cls, v: list[int]) -> Limits:
         return cls(v[0] or None, v[1] or None, v[2] or None)
 
 
@@ -54,11 +54,12 @@ class Verdict(NamedTuple):
     reset_requests: float
     reset_tokens: float
 
-    def wire(self) -> list:
+    def wire(self) -> list[Any]:
+        """Its fields in order: how it travels from the host and Redis (which answer strings)."""
         return list(self)
 
     @classmethod
-    def from_wire(cls, v: list) -> "Verdict":
+    def from_wire(cls, v: list[Any]) -> Verdict:
         return cls(v[0] or None, float(v[1]), int(v[2]), int(v[3]), int(v[4]), float(v[5]), float(v[6]))
 
 

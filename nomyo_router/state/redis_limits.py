@@ -15,11 +15,14 @@ While Redis is away (the store is degraded) the process's own count stands in, a
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from redis.exceptions import RedisError
 
+from .base import StateStore
 from .limits import Limits, Verdict
+from .redis_link import RedisLink
 
 log = logging.getLogger("nomyo_router.redis")
 
@@ -85,8 +88,8 @@ return 1
 class RedisLimits:
     """RedisStore's rate limits. `local`: the process's own store (its count while Redis is away)."""
 
-    def __init__(self, link: Any, local: Any, degraded: Callable[[], bool], degrade: Callable[[BaseException], None],
-                 background: Callable[[Any], None]) -> None:
+    def __init__(self, link: RedisLink, local: StateStore, degraded: Callable[[], bool],
+                 degrade: Callable[[BaseException], None], background: Callable[[Any], None]) -> None:
         self.link, self.local = link, local
         self._degraded, self._degrade, self._background = degraded, degrade, background
         self._admit = link.client.register_script(ADMIT)
@@ -99,7 +102,8 @@ class RedisLimits:
             except (RedisError, OSError) as e:
                 self._degrade(e)
             else:
-                return Verdict.from_wire([x.decode() if isinstance(x, bytes) else x for x in v])
+                got: list[Any] = [x.decode() if isinstance(x, bytes) else x for x in v]
+                return Verdict.from_wire(got)
         return await self.local.admit(client, limits, count)
 
     def spend(self, client: str, tokens: int, limits: Limits) -> None:
