@@ -46,7 +46,7 @@ from typing import cast
 
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from .api.asgi import BODY_WRITER, DISCONNECT_HOOK, GONE, Scope
+from .api.asgi import BODY_WRITER, DISCONNECT_HOOK, GONE, SHUTDOWN_HOOK, Scope
 
 log = logging.getLogger("nomyo_router.protocol")
 DEFAULTS = {"max_header_bytes": 64 * 1024, "header_timeout": 10.0, "body_idle_timeout": 30.0,
@@ -256,6 +256,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # log two warnings per such request, advising to install websockets; any client could
         # fill the log with them.
         pass
+
+    def shutdown(self) -> None:
+        """The server is stopping: an answer that would never end on its own is told to end
+        (its scope's SHUTDOWN_HOOK); the others finish within shutdown_grace, as uvicorn lets them."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            hook = _scope(cycle).get(SHUTDOWN_HOOK)
+            if hook is not None:
+                hook()
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()

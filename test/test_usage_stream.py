@@ -155,3 +155,24 @@ async def test_the_operator_route_is_open_only_on_an_open_router(mock, keys):
             async with c.stream("GET", r.url + "/api/usage-stream",
                                 headers={"Authorization": "Bearer router-key-1"} if keys else {}) as resp:
                 assert resp.status_code == (403 if keys else 200)
+
+
+async def test_a_stopping_router_ends_the_stream_at_once(mock):
+    kinds: list[str] = []
+
+    async def read(url: str, connected: asyncio.Event) -> None:
+        async with httpx.AsyncClient(timeout=10) as c:
+            async with c.stream("GET", url + "/api/usage-stream") as resp:
+                async for kind, _, _ in events(resp):
+                    kinds.append(kind)
+                    connected.set()
+
+    connected = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    async with run_router({"endpoints": endpoints(mock)}) as r:
+        reader = asyncio.create_task(read(r.url, connected))
+        await asyncio.wait_for(connected.wait(), 5)
+        t0 = loop.time()
+    stopped = loop.time() - t0  # (uvicorn here waits for every connection without a deadline)
+    await asyncio.wait_for(reader, 5)  # the stream ended cleanly: the reader saw its end
+    assert stopped < 2 and kinds[0] == "usage" and kinds[-1] == "end"

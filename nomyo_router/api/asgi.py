@@ -22,6 +22,10 @@ GONE = "gone"
 # Set in the scope by nomyo_router.protocol: a `protocol.BodyWriter` that writes a relayed
 # stream's pieces straight to the client's transport (upstream/relay.py).
 BODY_WRITER = "nomyo.body_writer"
+# Set in the scope by an answer that never ends on its own (GET /api/usage-stream): the protocol
+# calls it when the server begins to stop, so the answer ends then instead of holding the
+# graceful shutdown for all of shutdown_grace.
+SHUTDOWN_HOOK = "nomyo.on_shutdown"
 
 
 class BodyTooLarge(Exception):

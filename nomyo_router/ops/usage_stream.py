@@ -8,7 +8,9 @@ Three kinds of event, each one JSON object in `data:`:
   by model and by client key (`tokens`, from the metrics the events hub feeds: every worker's
   under `--workers N`, since each process started);
 - `start`, when a generation request arrives (its id, model, client, API, route);
-- `done`, when it has been answered (its endpoint, status, tokens, time, cache outcome).
+- `done`, when it has been answered (its endpoint, status, tokens, time, cache outcome);
+- `end`, the last one, when the router stops: the stream then ends at once instead of holding
+  the graceful shutdown for all of `shutdown_grace` (nomyo_router.protocol tells it).
 
 `start` and `done` come from the events hub, and only while someone listens: the hub calls
 this module's hooks, which are registered with the first subscriber and removed with the last,
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..api.access import require_admin
-from ..api.asgi import ClientGone, Receive, Scope, Send, cancel_on_disconnect
+from ..api.asgi import SHUTDOWN_HOOK, ClientGone, Receive, Scope, Send, cancel_on_disconnect
 from ..events import Events, RequestRecord
 
 TICK_S = 1.0
@@ -47,13 +49,18 @@ def sse(kind: str, data: dict[str, Any]) -> bytes:
 
 
 class Subscriber:
-    __slots__ = ("items", "size", "wake", "dropped")
+    __slots__ = ("items", "size", "wake", "dropped", "ending")
 
     def __init__(self) -> None:
         self.items: deque[bytes] = deque()
         self.size = 0
         self.wake = asyncio.Event()
         self.dropped = False
+        self.ending = False  # the server is stopping: the stream ends
+
+    def end(self) -> None:
+        self.ending = True
+        self.wake.set()
 
     def put(self, event: bytes) -> None:
         if self.dropped:
@@ -121,6 +128,7 @@ class UsageStream:
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         sub = self.subscribe()
         try:
+            scope[SHUTDOWN_HOOK] = sub.end  # (our protocol calls it when the server stops)
             await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
             await cancel_on_disconnect(self._pump(sub, send), receive, scope)
         finally:
@@ -132,7 +140,7 @@ class UsageStream:
         tick = loop.time() + TICK_S
         while True:
             wait = tick - loop.time()
-            if wait > 0 and not sub.items and not sub.dropped:
+            if wait > 0 and not sub.items and not sub.dropped and not sub.ending:
                 sub.wake.clear()
                 try:
                     await asyncio.wait_for(sub.wake.wait(), wait)
@@ -144,6 +152,9 @@ class UsageStream:
                 await _write(send, b"", False)
                 return
             out = sub.take()
+            if sub.ending:  # the server is stopping: what is pending, and the end
+                await _write(send, out + sse("end", {"reason": "the router is stopping"}), False)
+                return
             if loop.time() >= tick:
                 out += self.usage()
                 tick = max(tick + TICK_S, loop.time())
