@@ -10,6 +10,7 @@ from typing import Any
 from ..domain import Endpoint, model_key
 from ..state import StateStore
 from ..upstream import h1
+from .access import Client
 from .errors import ApiError
 from .requests import load_json
 
@@ -17,12 +18,12 @@ DEFAULT_OLLAMA_VERSION = "0.12.6"
 Visible = Callable[[str], bool] | None  # model key -> may this caller see it; None: everything
 
 
-def visible_to(client: Any) -> Visible:
+def visible_to(client: Client | None) -> Visible:
     """What a client key may see of the models: the models it may use (a key limited to some
     models learns nothing of the others, not even that they exist)."""
     if client is None or client.models is None:
         return None
-    return client.may_use  # type: ignore[no-any-return]
+    return client.may_use
 
 
 def _entry_key(e: dict[str, Any]) -> str:

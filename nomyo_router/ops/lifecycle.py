@@ -35,6 +35,7 @@ from socket import socket
 from types import FrameType
 from typing import Any
 
+from uvicorn.config import Config
 from uvicorn.supervisors import multiprocess
 
 log = logging.getLogger("nomyo_router.lifecycle")
@@ -108,7 +109,7 @@ def _say(level: int, msg: str, *args: Any) -> None:
 class WorkerProcess(multiprocess.Process):
     """uvicorn's worker, bound to the supervisor that made it (see the module docstring)."""
 
-    def __init__(self, config: Any, sockets: list[socket]) -> None:
+    def __init__(self, config: Config, sockets: list[socket]) -> None:
         self.parent_pid = os.getpid()  # pickled into the child with the rest of this object
         super().__init__(config, sockets)
 

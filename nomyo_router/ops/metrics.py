@@ -25,12 +25,17 @@ import asyncio
 import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from ..events import Events, RequestRecord
+
+if TYPE_CHECKING:
+    from ..domain import Endpoint
+    from ..state import StateStore
+    from ..upstream.looplag import LoopLag
 
 Labels = tuple[str, ...]  # a metric's label values, in its labels' order
 _M = TypeVar("_M", Counter, Histogram)
@@ -199,7 +204,7 @@ class _StateCollector:
         return self.state()
 
 
-def state_gauges(endpoints: Sequence[Any], store: Any, lag: Any) -> list[GaugeMetricFamily]:
+def state_gauges(endpoints: Sequence[Endpoint], store: StateStore, lag: LoopLag) -> list[GaugeMetricFamily]:
     in_flight = GaugeMetricFamily("nomyo_router_in_flight", "Requests holding a slot", labels=["endpoint"])
     slots = GaugeMetricFamily("nomyo_router_slots", "Slots per endpoint", labels=["endpoint"])
     healthy = GaugeMetricFamily("nomyo_router_endpoint_healthy", "1 when the endpoint takes traffic",

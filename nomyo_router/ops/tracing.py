@@ -25,8 +25,9 @@ from typing import Any
 
 from ..api.asgi import Scope, header
 from ..config import ConfigError, TracingConfig
+from ..domain import Endpoint
 from ..events import Events, RequestRecord
-from ..upstream.h1 import Response, Upstream
+from ..upstream.h1 import Response, TimeoutLike, Upstream
 
 log = logging.getLogger("nomyo_router.tracing")
 
@@ -143,7 +144,7 @@ class TracedUpstream(Upstream):
     """The upstream client with tracing on: each POST of a traced request is an attempt span,
     and the backend is sent a `traceparent` naming it (so its own spans hang below it)."""
 
-    async def post(self, ep: Any, path: str, body: bytes, timeout: Any, ctype: str | None = None,
+    async def post(self, ep: Endpoint, path: str, body: bytes, timeout: TimeoutLike, ctype: str | None = None,
                    within: float | None = None) -> Response:
         trace = CURRENT.get()
         pool = self._pools.get(ep) or self.pool(ep)

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from ..config import EndpointConfig
 from .prefix_index import BLOCK_TOKENS, PrefixIndex
 
 log = logging.getLogger("nomyo_router.kv_events")
@@ -84,7 +85,8 @@ def _hashable(h: Any) -> Any:
     return bytes(h) if isinstance(h, (bytearray, list)) else h
 
 
-def start(endpoints: Iterable[Any], policy: Any) -> tuple[list[asyncio.Task[None]], dict[str, KVEventState]]:
+def start(endpoints: Iterable[EndpointConfig],
+          policy: object) -> tuple[list[asyncio.Task[None]], dict[str, KVEventState]]:
     """A subscriber task per endpoint configured with `kv_events`, when the policy has an index."""
     index = getattr(policy, "index", None)
     tasks: list[asyncio.Task[None]] = []

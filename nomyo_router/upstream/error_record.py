@@ -24,9 +24,14 @@ over the records it is about to write, and asks `find` (through `CHECKS`) only w
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
+from ..domain import Endpoint
+from ..events import Events, RequestRecord
 from .errors import ErrorRecord
+
+if TYPE_CHECKING:
+    from .health import Health
 
 MARK = b'"error"'
 
@@ -38,7 +43,7 @@ except ImportError:  # built without a C compiler
 EVENT = "error_record"  # nomyo_router_events_total{what=...}: per endpoint, its error records
 
 
-def failed(obj: Any) -> bool:
+def failed(obj: object) -> bool:
     """A parsed record or answer that is an error: `{"error": <something>}` (Ollama, OpenAI,
     vLLM, Anthropic's error event), vLLM's older `{"object": "error", ...}`, or an event of
     type "error" (the Responses API's)."""
@@ -106,7 +111,7 @@ def whole(data: bytes) -> bool:
         return False
 
 
-def blame(health: Any, events: Any, ep: Any, model: str, cut: BaseException | bool | None) -> None:
+def blame(health: Health, events: Events, ep: Endpoint, model: str, cut: BaseException | bool | None) -> None:
     """The endpoint's failure for a stream it broke: cut, or ended by an error record."""
     if isinstance(cut, ErrorRecord):
         events.count(EVENT, ep.name, model)
@@ -115,7 +120,7 @@ def blame(health: Any, events: Any, ep: Any, model: str, cut: BaseException | bo
         health.failure(ep, "stream cut by the backend")
 
 
-def ended(rec: Any, cut: BaseException | bool) -> None:
+def ended(rec: RequestRecord, cut: BaseException | bool) -> None:
     """Record how a broken stream ended for its client (`rec`: the RequestRecord).
 
     A record's `status` is what the client got. Here a 200 head went out, and then the

@@ -33,7 +33,7 @@ import ssl
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -50,7 +50,18 @@ from .errors import record_too_large as record_too_large
 from .h1_response import Response as Response
 
 if TYPE_CHECKING:
+    from ..domain import Endpoint
     from .native import Pump
+
+
+class TimeoutLike(Protocol):
+    """A request's connect and per-read limits in seconds (None: none): `Timeout`, or
+    aiohttp's `ClientTimeout`, whose field names it has."""
+
+    @property
+    def sock_connect(self) -> float | None: ...
+    @property
+    def sock_read(self) -> float | None: ...
 
 HIGH_WATER = 256 * 1024  # buffered body bytes before reading pauses
 IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop them)
@@ -329,24 +340,23 @@ class Upstream:
     so a reloaded endpoint with a new URL or key gets a new pool; a removed one's goes with it)."""
 
     def __init__(self) -> None:
-        self._pools: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
+        self._pools: weakref.WeakKeyDictionary[Endpoint, Pool] = weakref.WeakKeyDictionary()
         self.pump: Pump | None = None  # native.py's, made on first use (it is closed with the pools)
 
-    def pool(self, ep: Any) -> Pool:
-        """`ep`: an `Endpoint` (its `url` and `headers`)."""
+    def pool(self, ep: Endpoint) -> Pool:
+        """A pool for `ep`'s `url` and `headers`."""
         pool = self._pools.get(ep)
         if pool is None:
             pool = self._pools[ep] = Pool(ep.url, ep.headers)
         return pool
 
-    async def post(self, ep: Any, path: str, body: bytes, timeout: Any, ctype: str | None = None,
+    async def post(self, ep: Endpoint, path: str, body: bytes, timeout: TimeoutLike, ctype: str | None = None,
                    within: float | None = None) -> Response:
-        """`timeout`: a `Timeout` (or anything with `sock_connect` and `sock_read`); `within`:
-        see `Pool.request`."""
+        """`within`: see `Pool.request`."""
         pool = self._pools.get(ep) or self.pool(ep)
         return await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype, within)
 
-    async def fetch(self, ep: Any, path: str, body: bytes | None = None, *,
+    async def fetch(self, ep: Endpoint, path: str, body: bytes | None = None, *,
                     total: float | None) -> tuple[int, Headers, bytes]:
         """A whole answer (status, headers, body) within `total` seconds (TimeoutError after):
         GET without a body, POST with one. TooLarge beyond FETCH_LIMIT bytes."""
