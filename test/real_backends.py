@@ -7,6 +7,8 @@ import lzma
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,17 @@ def start(script: str, *args: str, timeout: float = 180) -> tuple[str, int]:
     if out.returncode != 0:
         pytest.fail(f"{script} failed: {out.stderr[-500:]}")
     return f"http://127.0.0.1:{port}", int(out.stdout.strip().splitlines()[-1])
+
+
+def ollama_server(why: str, parallel: int = 2) -> Iterator[str]:
+    """A real Ollama (models tiny and tiny2) for one test module's fixture: `yield from` it.
+    Skipped, saying `why`, where the real backends are absent; stopped when the module ends."""
+    require(why)
+    url, pid = start("start-ollama.sh", str(parallel), tempfile.mkdtemp(prefix="ollama-test-"))
+    try:
+        yield url
+    finally:
+        os.kill(pid, 15)
 
 
 def ollama_cli() -> Path:

@@ -3,8 +3,6 @@ from /api/show, /api/ps and /v1/models, or configured), and the real Ollama's `t
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
 
 import aiohttp
@@ -126,12 +124,7 @@ async def test_off_routes_as_before():
 
 @pytest.fixture(scope="module")
 def ollama_url():
-    real_backends.require("no real Ollama for context routing")
-    url, pid = real_backends.start("start-ollama.sh", "2", tempfile.mkdtemp(prefix="ollama-ctx-"))
-    try:
-        yield url
-    finally:
-        os.kill(pid, 15)
+    yield from real_backends.ollama_server("no real Ollama for context routing")
 
 
 async def test_the_real_ollamas_window_is_learned_and_enforced(ollama_url):

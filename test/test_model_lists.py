@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -180,12 +179,7 @@ async def test_one_worker_polls_for_all_and_all_apply_it():
 
 @pytest.fixture(scope="module")
 def ollama_url() -> Iterator[str]:
-    real_backends.require("no real Ollama to manage")
-    url, pid = real_backends.start("start-ollama.sh", "4", tempfile.mkdtemp(prefix="ollama-lists-"))
-    try:
-        yield url
-    finally:
-        os.kill(pid, 15)
+    yield from real_backends.ollama_server("no real Ollama to manage", parallel=4)
 
 
 async def test_a_copy_and_a_delete_are_seen_by_every_worker_real_ollama(ollama_url):

@@ -3,8 +3,6 @@ same calls direct and through the router. Skipped, with the reason, where it is 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
 
 import anthropic
@@ -18,12 +16,7 @@ KEY = "router-key-0123456789"
 
 @pytest.fixture(scope="module")
 def ollama_url() -> Iterator[str]:
-    real_backends.require("no real Ollama to compare with")
-    url, pid = real_backends.start("start-ollama.sh", "2", tempfile.mkdtemp(prefix="ollama-test-"))
-    try:
-        yield url
-    finally:
-        os.kill(pid, 15)
+    yield from real_backends.ollama_server("no real Ollama to compare with")
 
 
 async def test_anthropic_messages_through_the_router_with_a_key(ollama_url):

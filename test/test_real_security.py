@@ -10,8 +10,6 @@ one or two tokens per generation."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,12 +58,7 @@ SHOW_BYPASSES = ['"name": "tiny2"', '"Name": "tiny2"', '"NAME": "tiny2"', '"\\u0
 
 @pytest.fixture(scope="module")
 def ollama_url() -> Iterator[str]:
-    real_backends.require("no real Ollama to attack")
-    url, pid = real_backends.start("start-ollama.sh", "2", tempfile.mkdtemp(prefix="ollama-security-"))
-    try:
-        yield url
-    finally:
-        os.kill(pid, 15)
+    yield from real_backends.ollama_server("no real Ollama to attack")
 
 
 def with_member(body: dict[str, Any], member: str, where: str = "end") -> bytes:
