@@ -32,7 +32,7 @@ from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
 from .domain import Endpoint, model_key
 from .events import Events, RequestRecord
 from .routing import kv_events
-from .routing.context import Windows
+from .routing.context import TooLong, Windows
 from .routing.policies import Policy, make_policy, picker
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, QueueFull, SharedStore, StateStore, private
@@ -311,7 +311,10 @@ class RouterApp:
                 raise ApiError(403, f"this API key may not use model '{req.model}'")
             req.client = client.name
         if router.windows is not None and req.ctype is None:  # longer than some endpoint's context window?
-            req.too_small = router.windows.check(req, router.endpoints)
+            try:
+                req.too_small = router.windows.check(req, router.endpoints)
+            except TooLong as e:  # (context_routing: reject, and no endpoint's window fits)
+                raise ApiError(400, str(e), param="messages", code="context_length_exceeded") from None
         if is_unload(req.kind, req.api, req.body):  # `ollama stop`: every endpoint that has it loaded
             assert router.discovery is not None
             await router.discovery.fresh_ps(max_age=0.0)  # a model loaded a moment ago must be unloaded too

@@ -27,7 +27,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..api.errors import ApiError
 from ..domain import Endpoint, model_key
 
 log = logging.getLogger("nomyo_router.context")
@@ -80,6 +79,11 @@ def _show_window(data: Any) -> int | None:
     return None
 
 
+class TooLong(Exception):
+    """No endpoint serving the model has a window the request fits (`reject` mode); the
+    message is OpenAI's wording, which the API layer answers as context_length_exceeded."""
+
+
 class Windows:
     """Every endpoint's window per model, and the check of one request against them."""
 
@@ -118,10 +122,9 @@ class Windows:
         if self.mode == "reject":
             largest = max(self.window(ep, req.key) or 0 for ep in small)
             prompt = need - out
-            raise ApiError(400, f"This model's maximum context length is {largest} tokens. However, you requested "
-                                f"about {need} tokens ({prompt} in the messages, {out} in the completion). Please "
-                                f"reduce the length of the messages or completion.",
-                           param="messages", code="context_length_exceeded")
+            raise TooLong(f"This model's maximum context length is {largest} tokens. However, you requested "
+                          f"about {need} tokens ({prompt} in the messages, {out} in the completion). Please "
+                          f"reduce the length of the messages or completion.")
         return None
 
     # ---- learning ------------------------------------------------------------------------------
