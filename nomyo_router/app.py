@@ -36,6 +36,7 @@ from .routing.context import TooLong, Windows
 from .routing.policies import Policy, make_policy, picker
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, QueueFull, SharedStore, StateStore, private
+from .state.fair import specs_of
 from .ops.accesslog import AccessLog
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
 from .ops.metrics import Metrics, state_gauges
@@ -65,6 +66,7 @@ class Router:
         share_index(policy, self.store)
         self.scheduler = Scheduler(self.endpoints, self.store, policy, config.queue_timeout,
                                    config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
+        self.scheduler.fair = specs_of(config.client_keys)  # priorities and fair shares of the queue
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
         self.client_limits = ClientLimits(access.caps_of(config), self.store, config.max_queue)

@@ -116,6 +116,11 @@ class ClientKey(_Config, frozen=True, forbid_unknown_fields=True, kw_only=True):
     max_concurrent: Annotated[Slots | None, doc(
         "its requests holding or waiting for a slot; more wait aside, so others are not queued behind it",
         default="no cap")] = None
+    priority: Annotated[Annotated[int, Meta(ge=-100, le=100)], doc(
+        "its waiting requests are served before those of keys with a lower priority (strict)")] = 0
+    weight: Annotated[Annotated[float, Meta(gt=0, le=1000)], doc(
+        "its share of the slots among waiting keys of its priority (weighted fair queuing; FIFO within "
+        "the key)")] = 1.0
     rpm: Annotated[Slots | None, doc(
         "requests it may start in any rolling 60 s, across workers and instances; beyond: 429 "
         "rate_limit_exceeded with Retry-After", default="no limit")] = None
@@ -260,7 +265,8 @@ class RouterConfig(_Config, frozen=True, forbid_unknown_fields=True, kw_only=Tru
         "sha256:<hex> stores only its hash", ACCESS)] = None
     client_keys: Annotated[tuple[ClientKey, ...], doc(
         "named keys for several clients, with the keys below; each key has one holder", ACCESS,
-        expected="a list of {name, key, models?, max_concurrent?, rpm?, tpm?, tokens_per_day?} mappings")] = ()
+        expected="a list of {name, key, models?, max_concurrent?, priority?, weight?, rpm?, tpm?, "
+        "tokens_per_day?} mappings")] = ()
     admin_key: Annotated[Secret, doc("the key for POST /admin/reload and everyone's /api/usage", ACCESS)] = None
     metrics_key: Annotated[Secret, doc("the operator's key for /metrics and the dashboard's data", ACCESS)] = None
     allowed_origins: Annotated[tuple[Name, ...], doc(

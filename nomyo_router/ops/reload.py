@@ -30,6 +30,7 @@ import msgspec
 from ..api import access
 from ..config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, EndpointConfig, RouterConfig, load_config
 from ..domain import Endpoint
+from ..state.fair import specs_of
 from .accesslog import AccessLog
 
 log = logging.getLogger("nomyo_router.reload")
@@ -98,6 +99,7 @@ async def apply(router: Any, new: RouterConfig) -> dict[str, Any]:
     router.keys = access.keys_of(new)
     router.client_limits.caps = access.caps_of(new)
     router.rate_limits.apply(new)
+    router.scheduler.fair = specs_of(new.client_keys)
     router.origins = access.Origins(new.allowed_origins)
     if new.access_log != router.config.access_log or new.log_format != router.config.log_format:
         router.events.off_request_done(router.access_log.write if router.access_log else None)

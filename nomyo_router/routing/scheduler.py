@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from ..domain import Endpoint
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
+from ..state.fair import Fair
 from ..state.base import Choose
 from .policies import Policy, RouteContext
 
@@ -30,6 +31,9 @@ class Scheduler:
         self._observe = getattr(policy, "observe", None)
         self._waiting: dict[str, float] = {}  # requests waiting for these endpoints (picked)
         self._changes = 0  # index changes so far: a request that awaited something checks it
+        # each client key's priority and share of the queue (client_keys[].priority, .weight);
+        # a key not listed, and no key, have the default (state/fair.py)
+        self.fair: dict[str, Fair] = {}
         self.reindex()
 
     def set_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
@@ -105,7 +109,7 @@ class Scheduler:
                     try:
                         wait = self.affinity_wait if keys.certain else 0.0
                         lease = await store.acquire(ctx.model, [pinned], self._chooser(ctx), wait,
-                                                    order, keys.register)
+                                                    order, keys.register, fair=self._fair(ctx))
                         outcome = "hit"
                         if self._routed is not None and ctx.prompt is not None:
                             self._routed(ctx, lease.endpoint)
@@ -143,7 +147,7 @@ class Scheduler:
                 raise QueueTimeout(ctx.model, signal.order)
             try:
                 lease = await self.store.acquire(ctx.model, candidates, self._chooser(ctx), left,
-                                                 signal.order, pin)
+                                                 signal.order, pin, fair=self._fair(ctx))
                 break
             except Rehome as e:  # changed again meanwhile
                 signal = e
@@ -153,6 +157,9 @@ class Scheduler:
         if pin is not None:
             lease.affinity = "repin"  # (its pin, if any, now points at the endpoint it got)
         return lease
+
+    def _fair(self, ctx: RouteContext) -> Fair | None:
+        return self.fair.get(ctx.client) if ctx.client is not None else None
 
     def _chooser(self, ctx: RouteContext) -> Choose:
         policy, in_flight = self.policy, self.store.in_flight
@@ -173,7 +180,7 @@ class Scheduler:
                     waiting[t.name] = waiting.get(t.name, 0.0) + share
                 try:
                     lease = await store.acquire(ctx.model, targets, choose,
-                                                min(wait, self.queue_timeout), order, pin)
+                                                min(wait, self.queue_timeout), order, pin, fair=self._fair(ctx))
                 except QueueTimeout as e:
                     order = e.order  # waited for it in vain: keep the place for the common queue
                 except (QueueFull, NoEndpoint):
@@ -182,7 +189,8 @@ class Scheduler:
                     for t in targets:
                         waiting[t.name] -= share  # (added above)
         if lease is None:
-            lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order, pin)
+            lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order, pin,
+                                        fair=self._fair(ctx))
         if self._routed is not None and ctx.prompt is not None:
             self._routed(ctx, lease.endpoint)
         return lease

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Mapping, Sequence
 
 from ..domain import Endpoint
+from .fair import Fair
 from .limits import Limiter, Limits, Verdict
 
 Choose = Callable[[Sequence[Endpoint]], Endpoint]
@@ -78,12 +79,14 @@ class StateStore(ABC):
 
     @abstractmethod
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None, pin: str | None = None) -> Lease:
+                      timeout: float, order: int | None = None, pin: str | None = None,
+                      fair: Fair | None = None) -> Lease:
         """A slot on one of `candidates` (all serve `model`): at once on a free one picked by
         `choose`, else the first that frees in FIFO order. `order` (from a QueueTimeout) keeps
         the place of a request that already waited once. `pin`: an affinity key to point at
         the granted endpoint, together with the grant (so the next turn, in any worker,
-        finds it). Raises QueueFull, QueueTimeout, NoEndpoint."""
+        finds it). `fair`: the client's share of the queue (fair.py): where a request that
+        waits is placed. Raises QueueFull, QueueTimeout, NoEndpoint."""
 
     @abstractmethod
     def release(self, endpoint: Endpoint, token: Any = None) -> None: ...

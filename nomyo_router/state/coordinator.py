@@ -18,7 +18,8 @@ that are gone, and every worker re-sends the requests it still has waiting.
 
 Wire format: one JSON object per line. Worker -> host:
   {"op": "hello", "row", "pid"}  first: the worker's row in the slot table
-  {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
+  {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin", "fair"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
+      ("fair": [client, priority, step], its key's share of the queue, fair.py)
   {"op": "cancel", "id"}            {"op": "poke", "ep"}  (a slot freed while somebody waits)
   {"op": "endpoints", "eps": [[name, slots]]}  (a reload: names the host may not know yet)
   {"op": "rehome", "changes": {model: [gone names, added names]}}  (a worker's reindex: every
@@ -43,6 +44,7 @@ from typing import Any, Sequence
 
 from ..domain import Endpoint
 from .base import Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
+from .fair import Fair
 from .limits import Limiter, Limits
 from .memory import MemoryStore
 from .pins import PinTable
@@ -81,13 +83,13 @@ class TableStore(MemoryStore):
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
                       timeout: float, order: int | None = None, pin: str | None = None,
-                      owner: object = None) -> Lease:
+                      owner: object = None, fair: Fair | None = None) -> Lease:
         # A worker gives slots back in the table and only then tells us: a slot may be free
         # here while requests wait for it. Those waited first, so they get it first.
         if self._queued:
             for ep in candidates:
                 self._dispatch(ep)
-        return await super().acquire(model, candidates, choose, timeout, order, pin, owner)
+        return await super().acquire(model, candidates, choose, timeout, order, pin, owner, fair)
 
     def _take(self, ep: Endpoint, owner: object = None) -> bool:
         return self.table.try_take(ep.name, ep.slots, owner)  # type: ignore[arg-type]
@@ -153,7 +155,8 @@ class Coordinator:
             cands = [self.endpoints[n] for n in msg["cands"] if n in self.endpoints]
             try:
                 lease = await store.acquire(msg["model"], cands, self.choose_for(msg["model"]),
-                                            msg["timeout"], msg.get("order"), msg.get("pin"), who[0])
+                                            msg["timeout"], msg.get("order"), msg.get("pin"), who[0],
+                                            tuple(msg["fair"]) if msg.get("fair") else None)  # type: ignore[arg-type]
             except QueueTimeout as e:
                 send({"id": rid, "err": "timeout", "order": e.order})
             except QueueFull:

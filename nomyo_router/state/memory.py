@@ -4,7 +4,6 @@ checking a slot and taking it)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
@@ -12,14 +11,16 @@ from typing import Any
 
 from ..domain import Endpoint
 from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
+from .fair import Fair, FairClock
 
 
 class _Waiter:
-    __slots__ = ("seq", "names", "future", "owner")
+    __slots__ = ("seq", "names", "future", "owner", "share")
 
     def __init__(self, seq: int, names: frozenset[str], future: asyncio.Future[Endpoint | None],
-                 owner: object) -> None:
+                 owner: object, share: tuple[str, int, int] | None = None) -> None:
         self.seq, self.names, self.future, self.owner = seq, names, future, owner
+        self.share = share  # (client, start, step) when its place was taken here (fair.py)
 
 
 class MemoryStore(StateStore):
@@ -33,7 +34,7 @@ class MemoryStore(StateStore):
         self._unhealthy: set[str] = set()
         self._queues: dict[str, deque[_Waiter]] = {}  # per model: A never waits behind B
         self._queued = 0
-        self._seq = itertools.count()
+        self._fair = FairClock()  # each waiting request's place: priority, then fair share (fair.py)
         self._endpoints: dict[str, Endpoint] = {}
 
     def _free(self, ep: Endpoint) -> bool:
@@ -47,7 +48,7 @@ class MemoryStore(StateStore):
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
                       timeout: float, order: int | None = None, pin: str | None = None,
-                      owner: object = None) -> Lease:
+                      owner: object = None, fair: Fair | None = None) -> Lease:
         free = [e for e in candidates if self._free(e)]
         while free:
             ep = free[0] if len(free) == 1 else choose(free)
@@ -66,8 +67,11 @@ class MemoryStore(StateStore):
             self._endpoints[e.name] = e
         t0 = time.monotonic()
         fut: asyncio.Future[Endpoint | None] = asyncio.get_running_loop().create_future()  # None: see `rehome`
-        waiter = _Waiter(next(self._seq) if order is None else order,
-                         frozenset(e.name for e in candidates), fut, owner)
+        share = None
+        if order is None:  # its place: by priority, then its key's fair share (fair.py)
+            order, *rest = self._fair.order(fair)
+            share = tuple(rest)
+        waiter = _Waiter(order, frozenset(e.name for e in candidates), fut, owner, share)  # type: ignore[arg-type]
         queue = self._queues.setdefault(model, deque())
         if queue and queue[-1].seq > waiter.seq:  # a request that already waited keeps its place
             i = len(queue)
@@ -90,6 +94,8 @@ class MemoryStore(StateStore):
                 if waiter in queue:
                     queue.remove(waiter)
                     self._queued -= 1
+                    if waiter.share is not None:  # left without a slot: its key is not charged
+                        self._fair.left(*waiter.share)
             if isinstance(exc, TimeoutError):
                 raise QueueTimeout(model, waiter.seq) from None
             raise
@@ -122,6 +128,7 @@ class MemoryStore(StateStore):
                 return  # another process took it first
             queue.remove(w)
             self._queued -= 1
+            self._fair.served(w.seq, w.share)
             w.future.set_result(ep)
 
     def record(self, endpoint: str, model: str) -> None:
@@ -202,6 +209,8 @@ class MemoryStore(StateStore):
                 queue.extend(stay)
         self._queued -= len(woken)
         for w in sorted(woken, key=lambda w: w.seq):
+            if w.share is not None:  # (it waits again in the same place, uncharged)
+                self._fair.left(*w.share)
             w.future.set_result(None)  # (None: see `acquire`)
         for ep in added.values():
             self._dispatch(ep)

@@ -33,6 +33,8 @@ from ..config import RouterConfig
 from ..domain import Endpoint
 from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from .memory import MemoryStore
+from .fair import DEFAULT as DEFAULT_FAIR
+from .fair import Fair
 from .limits import Limits, Verdict
 from .redis_limits import RedisLimits
 from .redis_link import RedisLink
@@ -166,39 +168,40 @@ class RedisStore(StateStore):
 
     # ---- slots ------------------------------------------------------------------
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None, pin: str | None = None) -> Lease:
-        lease = await self._acquire(model, candidates, choose, timeout, order)
+                      timeout: float, order: int | None = None, pin: str | None = None,
+                      fair: Fair | None = None) -> Lease:
+        lease = await self._acquire(model, candidates, choose, timeout, order, fair)
         if pin is not None:
             await self.set_pin(pin, lease.endpoint.name)  # awaited: the next turn will see it
         return lease
 
     async def _acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                       timeout: float, order: int | None) -> Lease:
+                       timeout: float, order: int | None, fair: Fair | None = None) -> Lease:
         """In Redis while it answers, else locally; across an outage, a request moves from one
         to the other (and back) with what is left of its timeout."""
         t0 = time.monotonic()
         while True:
             left = max(timeout - (time.monotonic() - t0), 0.001)
             if self.degraded:
-                lease = await self._acquire_local(model, candidates, choose, left)
+                lease = await self._acquire_local(model, candidates, choose, left, fair)
                 if lease is None:
                     continue  # Redis is back: queue there
             else:
                 try:
-                    lease = await self._acquire_shared(model, candidates, left, order)
+                    lease = await self._acquire_shared(model, candidates, left, order, fair)
                 except _RedisLost:
                     continue
             lease.queued_s = time.monotonic() - t0
             return lease
 
     async def _acquire_shared(self, model: str, candidates: Sequence[Endpoint], timeout: float,
-                              order: int | None) -> Lease:
+                              order: int | None, fair: Fair | None = None) -> Lease:
         ledger = self.ledger
         lid = ledger.new_id()
         shuffled = list(candidates)
         random.shuffle(shuffled)  # ties go to a random endpoint, never always the first
         args: list[Any] = [lid, self.config.max_queue, self.owner, "" if order is None else order,
-                           int((timeout + 5) * 1000)]
+                           int((timeout + 5) * 1000), *(fair or DEFAULT_FAIR)]
         for e in shuffled:
             args += [e.name, 1 if model in e.loaded else 0]
         fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
@@ -251,10 +254,10 @@ class RedisStore(StateStore):
         return self._hold(endpoint, lid)
 
     async def _acquire_local(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                             timeout: float) -> Lease | None:
+                             timeout: float, fair: Fair | None = None) -> Lease | None:
         """The local queue while Redis is away; None if Redis answers again first (the
         request then queues there, so that one queue orders everyone again)."""
-        task = asyncio.ensure_future(self.local.acquire(model, candidates, choose, timeout))
+        task = asyncio.ensure_future(self.local.acquire(model, candidates, choose, timeout, fair=fair))
         back = asyncio.ensure_future(self._back.wait())
         try:
             await asyncio.wait((task, back), return_when=asyncio.FIRST_COMPLETED)

@@ -16,12 +16,19 @@ Keys under the prefix P (passed as ARGV[1]):
   P:own:<owner>      hash  id -> endpoint ('' while it waits): all an instance holds or waits
                            for, so its sweep finds what it no longer knows of (reconciliation)
   P:usage-sent:<owner>  int   the last usage batch counted (a batch sent twice counts once)
-  P:ticket           int   queue order counter
+  P:fair:now         int   the virtual time: the start of the waiter last handed a slot (fair.py)
+  P:fair:finish      hash  client -> the finish of its last waiter (its next one starts there or later)
+  P:fair:served      hash  client -> the finish of its last waiter handed a slot
+  P:fair:waiting:<c> zset  waiter id -> start, of client c's waiters
   channel P:wake:<owner>   "<waiter id> <endpoint>"
 """
 
+from .fair import PRIORITY_MAX, PRIORITY_STEP
+
 # Shared helpers, prepended to the scripts below.
-_COMMON = r"""
+_COMMON = f"""
+local FAIR_PRIORITY_MAX, FAIR_PRIORITY_STEP = {PRIORITY_MAX}, {PRIORITY_STEP}
+""" + r"""
 local P = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -45,19 +52,27 @@ local function keep(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end
 
--- hand free slots of ep to the oldest waiters that may use it
+-- hand free slots of ep to the first waiters (lowest order: priority, then fair share) that may use it
 local function dispatch(ep, ttl)
   if redis.call('SISMEMBER', P .. ':unhealthy', ep) == 1 then return end
   local free = slots(ep) - live(ep)
   if free <= 0 then return end
-  local waiters = redis.call('ZRANGE', P .. ':queue', 0, 999)
-  for _, w in ipairs(waiters) do
+  local waiters = redis.call('ZRANGE', P .. ':queue', 0, 999, 'WITHSCORES')
+  for i = 1, #waiters, 2 do
+    local w = waiters[i]
     if free <= 0 then break end
     local cands = redis.call('HGET', P .. ':waiter:' .. w, 'cands')
     if not cands then
       redis.call('ZREM', P .. ':queue', w)  -- its owner vanished; the entry expired
     elseif string.find(cands, ',' .. ep .. ',', 1, true) then
       local owner = redis.call('HGET', P .. ':waiter:' .. w, 'owner')
+      local share = redis.call('HMGET', P .. ':waiter:' .. w, 'client', 'start', 'step')
+      if share[1] then  -- its key is charged for it (fair.py)
+        redis.call('ZREM', P .. ':fair:waiting:' .. share[1], w)
+        local served = tonumber(redis.call('HGET', P .. ':fair:served', share[1]) or '0')
+        redis.call('HSET', P .. ':fair:served', share[1],
+                   string.format('%d', math.max(served, tonumber(share[2]) + tonumber(share[3]))))
+      end
       redis.call('ZREM', P .. ':queue', w)
       redis.call('DEL', P .. ':waiter:' .. w)
       redis.call('ZADD', P .. ':lease:' .. ep, now + ttl, w)
@@ -65,6 +80,10 @@ local function dispatch(ep, ttl)
       keep(own_key(w), ttl)
       redis.call('SET', P .. ':granted:' .. w, ep, 'PX', 60000)
       redis.call('PUBLISH', P .. ':wake:' .. owner, w .. ' ' .. ep)
+      local start = math.fmod(tonumber(waiters[i + 1]), FAIR_PRIORITY_STEP)
+      if start > tonumber(redis.call('GET', P .. ':fair:now') or '0') then
+        redis.call('SET', P .. ':fair:now', string.format('%d', start))  -- the virtual time (fair.py)
+      end
       free = free - 1
     end
   end
@@ -72,15 +91,17 @@ end
 """
 
 # ARGV: P, lease_ttl_ms, lease_id, max_queue, owner, order ('' = new), waiter_ttl_ms,
+#       client, priority, step (its share of the queue, fair.py),
 #       then candidates as name, loaded(0/1) pairs in the caller's (shuffled) order.
 ACQUIRE = _COMMON + r"""
 local ttl, id, max_queue, owner, order, waiter_ttl =
   tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
+local client, priority, step = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local best, best_key = nil, nil
 local healthy = 0
 local loads = {}  -- in flight per candidate, returned with a grant (the routing policy's view)
 local cands = ','
-for i = 8, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   local ep, loaded = ARGV[i], ARGV[i + 1]
   cands = cands .. ep .. ','
   if redis.call('SISMEMBER', P .. ':unhealthy', ep) == 0 then
@@ -104,8 +125,16 @@ if best then
 end
 if healthy == 0 then return {'none'} end
 if redis.call('ZCARD', P .. ':queue') >= max_queue then return {'full'} end
-if order == '' then order = redis.call('INCR', P .. ':ticket') end
 redis.call('HSET', P .. ':waiter:' .. id, 'cands', cands, 'owner', owner)
+if order == '' then  -- its place: priority, then its key's fair share (fair.py)
+  local now_v = tonumber(redis.call('GET', P .. ':fair:now') or '0')
+  local start = math.max(now_v, tonumber(redis.call('HGET', P .. ':fair:finish', client) or '0'))
+  redis.call('HSET', P .. ':fair:finish', client, string.format('%d', start + step))
+  redis.call('HSET', P .. ':waiter:' .. id, 'client', client, 'start', string.format('%d', start),
+             'step', string.format('%d', step))
+  redis.call('ZADD', P .. ':fair:waiting:' .. client, start, id)
+  order = string.format('%d', (FAIR_PRIORITY_MAX - priority) * FAIR_PRIORITY_STEP + start)
+end
 redis.call('PEXPIRE', P .. ':waiter:' .. id, waiter_ttl)
 redis.call('ZADD', P .. ':queue', order, id)
 redis.call('HSET', own, id, '')
@@ -127,6 +156,15 @@ CANCEL = _COMMON + r"""
 local id = ARGV[3]
 redis.call('HDEL', own_key(id), id)
 if redis.call('ZREM', P .. ':queue', id) == 1 then
+  local share = redis.call('HMGET', P .. ':waiter:' .. id, 'client', 'start', 'step')
+  if share[1] then  -- left without a slot: its key is charged for what it was served and still waits for
+    local waiting = P .. ':fair:waiting:' .. share[1]
+    redis.call('ZREM', waiting, id)
+    local finish = tonumber(redis.call('HGET', P .. ':fair:served', share[1]) or '0')
+    local last = redis.call('ZRANGE', waiting, -1, -1, 'WITHSCORES')
+    if last[2] then finish = math.max(finish, tonumber(last[2]) + tonumber(share[3])) end
+    redis.call('HSET', P .. ':fair:finish', share[1], string.format('%d', finish))
+  end
   redis.call('DEL', P .. ':waiter:' .. id)
   return 'removed'
 end
@@ -168,6 +206,8 @@ for i = 1, #entries, 2 do
   local seq = tonumber(string.match(id, ':(%d+)$'))
   if not known[id] and seq and seq <= max_seq then
     redis.call('ZREM', P .. ':queue', id)
+    local client = redis.call('HGET', P .. ':waiter:' .. id, 'client')
+    if client then redis.call('ZREM', P .. ':fair:waiting:' .. client, id) end
     redis.call('DEL', P .. ':waiter:' .. id, P .. ':granted:' .. id)
     if ep ~= '' then redis.call('ZREM', P .. ':lease:' .. ep, id) end
     redis.call('HDEL', own, id)

@@ -21,6 +21,7 @@ from ..domain import Endpoint
 from . import private
 from .base import Changes, Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome, StateStore
 from .coordinator import Coordinator, TableStore
+from .fair import Fair
 from .limits import Limits, Verdict
 from .pins import PinTable
 from .slots import SlotTable
@@ -173,7 +174,8 @@ class SharedStore(StateStore):
             self._replies.pop(rid, None)
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None, pin: str | None = None) -> Lease:
+                      timeout: float, order: int | None = None, pin: str | None = None,
+                      fair: Fair | None = None) -> Lease:
         table = self._table
         unhealthy = self._unhealthy
         if len(candidates) == 1:  # (the common case: straight to the locked check)
@@ -195,7 +197,7 @@ class SharedStore(StateStore):
         await self._connected.wait()
         table.wait_begin()  # counted before the host looks, so no release can miss us
         try:
-            reply = await self._wait(model, candidates, timeout, order, pin)
+            reply = await self._wait(model, candidates, timeout, order, pin, fair)
         finally:
             table.wait_end()
         err = reply.get("err")
@@ -228,10 +230,10 @@ class SharedStore(StateStore):
         return self.endpoints[name]
 
     async def _wait(self, model: str, candidates: Sequence[Endpoint], timeout: float,
-                    order: int | None, pin: str | None) -> dict[str, Any]:
+                    order: int | None, pin: str | None, fair: Fair | None = None) -> dict[str, Any]:
         rid = next(self._ids)
         msg = {"op": "acquire", "id": rid, "model": model, "cands": [e.name for e in candidates],
-               "timeout": timeout, "order": order, "pin": pin}
+               "timeout": timeout, "order": order, "pin": pin, "fair": fair}
         fut = asyncio.get_running_loop().create_future()
         self._replies[rid] = fut
         self._acquiring[rid] = msg
