@@ -17,6 +17,7 @@ import statistics
 import time
 
 import aiohttp
+
 from common import MockConfig, mock_process, router_process
 
 FLOOD, LIGHT = "flood-key-0123456789", "light-key-0123456789"

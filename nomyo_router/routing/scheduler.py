@@ -6,8 +6,8 @@ from collections.abc import Iterable, Sequence
 
 from ..domain import Endpoint
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
-from ..state.fair import Fair
 from ..state.base import Choose
+from ..state.fair import Fair
 from .policies import Policy, RouteContext
 
 

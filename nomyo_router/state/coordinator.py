@@ -18,7 +18,8 @@ that are gone, and every worker re-sends the requests it still has waiting.
 
 Wire format: one JSON object per line. Worker -> host:
   {"op": "hello", "row", "pid"}  first: the worker's row in the slot table
-  {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin", "fair"}  -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
+  {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin", "fair"}
+      -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
       ("fair": [client, priority, step], its key's share of the queue, fair.py)
   {"op": "cancel", "id"}            {"op": "poke", "ep"}  (a slot freed while somebody waits)
   {"op": "endpoints", "eps": [[name, slots]]}  (a reload: names the host may not know yet)
