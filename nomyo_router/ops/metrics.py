@@ -45,6 +45,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 MULTIPROCESS_FLUSH_S = 0.02
 IN_PROCESS_FLUSH_S = 1.0  # (a scrape hands on first: this only bounds how long sums wait)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
+# output tokens per second of a stream after its first byte (a backend's decode speed as clients see it)
+RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 # The model label of a request for a model no endpoint serves: labels come from what the
 # backends serve and the config, never from what a client wrote (each new label is a
 # series kept forever; a client could otherwise grow /metrics without bound).
@@ -88,6 +90,17 @@ class Metrics:
         self.endpoint_queue = Histogram("nomyo_router_endpoint_queue_wait_seconds",
                                         "Time waiting for a slot, by the endpoint that then took the request",
                                         ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        # per endpoint and model, per client: what a backend gives (first byte, decode speed) and
+        # what a key waits (its queue wait while others flood, with fair queuing)
+        self.served_ttft = Histogram("nomyo_router_endpoint_model_time_to_first_byte_seconds",
+                                     "Time to the first byte sent to the client, by endpoint and model",
+                                     ["endpoint", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.output_rate = Histogram("nomyo_router_output_tokens_per_second",
+                                     "A stream's completion tokens per second after its first byte, by endpoint "
+                                     "and model", ["endpoint", "model"], buckets=RATE_BUCKETS, registry=r)
+        self.client_queue = Histogram("nomyo_router_client_queue_wait_seconds",
+                                      "Time waiting for a slot, by client key (\"\": no key)", ["client"],
+                                      buckets=LATENCY_BUCKETS, registry=r)
         # (id(metric), labels) -> that metric's child: skips labels() on the hot path
         self._children: dict[tuple[int, Labels], Any] = {}
         self._counts: dict[tuple[Counter, Labels], float] = {}  # (metric, labels) -> increment not yet handed on
@@ -134,8 +147,14 @@ class Metrics:
             self._observe(self.queue, (model,), rec.queue_s, LATENCY_BUCKETS)
             self._observe(self.overhead, (), rec.overhead_s, OVERHEAD_BUCKETS)
             self._observe(self.endpoint_queue, (rec.endpoint,), rec.queue_s, LATENCY_BUCKETS)
+            self._observe(self.client_queue, (rec.client or "",), rec.queue_s, LATENCY_BUCKETS)
             if rec.ttft_s is not None:
                 self._observe(self.endpoint_ttft, (rec.endpoint,), rec.ttft_s, LATENCY_BUCKETS)
+                self._observe(self.served_ttft, (rec.endpoint, model), rec.ttft_s, LATENCY_BUCKETS)
+                decode = rec.total_s - rec.ttft_s
+                if rec.stream and rec.completion_tokens and rec.completion_tokens > 1 and decode > 0:
+                    self._observe(self.output_rate, (rec.endpoint, model), (rec.completion_tokens - 1) / decode,
+                                  RATE_BUCKETS)
         if rec.error is not None or rec.status >= 400:  # (an ApiError without a code says "error")
             cls = rec.error if rec.error not in (None, "error") else f"http_{rec.status}"
             self._inc(self.errors, (rec.endpoint or "", str(rec.status), cls))
