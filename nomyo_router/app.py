@@ -15,12 +15,24 @@ import os
 import re
 import sys
 import time
-from typing import Awaitable, Callable, NoReturn
+from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 from .api import access, listing, manage
 from .api import status as ollama_status
-from .api.asgi import (BODY_WRITER, BodyTooLarge, ClientGone, Receive, Scope, Send, cancel_on_disconnect, header,
-                       read_body, send_response, with_headers)
+from .api.asgi import (
+    BODY_WRITER,
+    BodyTooLarge,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    cancel_on_disconnect,
+    header,
+    read_body,
+    send_response,
+    with_headers,
+)
 from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
 from .api.ratelimits import SCOPE_KEY as RATELIMIT_HEADERS
@@ -31,25 +43,25 @@ from .cache import routes as cache_routes
 from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
 from .domain import Endpoint, model_key
 from .events import Events, RequestRecord
+from .forward import moe, overflow
+from .forward.proxy import Proxy
+from .ops import dashboard, reload, tracing, usage_api, usage_stream
+from .ops.accesslog import AccessLog
+from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
+from .ops.metrics import Metrics, state_gauges
+from .ops.usage_store import make_usage
 from .routing import kv_events
 from .routing.context import TooLong, Windows
 from .routing.policies import Policy, make_policy, picker
 from .routing.scheduler import Scheduler
 from .state import MemoryStore, QueueFull, SharedStore, StateStore, private
 from .state.fair import specs_of
-from .ops.accesslog import AccessLog
-from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
-from .ops.metrics import Metrics, state_gauges
-from .ops import dashboard, reload, tracing, usage_api, usage_stream
-from .ops.usage_store import make_usage
 from .upstream.discovery import Discovery
-from .upstream.health import Health
-from .upstream.unload import is_unload, unload
 from .upstream.gcpace import GcPace
+from .upstream.health import Health
 from .upstream.looplag import LoopLag
-from .forward import moe, overflow
-from .forward.proxy import Proxy
 from .upstream.session import ManageSession
+from .upstream.unload import is_unload, unload
 
 log = logging.getLogger("nomyo_router")
 
@@ -94,7 +106,7 @@ class Router:
         self.windows = Windows(config.context_routing, self.upstream, lambda: self.endpoints) \
             if config.context_routing != "off" else None
         self.proxy: Proxy | None = None
-        self.kv_tasks: list[asyncio.Task] = []  # precise mode: KV-event subscribers
+        self.kv_tasks: list[asyncio.Task[None]] = []  # precise mode: KV-event subscribers
         self.kv_states: dict[str, kv_events.KVEventState] = {}
 
     def serves(self, model: str) -> bool:
@@ -333,7 +345,7 @@ class RouterApp:
         rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
         if router.tracer is not None:
             router.tracer.begin(rec, scope, req.kind, req.key, t0)
-        handle = router.ensemble.handle if ensemble else router.proxy.handle
+        handle: overflow.Handle = router.ensemble.handle if ensemble else router.proxy.handle
         if router.config.context_overflow == "trim":  # a chat too long for the model: its oldest turns go
             handle = overflow.wrap(handle, router.events)
         if router.cache is not None or "nomyo" in req.body:  # the response cache; NOMYO's body field

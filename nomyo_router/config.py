@@ -12,19 +12,33 @@ secret's) and what is expected, and stops start-up.
 """
 
 import typing
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
 from msgspec import Meta
 
-from .config_checks import (ConfigError, a_type, accepted_keys, check_key, check_url, default_name, defaults,
-                            digest_of, expand_env, explain, one_holder_per_key, redact_url, refuse_unknown,
-                            specs, split_userinfo)
+from .config_checks import (
+    ConfigError,
+    a_type,
+    accepted_keys,
+    check_key,
+    check_url,
+    default_name,
+    defaults,
+    digest_of,
+    expand_env,
+    explain,
+    one_holder_per_key,
+    redact_url,
+    refuse_unknown,
+    specs,
+    split_userinfo,
+)
 
 __all__ = ["CONFIG_ENV", "ENDPOINT_TYPES", "ROUTING_POLICIES", "ClientKey", "ConfigError", "EndpointConfig",
-           "CacheConfig", "MoeConfig", "RouterConfig", "TracingConfig", "digest_of", "expand_env", "load_config", "parse_config", "redact_url",
-           "split_userinfo"]
+           "CacheConfig", "MoeConfig", "RouterConfig", "TracingConfig", "digest_of", "expand_env", "load_config",
+           "parse_config", "redact_url", "split_userinfo"]
 
 CONFIG_ENV = "NOMYO_ROUTER_CONFIG"  # the config path, handed from `nomyo-router` to its workers
 SUPERVISOR_ENV = "NOMYO_ROUTER_SUPERVISOR_PID"  # set by the CLI with several workers: POST /admin/reload signals it
@@ -67,10 +81,12 @@ class _Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     """The config structs' base: printed with every field but its secrets, which show only
     whether they are set ('***'), so a config in a log line or a traceback leaks no key."""
 
-    def __rich_repr__(self) -> Iterator[tuple[str, Any]]:
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        shown: list[tuple[str, Any]] = []
         for name, spec in specs(type(self)).items():
             value = getattr(self, name)
-            yield name, ("***" if value is not None else None) if spec.secret else value
+            shown.append((name, ("***" if value is not None else None) if spec.secret else value))
+        return shown
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__rich_repr__())})"
@@ -429,7 +445,7 @@ def load_config(path: str) -> RouterConfig:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found; pass --config PATH or set NOMYO_ROUTER_CONFIG")
+        raise ConfigError(f"{path}: file not found; pass --config PATH or set NOMYO_ROUTER_CONFIG") from None
     except yaml.YAMLError as e:  # (where, not the line's text: the line may hold a key)
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
+from typing import TypeGuard
 
 from ..state import QueueFull, StateStore
 
@@ -30,7 +31,7 @@ class ClientLimits:
         self._active: Counter[str] = Counter()
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
 
-    def capped(self, client: str | None) -> bool:
+    def capped(self, client: str | None) -> TypeGuard[str]:
         return client is not None and client in self.caps
 
     def full(self, client: str) -> bool:

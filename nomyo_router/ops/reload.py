@@ -44,7 +44,7 @@ def config_path() -> str:
     return os.environ.get(CONFIG_ENV, "config.yaml")
 
 
-def _backend(cfg: EndpointConfig) -> tuple:
+def _backend(cfg: EndpointConfig) -> tuple[str, str | None, str | None, str | None, tuple[str, ...] | None]:
     """What makes an endpoint the same backend; a change means remove and add again."""
     return cfg.url, cfg.type, cfg.api_key, cfg.basic_auth, cfg.models
 
@@ -124,7 +124,7 @@ async def reload(router: Any) -> dict[str, Any]:
     return await apply(router, new)
 
 
-_running: set[asyncio.Task] = set()
+_running: set[asyncio.Task[None]] = set()
 
 
 def install(router: Any) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..domain import Endpoint
 from .fair import Fair
@@ -58,7 +59,7 @@ class Lease:
 
     __slots__ = ("endpoint", "queued_s", "affinity", "token", "_store", "_released")
 
-    def __init__(self, store: "StateStore", endpoint: Endpoint, queued_s: float = 0.0) -> None:
+    def __init__(self, store: StateStore, endpoint: Endpoint, queued_s: float = 0.0) -> None:
         self.endpoint = endpoint
         self.queued_s = queued_s
         self.affinity: str | None = None  # hit | miss | spill | repin, when affinity applied
@@ -138,6 +139,7 @@ class StateStore(ABC):
         """Config reload: `endpoints` are the new ones, the resized ones and the removed ones
         (those with 0 slots: they finish what they hold and get nothing more). Hands slots
         that a resize freed to waiting requests."""
+        return None
 
     def rehome(self, changes: Changes) -> None:
         """The scheduler's index changed (a reload, a reindex; never per request). A request

@@ -41,7 +41,8 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..domain import Endpoint
 from .base import Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
@@ -75,7 +76,7 @@ class TableStore(MemoryStore):
     def pin_count(self) -> int:
         return self.pins.count()
 
-    async def snapshot(self) -> dict:
+    async def snapshot(self) -> dict[str, Any]:
         return {"mode": "shared", "in_flight": {}, "queue_length": self._queued,
                 "pins": self.pins.count(), "usage": self.table.usage()}
 
@@ -84,13 +85,13 @@ class TableStore(MemoryStore):
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
                       timeout: float, order: int | None = None, pin: str | None = None,
-                      owner: object = None, fair: Fair | None = None) -> Lease:
+                      fair: Fair | None = None, owner: object = None) -> Lease:
         # A worker gives slots back in the table and only then tells us: a slot may be free
         # here while requests wait for it. Those waited first, so they get it first.
         if self._queued:
             for ep in candidates:
                 self._dispatch(ep)
-        return await super().acquire(model, candidates, choose, timeout, order, pin, owner, fair)
+        return await super().acquire(model, candidates, choose, timeout, order, pin, fair, owner)
 
     def _take(self, ep: Endpoint, owner: object = None) -> bool:
         return self.table.try_take(ep.name, ep.slots, owner)  # type: ignore[arg-type]
@@ -143,7 +144,7 @@ class Coordinator:
             self._server.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        pending: dict[int, asyncio.Task] = {}
+        pending: dict[int, asyncio.Task[None]] = {}
         who: list[int] = []  # [row, pid] in the slot table, from the worker's hello
         store = self.store
 
@@ -156,8 +157,8 @@ class Coordinator:
             cands = [self.endpoints[n] for n in msg["cands"] if n in self.endpoints]
             try:
                 lease = await store.acquire(msg["model"], cands, self.choose_for(msg["model"]),
-                                            msg["timeout"], msg.get("order"), msg.get("pin"), who[0],
-                                            tuple(msg["fair"]) if msg.get("fair") else None)  # type: ignore[arg-type]
+                                            msg["timeout"], msg.get("order"), msg.get("pin"),
+                                            tuple(msg["fair"]) if msg.get("fair") else None, who[0])
             except QueueTimeout as e:
                 send({"id": rid, "err": "timeout", "order": e.order})
             except QueueFull:

@@ -48,7 +48,7 @@ class MemoryStore(StateStore):
 
     async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
                       timeout: float, order: int | None = None, pin: str | None = None,
-                      owner: object = None, fair: Fair | None = None) -> Lease:
+                      fair: Fair | None = None, owner: object = None) -> Lease:
         free = [e for e in candidates if self._free(e)]
         while free:
             ep = free[0] if len(free) == 1 else choose(free)

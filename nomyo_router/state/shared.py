@@ -15,7 +15,8 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..domain import Endpoint
 from . import private
@@ -46,10 +47,10 @@ class SharedStore(StateStore):
         self._lock_fd: int | None = None
         self._coordinator: Coordinator | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
+        self._reader_task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._ids = itertools.count(1)
-        self._replies: dict[int, asyncio.Future] = {}
+        self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._acquiring: dict[int, dict[str, Any]] = {}
         self._unhealthy: set[str] = set()
         self._closing = False
@@ -99,7 +100,7 @@ class SharedStore(StateStore):
                 break
             except (FileNotFoundError, ConnectionRefusedError):
                 if loop.time() > deadline:
-                    raise RuntimeError(f"no shared-state host answered at {self.sock_path}")
+                    raise RuntimeError(f"no shared-state host answered at {self.sock_path}") from None
                 await asyncio.sleep(0.05)  # a host is being elected; only at start or failover
         self._reader = reader
         self._writer = writer
@@ -165,7 +166,7 @@ class SharedStore(StateStore):
     async def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
         await self._connected.wait()
         rid = msg["id"] = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[rid] = fut
         self._send(msg)
         try:
@@ -209,10 +210,10 @@ class SharedStore(StateStore):
             raise NoEndpoint(model)
         if err == "rehome":
             raise Rehome(model, reply.get("order"), reply.get("waited", 0.0))
-        ep = self.endpoints.get(reply["ep"])
-        if ep is None:  # added by a reload that another worker applied first
-            ep = await self._learn(model, reply["ep"])
-        return Lease(self, ep, reply.get("queued_s", 0.0))
+        granted = self.endpoints.get(reply["ep"])
+        if granted is None:  # added by a reload that another worker applied first
+            granted = await self._learn(model, reply["ep"])
+        return Lease(self, granted, reply.get("queued_s", 0.0))
 
     async def _learn(self, model: str, name: str) -> Endpoint:
         """The host granted a slot on `name`, which this worker's own reload of the same file
@@ -234,7 +235,7 @@ class SharedStore(StateStore):
         rid = next(self._ids)
         msg = {"op": "acquire", "id": rid, "model": model, "cands": [e.name for e in candidates],
                "timeout": timeout, "order": order, "pin": pin, "fair": fair}
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[rid] = fut
         self._acquiring[rid] = msg
         self._send(msg)
@@ -292,7 +293,7 @@ class SharedStore(StateStore):
         return len(self._acquiring)
 
     async def snapshot(self) -> dict[str, Any]:
-        snap = (await self._call({"op": "snapshot"}))["snap"]
+        snap: dict[str, Any] = (await self._call({"op": "snapshot"}))["snap"]
         snap["mode"] = "shared"
         return snap
 
