@@ -25,17 +25,18 @@ import logging
 import random
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from ..config import RouterConfig
 from ..domain import Endpoint
 from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
-from .memory import MemoryStore
 from .fair import DEFAULT as DEFAULT_FAIR
 from .fair import Fair
 from .limits import Limits, Verdict
+from .memory import MemoryStore
 from .redis_limits import RedisLimits
 from .redis_link import RedisLink
 from .redis_messages import Messages
@@ -72,8 +73,8 @@ class RedisStore(StateStore):
         self._back = asyncio.Event()  # set when Redis answers again; a new one per outage
         self._unhealthy: set[str] = set()
         self._unsent_health: set[str] = set()  # verdicts Redis missed (it was away)
-        self._tasks: set[asyncio.Task] = set()
-        self._loops: list[asyncio.Task] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loops: list[asyncio.Task[None]] = []
         self.messages = Messages(self.link, self.ledger, self._is_degraded, self._degrade, self._background)
         self.pins = RedisPins(self.link, config.affinity_ttl, self.local, self._is_degraded, self._degrade)
         self.usage = UsageBatches(self.owner)
@@ -161,7 +162,7 @@ class RedisStore(StateStore):
                   "removed, %d leases of this instance registered)", self.ledger.ghosts - ghosts,
                   len(self.ledger.held))
 
-    def _background(self, coro: Any) -> None:
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -386,11 +387,11 @@ class RedisStore(StateStore):
             return {**snap, "degraded": True, "in_flight": {}, "queue_length": 0}
         n = len(self.endpoints)
         usage: dict[str, dict[str, int]] = {}
-        for name, counts in zip(self.endpoints, res[n + 1:]):
+        for name, counts in zip(self.endpoints, res[n + 1:], strict=True):
             usage[name] = {as_str(k): int(v) for k, v in counts.items()}
         for (ep, model), c in self.usage.pending().items():  # not counted in Redis yet
             usage.setdefault(ep, {})[model] = usage.get(ep, {}).get(model, 0) + c
-        return {**snap, "in_flight": dict(zip(self.endpoints, res[:n])), "queue_length": res[n],
+        return {**snap, "in_flight": dict(zip(self.endpoints, res[:n], strict=True)), "queue_length": res[n],
                 "usage": usage}
 
     def is_healthy(self, endpoint: Endpoint) -> bool:

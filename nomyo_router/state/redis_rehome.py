@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from typing import Any, TypeGuard
 
 from .base import Rehome
 
@@ -55,7 +55,7 @@ class Rehoming:
         model, order, since = self._waiters[lid]
         return Rehome(model, order, time.monotonic() - since)
 
-    def sent_back(self, order: int | None) -> bool:
+    def sent_back(self, order: int | None) -> TypeGuard[int]:
         return order is not None and order in self._orders
 
     async def in_turn(self, order: int, call: Callable[[], Awaitable[Any]]) -> Any:
