@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test docs lint lint-deploy setup setup-test setup-docs setup-lint redis wrk chromium bench clean
+.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,13 +16,14 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q -e .
 
 setup-test: $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,docs,deploy]'
+	$(BIN)/pip install -q -e '.[test,docs,deploy,lint]'
 
 setup-docs: $(BIN)/python
 	@test -x $(BIN)/mkdocs || $(BIN)/pip install -q -e '.[docs]'
 
 setup-lint: $(BIN)/python
-	@{ test -x $(BIN)/hadolint && test -x $(BIN)/yamllint; } || $(BIN)/pip install -q -e '.[deploy]'
+	@{ test -x $(BIN)/hadolint && test -x $(BIN)/yamllint && test -x $(BIN)/ruff && test -x $(BIN)/mypy; } || \
+	  $(BIN)/pip install -q -e '.[deploy,lint,kv-events,tracing]'
 
 redis:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -52,13 +53,20 @@ docs: setup-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # every linter; each group of files has its own target, listed here
-lint: lint-deploy
+lint: lint-deploy lint-py
 
 # the deployment files: hadolint on the Dockerfile, yamllint (.yamllint) on the YAML around
 # it (deploy/ holds compose.yaml; Helm's templates are excluded there, YAML only once rendered)
 lint-deploy: setup-lint
 	$(BIN)/hadolint Dockerfile
 	$(BIN)/yamllint --strict deploy examples mkdocs.yml .yamllint
+
+# the Python code: ruff (rules in pyproject.toml) over the whole tree, mypy --strict over
+# nomyo_router (its optional imports, pyzmq, msgpack and opentelemetry-proto, are type-checked
+# too: setup-lint installs them)
+lint-py: setup-lint
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: setup wrk
 	$(BIN)/python bench/overhead.py --floor
