@@ -120,7 +120,8 @@ async def router():
     async with run_mock(**FAST) as a, run_mock(**FAST) as b:
         seen = record(a, b)
         eps = [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b", "type": "openai"}]
-        async with run_router({"endpoints": eps,
+        # (context_routing off: learning the backends' context windows would POST /api/show itself)
+        async with run_router({"endpoints": eps, "context_routing": "off",
                                "client_keys": [{"name": "app", "key": KEY, "models": [ALLOWED]}]}) as r:
             yield r.url, seen
 
