@@ -4,5 +4,13 @@ and the relay stays in Python (nomyo_router/upstream/native.py)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("nomyo_router.upstream._pump", ["nomyo_router/upstream/_pump.c"],
-                             extra_compile_args=["-O2", "-Wall"], optional=True)])
+setup(
+    ext_modules=[
+        Extension(
+            "nomyo_router.upstream._pump",
+            ["nomyo_router/upstream/_pump.c"],
+            extra_compile_args=["-O2", "-Wall"],
+            optional=True,
+        )
+    ]
+)

@@ -35,12 +35,42 @@ def run(context: int, mode: str, conversations: int, turns: int, prefill: float,
     kv_tokens = int(conversations * (context + turns * 300) * 0.6)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    cmd = [sys.executable, os.path.join(ROOT, "loadtest.py"), "--mock-backend", "--mock-count", "2",
-           "--mock-ttft-ms", "20", "--mock-tokens", "32", "--mock-tok-ms", "1", "--mock-parallel", "8",
-           "--mock-prefill-ms-per-1k-tokens", str(prefill), "--mock-kv-cache-tokens", str(kv_tokens),
-           "--router-max-conc", "8", "--concurrency", str(conversations), "--turns", str(turns),
-           "--requests", str(conversations * turns), "--warmup", "0", "--context-tokens", str(context),
-           "--quiet", "--json", out, *MODES[mode], *extra]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "loadtest.py"),
+        "--mock-backend",
+        "--mock-count",
+        "2",
+        "--mock-ttft-ms",
+        "20",
+        "--mock-tokens",
+        "32",
+        "--mock-tok-ms",
+        "1",
+        "--mock-parallel",
+        "8",
+        "--mock-prefill-ms-per-1k-tokens",
+        str(prefill),
+        "--mock-kv-cache-tokens",
+        str(kv_tokens),
+        "--router-max-conc",
+        "8",
+        "--concurrency",
+        str(conversations),
+        "--turns",
+        str(turns),
+        "--requests",
+        str(conversations * turns),
+        "--warmup",
+        "0",
+        "--context-tokens",
+        str(context),
+        "--quiet",
+        "--json",
+        out,
+        *MODES[mode],
+        *extra,
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1800)
     with open(out) as f:
         doc = json.load(f)
@@ -72,10 +102,23 @@ def main() -> None:
             if mode == "off":
                 base = ttft
             speedup = f"  {base / ttft:.1f}x" if base and ttft and mode != "off" else ""
-            rows.append({"context": context, "mode": mode, "ttft_turn2plus_p50_ms": ttft, "hit_rate": hit,
-                         "outcomes": aff, "split": eps, "completed": s["completed"], "failed": s["failed"]})
-            print(f"{context:>8} {mode:>7} {ttft:>9.1f}ms {'' if hit is None else f'{hit:.1%}':>9} "
-                  f"{split:>12} {s['completed']:>5}{speedup}  {aff}", flush=True)
+            rows.append(
+                {
+                    "context": context,
+                    "mode": mode,
+                    "ttft_turn2plus_p50_ms": ttft,
+                    "hit_rate": hit,
+                    "outcomes": aff,
+                    "split": eps,
+                    "completed": s["completed"],
+                    "failed": s["failed"],
+                }
+            )
+            print(
+                f"{context:>8} {mode:>7} {ttft:>9.1f}ms {'' if hit is None else f'{hit:.1%}':>9} "
+                f"{split:>12} {s['completed']:>5}{speedup}  {aff}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

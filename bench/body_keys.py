@@ -31,30 +31,71 @@ LOREM = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod t
 
 def bodies() -> list[tuple[str, str, bytes]]:
     """(label, route, body) for the typical shapes."""
-    small = {"model": "llama3", "stream": True, "options": {"num_predict": 64, "temperature": 0.7},
-             "messages": [{"role": "user", "content": "Why is the sky blue? Explain it briefly to a child, "
-                                                      "in two or three sentences please, thanks a lot."}]}
-    long = {"model": "llama3", "stream": True, "options": {"num_predict": 64},
-            "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": LOREM * 13}
-                         for i in range(20)]}
-    escaped = {"model": "llama3", "stream": False,  # json.dumps escapes non-ASCII as \uXXXX (ensure_ascii)
-               "messages": [{"role": "user",
-                             "content": "Почему небо голубое? 为什么天空是蓝色的？ Warum ist er blau? " * 12}]}
-    tool = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "run the model"}],
-            "tools": [{"type": "function", "function": {
-                "name": "run_model", "description": "Run a model on an input",
-                "parameters": {"type": "object", "required": ["model", "input"], "properties": {
-                    "model": {"type": "string", "description": "which model"},
-                    "input": {"type": "string", "description": "what to give it"}}}}}]}
-    openai = {"model": "gpt-4o-mini", "messages": [{"role": "system", "content": "You are terse."},
-                                                   {"role": "user", "content": "Why is the sky blue?"}],
-              "temperature": 0.2, "top_p": 0.9, "max_tokens": 128, "stream": True,
-              "stream_options": {"include_usage": True}, "user": "bench"}
-    return [("1-message chat", "/api/chat", json.dumps(small).encode()),
-            ("20-message chat", "/api/chat", json.dumps(long).encode()),
-            ("non-ASCII chat as \\uXXXX", "/api/chat", json.dumps(escaped).encode()),
-            ('tool call with nested "model"', "/api/chat", json.dumps(tool).encode()),
-            ("OpenAI chat, 8 top-level keys", "/v1/chat/completions", json.dumps(openai).encode())]
+    small = {
+        "model": "llama3",
+        "stream": True,
+        "options": {"num_predict": 64, "temperature": 0.7},
+        "messages": [
+            {
+                "role": "user",
+                "content": "Why is the sky blue? Explain it briefly to a child, "
+                "in two or three sentences please, thanks a lot.",
+            }
+        ],
+    }
+    long = {
+        "model": "llama3",
+        "stream": True,
+        "options": {"num_predict": 64},
+        "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": LOREM * 13} for i in range(20)],
+    }
+    escaped = {
+        "model": "llama3",
+        "stream": False,  # json.dumps escapes non-ASCII as \uXXXX (ensure_ascii)
+        "messages": [{"role": "user", "content": "Почему небо голубое? 为什么天空是蓝色的？ Warum ist er blau? " * 12}],
+    }
+    tool = {
+        "model": "llama3",
+        "stream": False,
+        "messages": [{"role": "user", "content": "run the model"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "run_model",
+                    "description": "Run a model on an input",
+                    "parameters": {
+                        "type": "object",
+                        "required": ["model", "input"],
+                        "properties": {
+                            "model": {"type": "string", "description": "which model"},
+                            "input": {"type": "string", "description": "what to give it"},
+                        },
+                    },
+                },
+            }
+        ],
+    }
+    openai = {
+        "model": "gpt-4o-mini",
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Why is the sky blue?"},
+        ],
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "max_tokens": 128,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "user": "bench",
+    }
+    return [
+        ("1-message chat", "/api/chat", json.dumps(small).encode()),
+        ("20-message chat", "/api/chat", json.dumps(long).encode()),
+        ("non-ASCII chat as \\uXXXX", "/api/chat", json.dumps(escaped).encode()),
+        ('tool call with nested "model"', "/api/chat", json.dumps(tool).encode()),
+        ("OpenAI chat, 8 top-level keys", "/v1/chat/completions", json.dumps(openai).encode()),
+    ]
 
 
 @contextlib.contextmanager

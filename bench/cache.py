@@ -50,14 +50,30 @@ def gate_cost(runs: int = 7) -> dict[str, float]:
     from nomyo_router.cache.stores import MemoryStore
     from nomyo_router.config import CacheConfig
     from nomyo_router.events import Events
+
     small = json.dumps({"model": "llama3", "stream": True, "messages": MSGS}).encode()
-    long = json.dumps({"model": "llama3", "stream": True, "messages": [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": "lorem ipsum dolor sit amet " * 40}
-        for i in range(20)]}).encode()
-    scope = {"headers": [(b"host", b"127.0.0.1:12434"), (b"user-agent", b"openai-python/1.40"),
-                         (b"content-type", b"application/json"), (b"accept", b"application/json"),
-                         (b"authorization", b"Bearer sk-xxxxxxxx"), (b"content-length", b"120"),
-                         (b"x-stainless-lang", b"python"), (b"accept-encoding", b"gzip")]}
+    long = json.dumps(
+        {
+            "model": "llama3",
+            "stream": True,
+            "messages": [
+                {"role": "user" if i % 2 == 0 else "assistant", "content": "lorem ipsum dolor sit amet " * 40}
+                for i in range(20)
+            ],
+        }
+    ).encode()
+    scope = {
+        "headers": [
+            (b"host", b"127.0.0.1:12434"),
+            (b"user-agent", b"openai-python/1.40"),
+            (b"content-type", b"application/json"),
+            (b"accept", b"application/json"),
+            (b"authorization", b"Bearer sk-xxxxxxxx"),
+            (b"content-length", b"120"),
+            (b"x-stainless-lang", b"python"),
+            (b"accept-encoding", b"gzip"),
+        ]
+    }
     cache = ResponseCache(CacheConfig(enabled=True), MemoryStore(CacheConfig()), Events())
 
     def handle(req, send, rec):  # (never called)
@@ -69,8 +85,9 @@ def gate_cost(runs: int = 7) -> dict[str, float]:
         off: ResponseCache | None = None
         cases = {
             "off": lambda off=off, req=req: off is not None or "nomyo" in req.body,
-            "on": lambda req=req: (hook.handler(cache, scope, req, handle) if (cache is not None or "nomyo" in req.body)
-                                   else 0),
+            "on": lambda req=req: (
+                hook.handler(cache, scope, req, handle) if (cache is not None or "nomyo" in req.body) else 0
+            ),
             "off, searching the raw body instead": lambda raw=raw: b'"nomyo"' in raw,
         }
         for mode, fn in cases.items():
@@ -86,18 +103,26 @@ def wrk_run(url: str, body: dict, conc: int, seconds: float, unique: bool) -> di
     lua = ["wrk.method = 'POST'", "wrk.headers['Content-Type'] = 'application/json'"]
     if unique:  # the prompt's text gets a counter: every request is another question
         head, tail = text.split("Why is the sky blue?", 1)
-        lua += ["local n = 0", f"local id = '{secrets.token_hex(8)}'",  # (new each run: no run hits another's)
-                "request = function()", "  n = n + 1",
-                f"  return wrk.format(nil, nil, nil, [[{head}]] .. id .. '-' .. n .. [[ Why is the sky blue?{tail}]])",
-                "end"]
+        lua += [
+            "local n = 0",
+            f"local id = '{secrets.token_hex(8)}'",  # (new each run: no run hits another's)
+            "request = function()",
+            "  n = n + 1",
+            f"  return wrk.format(nil, nil, nil, [[{head}]] .. id .. '-' .. n .. [[ Why is the sky blue?{tail}]])",
+            "end",
+        ]
     else:
         lua.append(f"wrk.body = [[{text}]]")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write("\n".join(lua) + "\n")
         script = f.name
     try:
-        out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script,
-                              url], capture_output=True, text=True, timeout=seconds + 30).stdout
+        out = subprocess.run(
+            ["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script, url],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 30,
+        ).stdout
     finally:
         os.unlink(script)
     res = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
@@ -114,8 +139,11 @@ def redis_server() -> Iterator[str]:
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server not found: apt-get install redis-server (or leave redis out of --backends)")
     port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_tcp(port)
         yield f"redis://127.0.0.1:{port}/0"
@@ -130,19 +158,24 @@ def end_to_end(backend: str, seconds: float, concs: list[int], tmp: str) -> list
         cache = {"enabled": True, "backend": backend, "max_entries": 1_000_000, "path": os.path.join(tmp, "c.db")}
         if url:
             cache["url"] = url
-        with router_process([{"url": m.url, "name": "m", "max_concurrent": 1000}], core=0, cache=cache,
-                            usage_db=None) as (router, _):
+        with router_process(
+            [{"url": m.url, "name": "m", "max_concurrent": 1000}], core=0, cache=cache, usage_db=None
+        ) as (router, _):
             for stream in (False, True):
                 body = {"model": "llama3", "messages": MSGS, "stream": stream}
                 for conc in concs:
-                    for case, b, unique in (("baseline (not opted in)", body, False),
-                                            ("hit", {**body, "nomyo": {"cache": True}}, False),
-                                            ("miss (stored)", {**body, "nomyo": {"cache": True}}, True)):
+                    for case, b, unique in (
+                        ("baseline (not opted in)", body, False),
+                        ("hit", {**body, "nomyo": {"cache": True}}, False),
+                        ("miss (stored)", {**body, "nomyo": {"cache": True}}, True),
+                    ):
                         r = wrk_run(router + "/api/chat", b, conc, seconds, unique)
                         rows.append({"backend": backend, "stream": stream, "conc": conc, "case": case, **r})
-                        print(f"{backend:7} stream={stream!s:5} c={conc:<3} {case:24} {r['rps']:9.0f} req/s  "
-                              f"p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  non-2xx {r['non2xx']}",
-                              flush=True)
+                        print(
+                            f"{backend:7} stream={stream!s:5} c={conc:<3} {case:24} {r['rps']:9.0f} req/s  "
+                            f"p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  non-2xx {r['non2xx']}",
+                            flush=True,
+                        )
     return rows
 
 

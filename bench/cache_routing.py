@@ -84,15 +84,15 @@ class Workload:
         n, rng = self.n, self.rng
         question = f"question {n}: {text(30, f'q{n}', 10_000 + n)}"
         if self.kind == "shared":
-            return [{"role": "system", "content": rng.choice(self.prefixes)},
-                    {"role": "user", "content": question}], 1
+            return [{"role": "system", "content": rng.choice(self.prefixes)}, {"role": "user", "content": question}], 1
         if self.kind == "hot":
             g = 0 if rng.random() < 0.8 else rng.randrange(1, GROUPS)
-            return [{"role": "system", "content": self.prefixes[g]},
-                    {"role": "user", "content": question}], 1
+            return [{"role": "system", "content": self.prefixes[g]}, {"role": "user", "content": question}], 1
         if self.kind == "docs":
-            return [{"role": "system", "content": "Answer from the document."},
-                    {"role": "user", "content": rng.choice(self.docs) + "\n\n" + question}], 4
+            return [
+                {"role": "system", "content": "Answer from the document."},
+                {"role": "user", "content": rng.choice(self.docs) + "\n\n" + question},
+            ], 4
         return [{"role": "user", "content": text(2_000, f"unique {n}", 20_000 + n)}], 1
 
 
@@ -103,8 +103,7 @@ async def one(session: aiohttp.ClientSession, url: str, messages: list[dict[str,
     t0 = time.perf_counter()
     ttft = None
     answer = []
-    async with session.post(url + "/api/chat", json={"model": "llama3", "messages": messages,
-                                                     "stream": True}) as resp:
+    async with session.post(url + "/api/chat", json={"model": "llama3", "messages": messages, "stream": True}) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
         QUEUE_MS.append(float(resp.headers.get("X-Router-Queue-Ms", 0)))
@@ -116,8 +115,9 @@ async def one(session: aiohttp.ClientSession, url: str, messages: list[dict[str,
     return ttft or 0.0, time.perf_counter() - t0, "".join(answer)
 
 
-async def drive(url: str, workload: Workload, requests: int, warmup: int, users: int,
-                stats_urls: list[str], marks: list) -> dict[str, Any]:
+async def drive(
+    url: str, workload: Workload, requests: int, warmup: int, users: int, stats_urls: list[str], marks: list
+) -> dict[str, Any]:
     ttfts: list[float] = []
     sent = 0
     t_start = [0.0]
@@ -142,8 +142,10 @@ async def drive(url: str, workload: Workload, requests: int, warmup: int, users:
                     break
                 if measured:
                     ttfts.append(ttft)
-                messages = messages + [{"role": "assistant", "content": answer},
-                                       {"role": "user", "content": f"and then? ({sent})"}]
+                messages = messages + [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": f"and then? ({sent})"},
+                ]
 
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=users)) as s:
@@ -152,10 +154,15 @@ async def drive(url: str, workload: Workload, requests: int, warmup: int, users:
     ttfts.sort()
     queue = QUEUE_MS[warmup:]
     QUEUE_MS.clear()
-    return {"queue_mean_ms": statistics.fmean(queue) if queue else 0.0, "n": len(ttfts), "failed": failures[0],
-            "rps": len(ttfts) / elapsed,
-            "ttft_mean_ms": 1000 * statistics.fmean(ttfts), "ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2],
-            "ttft_p90_ms": 1000 * ttfts[int(len(ttfts) * 0.9)]}
+    return {
+        "queue_mean_ms": statistics.fmean(queue) if queue else 0.0,
+        "n": len(ttfts),
+        "failed": failures[0],
+        "rps": len(ttfts) / elapsed,
+        "ttft_mean_ms": 1000 * statistics.fmean(ttfts),
+        "ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2],
+        "ttft_p90_ms": 1000 * ttfts[int(len(ttfts) * 0.9)],
+    }
 
 
 async def mock_stats(urls: list[str]) -> list[dict[str, Any]]:
@@ -174,12 +181,29 @@ async def reset(urls: list[str]) -> None:
                 await r.read()
 
 
-def run_one(mocks: list[MockProcess], policy: str, kind: str, requests: int, warmup: int,
-            workers: int, router_kv: int, users: int) -> dict[str, Any]:
+def run_one(
+    mocks: list[MockProcess],
+    policy: str,
+    kind: str,
+    requests: int,
+    warmup: int,
+    workers: int,
+    router_kv: int,
+    users: int,
+) -> dict[str, Any]:
     urls = [m.url for m in mocks]
     asyncio.run(reset(urls))
-    eps = [{"url": u, "name": f"mock{i}", "max_concurrent": SLOTS, "type": "ollama",
-            "models": ["llama3"], "kv_cache_tokens": router_kv} for i, u in enumerate(urls)]
+    eps = [
+        {
+            "url": u,
+            "name": f"mock{i}",
+            "max_concurrent": SLOTS,
+            "type": "ollama",
+            "models": ["llama3"],
+            "kv_cache_tokens": router_kv,
+        }
+        for i, u in enumerate(urls)
+    ]
     with router_process(eps, workers=workers, **POLICIES[policy]) as (url, _):
         marks: list = []
         res = asyncio.run(drive(url, Workload(kind), requests, warmup, users, urls, marks))
@@ -188,8 +212,14 @@ def run_one(mocks: list[MockProcess], policy: str, kind: str, requests: int, war
     hit = sum(a["kv_cache"]["hit_tokens"] - b["kv_cache"]["hit_tokens"] for a, b in zip(after, before, strict=True))
     miss = sum(a["kv_cache"]["miss_tokens"] - b["kv_cache"]["miss_tokens"] for a, b in zip(after, before, strict=True))
     per = [a["requests_total"] for a in after]  # whole run: where the traffic went
-    res.update(policy=policy, workload=kind, workers=workers, kv_hit=hit / max(hit + miss, 1),
-               split=per, imbalance=max(per) / max(min(per), 1))
+    res.update(
+        policy=policy,
+        workload=kind,
+        workers=workers,
+        kv_hit=hit / max(hit + miss, 1),
+        split=per,
+        imbalance=max(per) / max(min(per), 1),
+    )
     return res
 
 
@@ -198,33 +228,47 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=480, help="measured requests per run")
     p.add_argument("--warmup", type=int, default=64)
     p.add_argument("--workloads", default="shared,docs,hot,unique")
-    p.add_argument("--policies", default="least_busy,affinity,sglang,cache_aware",
-                   help=f"of {', '.join(POLICIES)}")
+    p.add_argument("--policies", default="least_busy,affinity,sglang,cache_aware", help=f"of {', '.join(POLICIES)}")
     p.add_argument("--workers", default="1", help="router workers, e.g. 1,4")
     p.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="each mock's KV cache, in tokens")
-    p.add_argument("--router-kv-tokens", type=int, default=None,
-                   help="kv_cache_tokens the router is told per endpoint (default: --kv-tokens)")
+    p.add_argument(
+        "--router-kv-tokens",
+        type=int,
+        default=None,
+        help="kv_cache_tokens the router is told per endpoint (default: --kv-tokens)",
+    )
     p.add_argument("--users", type=int, default=USERS, help=f"closed-loop users (default {USERS} = all slots)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    cfg = MockConfig(models=["llama3"], ttft_ms=20.0, tokens=32, tok_ms=3.0, parallel=SLOTS,
-                     prefill_ms_per_1k_tokens=25.0, kv_cache_tokens=args.kv_tokens)
+    cfg = MockConfig(
+        models=["llama3"],
+        ttft_ms=20.0,
+        tokens=32,
+        tok_ms=3.0,
+        parallel=SLOTS,
+        prefill_ms_per_1k_tokens=25.0,
+        kv_cache_tokens=args.kv_tokens,
+    )
     router_kv = args.kv_tokens if args.router_kv_tokens is None else args.router_kv_tokens
     mocks = [MockProcess(cfg).start() for _ in range(MOCKS)]
     rows = []
     try:
-        print(f"{'workload':8} {'policy':12} {'wk':>2} {'ttft mean':>9} {'p50':>7} {'p90':>7} "
-              f"{'req/s':>6} {'kv hit':>6} {'max/min':>7}  split")
+        print(
+            f"{'workload':8} {'policy':12} {'wk':>2} {'ttft mean':>9} {'p50':>7} {'p90':>7} "
+            f"{'req/s':>6} {'kv hit':>6} {'max/min':>7}  split"
+        )
         for kind in args.workloads.split(","):
             for workers in [int(w) for w in args.workers.split(",")]:
                 for policy in args.policies.split(","):
                     r = run_one(mocks, policy, kind, args.requests, args.warmup, workers, router_kv, args.users)
                     rows.append(r)
-                    print(f"{kind:8} {policy:12} {workers:>2} {r['ttft_mean_ms']:7.1f}ms {r['ttft_p50_ms']:5.1f}ms "
-                          f"{r['ttft_p90_ms']:5.1f}ms {r['rps']:6.1f} {r['kv_hit']:6.1%} {r['imbalance']:7.2f}  "
-                          f"{'/'.join(map(str, r['split']))}  queue {r['queue_mean_ms']:.1f}ms"
-                          + (f"  failed {r['failed']}" if r["failed"] else ""),
-                          flush=True)
+                    print(
+                        f"{kind:8} {policy:12} {workers:>2} {r['ttft_mean_ms']:7.1f}ms {r['ttft_p50_ms']:5.1f}ms "
+                        f"{r['ttft_p90_ms']:5.1f}ms {r['rps']:6.1f} {r['kv_hit']:6.1%} {r['imbalance']:7.2f}  "
+                        f"{'/'.join(map(str, r['split']))}  queue {r['queue_mean_ms']:.1f}ms"
+                        + (f"  failed {r['failed']}" if r["failed"] else ""),
+                        flush=True,
+                    )
     finally:
         for m in mocks:
             m.stop()

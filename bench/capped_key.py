@@ -29,8 +29,9 @@ from common import router_process, rss_mb  # noqa: E402
 from mock import MockConfig, MockProcess  # noqa: E402
 
 KEY = "flood-key-0123456789"
-BODY = json.dumps({"model": "llama3", "stream": False,
-                   "messages": [{"role": "user", "content": "hello " * 50}]}).encode()
+BODY = json.dumps(
+    {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hello " * 50}]}
+).encode()
 
 
 async def one(port: int, key: str, statuses: collections.Counter[int], hold: asyncio.Event) -> None:
@@ -39,8 +40,10 @@ async def one(port: int, key: str, statuses: collections.Counter[int], hold: asy
     except OSError:
         statuses[-1] += 1
         return
-    head = (f"POST /api/chat HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n").encode()
+    head = (
+        f"POST /api/chat HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
+    ).encode()
     writer.write(head + BODY)
     try:
         line = await asyncio.wait_for(reader.readline(), 0.5)
@@ -74,8 +77,12 @@ async def main() -> None:
     with MockProcess(MockConfig(ttft_ms=2000, tok_ms=0, tokens=2, parallel=64)) as m:
         eps = [{"url": m.url, "name": "m", "max_concurrent": 4}]
         for key in ("wrong-key-0123456789", KEY):  # a fresh router for each flood
-            with router_process(eps, client_keys=[{"name": "flood", "key": KEY, "max_concurrent": 1}],
-                                usage_db=None, max_queue=args.max_queue) as (url, proc):
+            with router_process(
+                eps,
+                client_keys=[{"name": "flood", "key": KEY, "max_concurrent": 1}],
+                usage_db=None,
+                max_queue=args.max_queue,
+            ) as (url, proc):
                 time.sleep(1.0)
                 results.append(await flood(url, proc.pid, key, args.requests))
     (refused, s1), (capped, s2) = results

@@ -78,6 +78,7 @@ async def load(url: str, n: int, conc: int, t: Tally, events: list) -> None:
     """Closed loop of `n` requests; `events`: (fraction done, coroutine fn) run once each."""
     done = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+
         async def client(i: int) -> None:
             nonlocal done
             while done < n:
@@ -87,6 +88,7 @@ async def load(url: str, n: int, conc: int, t: Tally, events: list) -> None:
                         ev[2] = True
                         asyncio.get_running_loop().create_task(ev[1]())
                 await one(s, url, (done + i) % 2 == 0, t)
+
         await asyncio.gather(*(client(i) for i in range(conc)))
 
 
@@ -115,6 +117,7 @@ def run(scenario: str, n: int, conc: int) -> dict:
             async def go() -> None:
                 events: list = []
                 if scenario == "kill":
+
                     async def kill() -> None:
                         b.kill()
                         info["t_fault"] = time.monotonic()
@@ -123,14 +126,20 @@ def run(scenario: str, n: int, conc: int) -> dict:
                     async def restart() -> None:
                         info["restarted"] = MockProcess(CFG, port=b.port).start()
                         info["t_back"] = time.monotonic()
+
                     events = [[1 / 3, kill, False], [2 / 3, restart, False]]
                 else:
-                    knob = {"500": {"fail_rate": 1.0}, "503": {"busy_rate": 1.0}, "drop": {"drop_rate": 0.3},
-                            "hang": {"hang_rate": 1.0}}[scenario]
+                    knob = {
+                        "500": {"fail_rate": 1.0},
+                        "503": {"busy_rate": 1.0},
+                        "drop": {"drop_rate": 0.3},
+                        "hang": {"hang_rate": 1.0},
+                    }[scenario]
                     await _configure(b.url, knob)
                     info["t_fault"] = time.monotonic()
                     asyncio.get_running_loop().create_task(watch_ejection(url, info["t_fault"], info))
                 await load(url, n, conc, t, events)
+
             try:
                 asyncio.run(go())
             finally:
@@ -140,10 +149,15 @@ def run(scenario: str, n: int, conc: int) -> dict:
             if "t_back" in info:
                 after = [x for x in t.b_served if x >= info["t_back"]]
                 back = round(after[0] - info["t_back"], 3) if after else None
-            return {"scenario": scenario, "requests": t.requests, "failed_before_first_byte": t.before_first_byte,
-                    "failed_mid_stream": t.mid_stream, "worst_latency_s": round(t.worst, 3),
-                    "detection_s": round(info["detected_s"], 3) if "detected_s" in info else None,
-                    "back_in_traffic_s": back}
+            return {
+                "scenario": scenario,
+                "requests": t.requests,
+                "failed_before_first_byte": t.before_first_byte,
+                "failed_mid_stream": t.mid_stream,
+                "worst_latency_s": round(t.worst, 3),
+                "detection_s": round(info["detected_s"], 3) if "detected_s" in info else None,
+                "back_in_traffic_s": back,
+            }
 
 
 async def _configure(url: str, knob: dict) -> None:
@@ -156,19 +170,26 @@ async def cancel_storm(url: str) -> dict:
     left = 0
     for _ in range(20):
         async with aiohttp.ClientSession() as s:
+
             async def leave() -> None:
                 nonlocal left
                 async with s.post(url + "/api/chat", json={**CHAT, "stream": True}) as r:
                     await r.content.readline()
                     left += 1
+
             await asyncio.gather(*(leave() for _ in range(50)))
     await asyncio.sleep(0.5)
     async with aiohttp.ClientSession() as s:
         h = await health_of(s, url)
         async with s.get(url + "/health") as r:
             queue = (await r.json())["queue_length"]
-    return {"scenario": "cancel", "requests": left, "in_flight_after": sum(e["in_flight"] for e in h.values()),
-            "queue_after": queue, "ejections": sum(e.get("health", {}).get("ejections", 0) for e in h.values())}
+    return {
+        "scenario": "cancel",
+        "requests": left,
+        "in_flight_after": sum(e["in_flight"] for e in h.values()),
+        "queue_after": queue,
+        "ejections": sum(e.get("health", {}).get("ejections", 0) for e in h.values()),
+    }
 
 
 def redis_restart() -> dict:
@@ -176,10 +197,20 @@ def redis_restart() -> dict:
     import subprocess
 
     from common import free_port
+
     slow = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=2, first_byte_delay_ms=250, parallel=64)
     port = free_port()
-    cmd = [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-           "--save", "", "--appendonly", "no"]
+    cmd = [
+        shutil.which("redis-server") or "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
     out = {"scenario": "redis"}
     with MockProcess(slow) as m:
         for outage in (False, True):
@@ -187,13 +218,16 @@ def redis_restart() -> dict:
             time.sleep(0.3)
             eps = [{"url": m.url, "name": "a", "max_concurrent": 1}]
             with router_process(eps, state=f"redis://127.0.0.1:{port}/0", queue_timeout=120) as (url, _):
+
                 async def go(outage: bool = outage) -> list[tuple[int, float]]:
                     async with aiohttp.ClientSession() as s:
+
                         async def one() -> tuple[int, float]:
                             t0 = time.monotonic()
                             async with s.post(url + "/api/chat", json={**CHAT, "stream": False}) as r:
                                 await r.read()
                                 return r.status, time.monotonic() - t0
+
                         load = [asyncio.create_task(one()) for _ in range(41)]
                         await asyncio.sleep(0.4)
                         nonlocal redis
@@ -203,6 +237,7 @@ def redis_restart() -> dict:
                             await asyncio.sleep(0.2)
                             redis = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
                         return await asyncio.gather(*load)
+
                 res = asyncio.run(go())
             redis.kill()
             redis.wait()

@@ -23,8 +23,9 @@ ZERO = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=8, parallel=100_000, max_queue
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
 
 
-def wrk(url: str, body: str, conc: int, seconds: float = 4.0,
-        headers: dict[str, str] | None = None) -> dict[str, float]:
+def wrk(
+    url: str, body: str, conc: int, seconds: float = 4.0, headers: dict[str, str] | None = None
+) -> dict[str, float]:
     """req/s and p50/p99 (ms) of a wrk POST run."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: apt-get install wrk")
@@ -35,8 +36,12 @@ def wrk(url: str, body: str, conc: int, seconds: float = 4.0,
             f.write(f"wrk.headers['{name}']='{value}'\n")
         script = f.name
     try:
-        out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script,
-                              url], capture_output=True, text=True, timeout=seconds + 30).stdout
+        out = subprocess.run(
+            ["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script, url],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 30,
+        ).stdout
     finally:
         os.unlink(script)
     res = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
@@ -51,6 +56,7 @@ def wrk(url: str, body: str, conc: int, seconds: float = 4.0,
 def wait_tcp(port: int, timeout: float = 20.0) -> None:
     import socket
     import time
+
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -101,8 +107,9 @@ def mock_process(config: MockConfig = ZERO) -> Iterator[MockProcess]:
 
 
 @contextmanager
-def router_process(endpoints: list[dict], workers: int = 1, core: int | None = None,
-                   **extra: object) -> Iterator[tuple[str, subprocess.Popen]]:
+def router_process(
+    endpoints: list[dict], workers: int = 1, core: int | None = None, **extra: object
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """A router on a free port (pinned to `core` if given) until the block ends."""
     cfg = {"endpoints": endpoints, "max_queue": 100_000, **extra}
     fd, path = tempfile.mkstemp(suffix=".yaml")
@@ -110,15 +117,32 @@ def router_process(endpoints: list[dict], workers: int = 1, core: int | None = N
         yaml.safe_dump(cfg, f)
     port = free_port()
     pin = ["taskset", "-c", str(core)] if core is not None else []
-    proc = subprocess.Popen([*pin, sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
-                             "--workers", str(workers), "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *pin,
+            sys.executable,
+            "-m",
+            "nomyo_router",
+            "--config",
+            path,
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(url + "/health", 30, proc)
         yield url, proc
     finally:
         import signal
+
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(10)
         os.unlink(path)

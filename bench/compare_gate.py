@@ -25,9 +25,28 @@ SLOWER = 1.2
 
 def run(out: str, args: argparse.Namespace, slow: bool) -> None:
     ttft, tok = args.ttft_ms * (SLOWER if slow else 1), args.tok_ms * (SLOWER if slow else 1)
-    cmd = [sys.executable, "loadtest.py", "--mock-backend", "--ramp", args.ramp, "--duration", str(args.duration),
-           "--warmup", str(args.warmup), "--repeat", str(args.repeat), "--mock-ttft-ms", str(ttft),
-           "--mock-tok-ms", str(tok), "--mock-tokens", str(args.tokens), "--quiet", "--json", out]
+    cmd = [
+        sys.executable,
+        "loadtest.py",
+        "--mock-backend",
+        "--ramp",
+        args.ramp,
+        "--duration",
+        str(args.duration),
+        "--warmup",
+        str(args.warmup),
+        "--repeat",
+        str(args.repeat),
+        "--mock-ttft-ms",
+        str(ttft),
+        "--mock-tok-ms",
+        str(tok),
+        "--mock-tokens",
+        str(args.tokens),
+        "--quiet",
+        "--json",
+        out,
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"loadtest failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
@@ -43,8 +62,9 @@ def compare(base: str, cur: str, args: argparse.Namespace) -> tuple[int, str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--ramp", default="8,64")
     ap.add_argument("--repeat", type=int, default=3)
@@ -71,14 +91,28 @@ def main() -> int:
         rc_slow, why_slow = compare(base, slow, args)
         same_pass += rc_same == 0
         slow_fail += rc_slow == 1
-        print(f"trial {i + 1:2d}: identical -> exit {rc_same} ({why_same}); "
-              f"20% slower -> exit {rc_slow} ({why_slow})", flush=True)
-    print(json.dumps({"trials": args.trials, "identical_passed": same_pass, "slower_failed": slow_fail,
-                      "repeat": args.repeat, "ramp": args.ramp, "duration": args.duration,
-                      "max_regression": args.max_regression, "advisory": args.advisory,
-                      "seconds": round(time.time() - t0)}))
-    print(f"identical builds passed {same_pass} of {args.trials}; 20% slower backend failed "
-          f"{slow_fail} of {args.trials}")
+        print(
+            f"trial {i + 1:2d}: identical -> exit {rc_same} ({why_same}); 20% slower -> exit {rc_slow} ({why_slow})",
+            flush=True,
+        )
+    print(
+        json.dumps(
+            {
+                "trials": args.trials,
+                "identical_passed": same_pass,
+                "slower_failed": slow_fail,
+                "repeat": args.repeat,
+                "ramp": args.ramp,
+                "duration": args.duration,
+                "max_regression": args.max_regression,
+                "advisory": args.advisory,
+                "seconds": round(time.time() - t0),
+            }
+        )
+    )
+    print(
+        f"identical builds passed {same_pass} of {args.trials}; 20% slower backend failed {slow_fail} of {args.trials}"
+    )
     return 0 if same_pass >= args.trials * 0.95 and slow_fail >= args.trials * 0.95 else 1
 
 

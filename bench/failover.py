@@ -37,9 +37,11 @@ def main() -> None:
             threading.Timer(args.kill_at, b.kill).start()
             stage = Stage("closed", args.concurrency, duration=args.seconds, warmup=0.0)
             m = summarize(asyncio.run(run_stage(url, WorkloadSpec(stream=args.stream), stage, 30)))
-    print(f"{'stream' if args.stream else 'non-stream'}: {m['requests']} requests, {m['completed']} ok, "
-          f"{m['failed']} failed {m['errors'] or ''}; split {m['endpoints']}; "
-          f"{m['request_throughput']:.0f} req/s; p99 {m['p99_e2el_ms']} ms")
+    print(
+        f"{'stream' if args.stream else 'non-stream'}: {m['requests']} requests, {m['completed']} ok, "
+        f"{m['failed']} failed {m['errors'] or ''}; split {m['endpoints']}; "
+        f"{m['request_throughput']:.0f} req/s; p99 {m['p99_e2el_ms']} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ async def drive(url: str, seconds: float, flood: int, gap: float, light_key: str
     waits: dict[str, list[float]] = {"flood": [], "light": []}
     deadline = time.monotonic() + seconds
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
         async def one(name: str, key: str) -> None:
             async with s.post(url + "/api/chat", json=BODY, headers={"Authorization": f"Bearer {key}"}) as r:
                 await r.read()
@@ -50,6 +51,7 @@ async def drive(url: str, seconds: float, flood: int, gap: float, light_key: str
                 tasks.append(asyncio.create_task(one("light", light_key)))
                 await asyncio.sleep(gap)
             await asyncio.gather(*tasks)
+
         await asyncio.gather(*[flooder() for _ in range(flood)], light())
     return waits
 
@@ -64,20 +66,32 @@ def main() -> None:
     args = p.parse_args()
     service = args.service_ms / 1000
     mock = MockConfig(ttft_ms=args.service_ms, tok_ms=0.0, tokens=1, parallel=args.slots * 4, max_queue=100_000)
-    runs = [("fair share (own key)", LIGHT, {}), ("FIFO (the flood's key)", FLOOD, {}),
-            ("priority 1 (own key)", LIGHT, {"priority": 1})]
-    print(f"one endpoint, {args.slots} slots, {args.service_ms:g} ms a request; the flood keeps {args.flood} "
-          f"in flight; {args.workers} worker(s); queue wait in ms (the router's X-Router-Queue-Ms)")
+    runs = [
+        ("fair share (own key)", LIGHT, {}),
+        ("FIFO (the flood's key)", FLOOD, {}),
+        ("priority 1 (own key)", LIGHT, {"priority": 1}),
+    ]
+    print(
+        f"one endpoint, {args.slots} slots, {args.service_ms:g} ms a request; the flood keeps {args.flood} "
+        f"in flight; {args.workers} worker(s); queue wait in ms (the router's X-Router-Queue-Ms)"
+    )
     with mock_process(mock) as m:
         for label, key, light_extra in runs:
             keys = [{"name": "flood", "key": FLOOD}, {"name": "light", "key": LIGHT, **light_extra}]
-            with router_process([{"url": m.url, "name": "one", "max_concurrent": args.slots}], args.workers,
-                                client_keys=keys, queue_timeout=120) as (url, _):
+            with router_process(
+                [{"url": m.url, "name": "one", "max_concurrent": args.slots}],
+                args.workers,
+                client_keys=keys,
+                queue_timeout=120,
+            ) as (url, _):
                 waits = asyncio.run(drive(url, args.seconds, args.flood, 4 * service, key))
             lw, fw = waits["light"], waits["flood"]
-            print(f"{label:24} light: n={len(lw):4} p50 {pct(lw, 50):7.1f}  p99 {pct(lw, 99):7.1f} | "
-                  f"flood: n={len(fw):5} p50 {pct(fw, 50):7.1f}  p99 {pct(fw, 99):7.1f}"
-                  + (f"  (light mean {statistics.mean(lw):.1f})" if lw else ""), flush=True)
+            print(
+                f"{label:24} light: n={len(lw):4} p50 {pct(lw, 50):7.1f}  p99 {pct(lw, 99):7.1f} | "
+                f"flood: n={len(fw):5} p50 {pct(fw, 50):7.1f}  p99 {pct(fw, 99):7.1f}"
+                + (f"  (light mean {statistics.mean(lw):.1f})" if lw else ""),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ def build() -> str:
     os.makedirs(CACHE, exist_ok=True)
     tmp = f"{target}.{os.getpid()}"
     env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": ""}
-    done = subprocess.run([go, "build", "-trimpath", "-o", tmp, "."], cwd=SRC, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [go, "build", "-trimpath", "-o", tmp, "."], cwd=SRC, env=env, capture_output=True, text=True, timeout=600
+    )
     if done.returncode != 0:
         raise RuntimeError(f"go build of bench/slowgen failed: {done.stderr.strip()}")
     os.replace(tmp, target)
@@ -76,8 +77,22 @@ class Backend:
 @contextmanager
 def backend(binary: str, ttft_ms: float, tok_ms: float, tokens: int, tick_ms: float) -> Iterator[Backend]:
     """The fake backend on a free port of 127.0.0.1, on the caller's cores."""
-    with _child([binary, "serve", "--port", "0", "--ttft-ms", str(ttft_ms), "--tok-ms", str(tok_ms),
-                 "--tokens", str(tokens), "--tick-ms", str(tick_ms)]) as b:
+    with _child(
+        [
+            binary,
+            "serve",
+            "--port",
+            "0",
+            "--ttft-ms",
+            str(ttft_ms),
+            "--tok-ms",
+            str(tok_ms),
+            "--tokens",
+            str(tokens),
+            "--tick-ms",
+            str(tick_ms),
+        ]
+    ) as b:
         yield b
 
 
@@ -102,15 +117,45 @@ def _child(cmd: list[str]) -> Iterator[Backend]:
         proc.wait(10)
 
 
-def run(binary: str, host: str, port: int, streams: int, tokens: int, ramp: float, warm: float,
-        seconds: float, timeout: float = 60.0,
-        at_window: Callable[[str], None] | None = None) -> slowload.Outcome:
+def run(
+    binary: str,
+    host: str,
+    port: int,
+    streams: int,
+    tokens: int,
+    ramp: float,
+    warm: float,
+    seconds: float,
+    timeout: float = 60.0,
+    at_window: Callable[[str], None] | None = None,
+) -> slowload.Outcome:
     """slowload.run's contract, from the Go client: `at_window("start" | "end")` is called as
     the client says the window opened and closed."""
-    proc = subprocess.Popen([binary, "load", "--host", host, "--port", str(port), "--streams", str(streams),
-                             "--tokens", str(tokens), "--ramp", str(ramp), "--warm", str(warm),
-                             "--seconds", str(seconds), "--timeout", str(timeout)],
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, **_ENV})
+    proc = subprocess.Popen(
+        [
+            binary,
+            "load",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--streams",
+            str(streams),
+            "--tokens",
+            str(tokens),
+            "--ramp",
+            str(ramp),
+            "--warm",
+            str(warm),
+            "--seconds",
+            str(seconds),
+            "--timeout",
+            str(timeout),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **_ENV},
+    )
     result = None
     for line in proc.stdout:  # type: ignore[union-attr]
         line = line.strip()
@@ -124,6 +169,12 @@ def run(binary: str, host: str, port: int, streams: int, tokens: int, ramp: floa
     nan = float("nan")
     return slowload.Outcome(
         requests=[(sent, nan if ttft is None else ttft, err) for sent, ttft, err in result["requests"]],
-        send_lags=result["send_lags"] or [], loop_lags=result["loop_lags"] or [],
-        open_samples=result["open_samples"] or [], window=tuple(result["window"]),  # type: ignore[arg-type]
-        cpu_s=result["cpu_s"], wall_s=result["wall_s"], lines=result["lines"], nbytes=result["nbytes"])
+        send_lags=result["send_lags"] or [],
+        loop_lags=result["loop_lags"] or [],
+        open_samples=result["open_samples"] or [],
+        window=tuple(result["window"]),  # type: ignore[arg-type]
+        cpu_s=result["cpu_s"],
+        wall_s=result["wall_s"],
+        lines=result["lines"],
+        nbytes=result["nbytes"],
+    )

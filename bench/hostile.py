@@ -63,10 +63,27 @@ def reset_peak(pid: int) -> bool:
 
 def hostile(api: str, model: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "test.hostile_backend", "--port", str(port), "--api", api,
-                             "--model", model, "--stream", "long", "--whole", "big",
-                             "--size", str(ARGS.size_mb * 1024 * 1024)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "test.hostile_backend",
+            "--port",
+            str(port),
+            "--api",
+            api,
+            "--model",
+            model,
+            "--stream",
+            "long",
+            "--whole",
+            "big",
+            "--size",
+            str(ARGS.size_mb * 1024 * 1024),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     wait_tcp(port)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -76,9 +93,27 @@ def curl(url: str, body: dict) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".out", delete=False) as f:
         path = f.name
     t0 = time.monotonic()
-    out = subprocess.run(["curl", "-s", "-N", "-o", path, "-w", "%{http_code} %{size_download}", "-X", "POST",
-                          "-H", "Content-Type: application/json", "-d", json.dumps(body), url],
-                         capture_output=True, text=True, timeout=300).stdout.split()
+    out = subprocess.run(
+        [
+            "curl",
+            "-s",
+            "-N",
+            "-o",
+            path,
+            "-w",
+            "%{http_code} %{size_download}",
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            json.dumps(body),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout.split()
     took = time.monotonic() - t0
     with open(path, "rb") as f:
         f.seek(max(0, os.path.getsize(path) - 300))
@@ -96,6 +131,7 @@ class Steady:
 
     async def run(self) -> None:
         async with aiohttp.ClientSession() as s:
+
             async def one() -> None:
                 while not self.stop:
                     t0 = time.perf_counter()
@@ -107,13 +143,19 @@ class Steady:
                         ok = False
                     self.lat.append(time.perf_counter() - t0)
                     self.errors += not ok
+
             await asyncio.gather(*(one() for _ in range(self.conc)))
 
     def summary(self) -> dict:
         lat = sorted(self.lat)
         pick = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 2)) if lat else (lambda q: None)
-        return {"requests": len(lat), "errors": self.errors, "p50_ms": pick(0.5), "p99_ms": pick(0.99),
-                "max_ms": round(lat[-1] * 1000, 1) if lat else None}
+        return {
+            "requests": len(lat),
+            "errors": self.errors,
+            "p50_ms": pick(0.5),
+            "p99_ms": pick(0.99),
+            "max_ms": round(lat[-1] * 1000, 1) if lat else None,
+        }
 
 
 async def phase(url: str, seconds: float, hostile_work=None, pid: int = 0) -> tuple[dict, list]:
@@ -141,15 +183,24 @@ def run(relay: str) -> dict:
         bad, bad_url = hostile("ollama", "evil")
         worse, worse_url = hostile("openai", "evil-openai")
         try:
-            eps = [{"url": good.url, "name": "good", "max_concurrent": 64},
-                   {"url": bad_url, "name": "evil", "type": "ollama", "models": ["evil"], "max_concurrent": 4},
-                   {"url": worse_url, "name": "evil-openai", "type": "openai", "models": ["evil-openai"],
-                    "max_concurrent": 4}]
+            eps = [
+                {"url": good.url, "name": "good", "max_concurrent": 64},
+                {"url": bad_url, "name": "evil", "type": "ollama", "models": ["evil"], "max_concurrent": 4},
+                {
+                    "url": worse_url,
+                    "name": "evil-openai",
+                    "type": "openai",
+                    "models": ["evil-openai"],
+                    "max_concurrent": 4,
+                },
+            ]
             with router_process(eps, native_relay=relay == "native", usage_db=None) as (url, proc):
                 msgs = [{"role": "user", "content": "hi"}]
-                work = [("record", url + "/api/chat", {"model": "evil", "stream": True, "messages": msgs}),
-                        ("whole", url + "/api/chat", {"model": "evil", "stream": False, "messages": msgs}),
-                        ("translated", url + "/api/chat", {"model": "evil-openai", "stream": False, "messages": msgs})]
+                work = [
+                    ("record", url + "/api/chat", {"model": "evil", "stream": True, "messages": msgs}),
+                    ("whole", url + "/api/chat", {"model": "evil", "stream": False, "messages": msgs}),
+                    ("translated", url + "/api/chat", {"model": "evil-openai", "stream": False, "messages": msgs}),
+                ]
                 asyncio.run(phase(url, 1.0))  # warm-up
                 quiet, _ = asyncio.run(phase(url, ARGS.seconds))
                 before = status_kb(proc.pid)
@@ -161,11 +212,18 @@ def run(relay: str) -> dict:
                 p.wait(10)
     reset = all("peak_mb" in r for _, r in results)
     peak = before["VmRSS"] + max(r.get("peak_mb", 0.0) for _, r in results) if reset else after["VmHWM"]
-    return {"relay": relay, "hostile": dict(results), "rss_before_mb": round(before["VmRSS"], 1),
-            "rss_peak_mb": round(peak, 1), "rss_after_mb": round(after["VmRSS"], 1),
-            "peak_growth_mb": round(peak - before["VmRSS"], 1), "peak_reset": reset,
-            "steady_quiet": quiet, "steady_hostile": loud,
-            "p99_ratio": round(loud["p99_ms"] / quiet["p99_ms"], 2) if quiet["p99_ms"] else None}
+    return {
+        "relay": relay,
+        "hostile": dict(results),
+        "rss_before_mb": round(before["VmRSS"], 1),
+        "rss_peak_mb": round(peak, 1),
+        "rss_after_mb": round(after["VmRSS"], 1),
+        "peak_growth_mb": round(peak - before["VmRSS"], 1),
+        "peak_reset": reset,
+        "steady_quiet": quiet,
+        "steady_hostile": loud,
+        "p99_ratio": round(loud["p99_ms"] / quiet["p99_ms"], 2) if quiet["p99_ms"] else None,
+    }
 
 
 def main() -> None:

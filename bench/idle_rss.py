@@ -67,16 +67,38 @@ def role(pid: int, root: int) -> str:
 def one_start(mock_url: str, launcher: str, workers: int) -> dict[str, list[dict[str, float]]]:
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        yaml.safe_dump({"endpoints": [{"url": mock_url, "name": "mock", "max_concurrent": 4096}],
-                        "max_queue": 100_000}, f)
+        yaml.safe_dump(
+            {"endpoints": [{"url": mock_url, "name": "mock", "max_concurrent": 4096}], "max_queue": 100_000}, f
+        )
     port = free_port()
     env = dict(os.environ, NOMYO_ROUTER_CONFIG=path)
     if launcher == "cli":
-        cmd = [sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
-               "--workers", str(workers), "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "nomyo_router",
+            "--config",
+            path,
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ]
     else:
-        cmd = [sys.executable, "-m", "uvicorn", "nomyo_router.app:app", "--port", str(port),
-               "--workers", str(workers), "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "nomyo_router.app:app",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -90,6 +112,7 @@ def one_start(mock_url: str, launcher: str, workers: int) -> dict[str, list[dict
         return by_role
     finally:
         import signal
+
         try:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(10)
@@ -114,9 +137,11 @@ def main() -> None:
                 for name in ("master", "tracker", "worker"):
                     per = [m for r in runs for m in r.get(name, [])]
                     if per:
-                        parts.append(f"{name} RSS {statistics.median(m['rss'] for m in per):.1f} "
-                                     f"PSS {statistics.median(m['pss'] for m in per):.1f} "
-                                     f"USS {statistics.median(m['uss'] for m in per):.1f}")
+                        parts.append(
+                            f"{name} RSS {statistics.median(m['rss'] for m in per):.1f} "
+                            f"PSS {statistics.median(m['pss'] for m in per):.1f} "
+                            f"USS {statistics.median(m['uss'] for m in per):.1f}"
+                        )
                 print(f"{launcher:8s} --workers {workers}: total RSS {total:.1f} MB; " + "; ".join(parts), flush=True)
 
 

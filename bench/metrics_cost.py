@@ -25,8 +25,9 @@ def measure(n: int, per_iteration: int) -> float:
     async def run() -> float:
         events = Events()
         Metrics(events, lambda: [])
-        rec = RequestRecord("1", "ollama", "/api/chat", "llama3", True, None, "gpu-a", 200, 0.001, 0.0002,
-                            0.05, 0.4, 12, 200, "hit")
+        rec = RequestRecord(
+            "1", "ollama", "/api/chat", "llama3", True, None, "gpu-a", 200, 0.001, 0.0002, 0.05, 0.4, 12, 200, "hit"
+        )
         events.request_done(rec)
         await asyncio.sleep(0)
         t0 = time.perf_counter()
@@ -35,6 +36,7 @@ def measure(n: int, per_iteration: int) -> float:
                 events.request_done(rec)
             await asyncio.sleep(0)  # one loop iteration: the flush runs
         return (time.perf_counter() - t0) / n * 1e6
+
     return asyncio.run(run())
 
 
@@ -44,8 +46,9 @@ def usage_cost(n: int) -> float:
     from nomyo_router.ops.usage_store import Usage
 
     usage = Usage(Events())
-    rec = RequestRecord("1", "ollama", "/api/chat", "llama3", True, "alice", "gpu-a", 200, prompt_tokens=12,
-                        completion_tokens=200)
+    rec = RequestRecord(
+        "1", "ollama", "/api/chat", "llama3", True, "alice", "gpu-a", 200, prompt_tokens=12, completion_tokens=200
+    )
     t0 = time.perf_counter()
     for _ in range(n):
         usage.add(rec)
@@ -65,8 +68,13 @@ def main() -> None:
         tmp = tempfile.mkdtemp()
         if mode == "multi":
             env["PROMETHEUS_MULTIPROC_DIR"] = tmp
-        out = subprocess.run([sys.executable, __file__, "--child", mode, "--n", str(args.n)], env=env,
-                             capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", mode, "--n", str(args.n)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         print(f"{mode:6} process mode: {out} (per request: requests counter, 4 histograms, affinity, tokens)")
     print(f"usage: {usage_cost(args.n):.2f} µs per request (a dict update; written once a second off the loop)")
 

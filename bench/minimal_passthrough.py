@@ -31,8 +31,13 @@ async def app(scope, receive, send):
         if not msg.get("more_body"):
             break
     async with _session.post(UPSTREAM + scope["path"], data=body) as r:
-        await send({"type": "http.response.start", "status": r.status,
-                    "headers": [(b"content-type", r.headers.get("Content-Type", "").encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": r.status,
+                "headers": [(b"content-type", r.headers.get("Content-Type", "").encode())],
+            }
+        )
         async for chunk in r.content.iter_any():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b""})

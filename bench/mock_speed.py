@@ -35,14 +35,18 @@ def main() -> None:
             body = json.dumps({**BODY, "stream": stream})
             for c in (1, 32, 64):
                 r = wrk(m.url + "/api/chat", body, c, args.seconds)
-                print(f"mock {'stream' if stream else 'whole '} c={c:<3} wrk: {r['rps']:8.0f} req/s  "
-                      f"p50 {r['p50_ms']:.3f} ms")
+                print(
+                    f"mock {'stream' if stream else 'whole '} c={c:<3} wrk: {r['rps']:8.0f} req/s  "
+                    f"p50 {r['p50_ms']:.3f} ms"
+                )
         for stream in (False, True):
             w = wrk(m.url + "/api/chat", json.dumps({**BODY, "stream": stream}), 64, args.seconds)
             c = asyncio.run(client_ceiling(m.url, stream, 64, args.seconds))
-            print(f"client ceiling {'stream' if stream else 'whole '} c=64: "
-                  f"loadtest {c['request_throughput']:8.0f} req/s "
-                  f"(cpu {c['client']['cpu_share']:.0%}) vs wrk {w['rps']:8.0f} req/s")
+            print(
+                f"client ceiling {'stream' if stream else 'whole '} c=64: "
+                f"loadtest {c['request_throughput']:8.0f} req/s "
+                f"(cpu {c['client']['cpu_share']:.0%}) vs wrk {w['rps']:8.0f} req/s"
+            )
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ def log(msg: str) -> None:
 
 # ---- getting the peers --------------------------------------------------------------------
 
+
 def olla_binary(args: argparse.Namespace) -> str | None:
     if args.olla_bin:
         return args.olla_bin
@@ -74,8 +75,10 @@ def olla_binary(args: argparse.Namespace) -> str | None:
     log(f"olla: {' '.join(cmd)}" + (f" (in {cwd})" if cwd else ""))
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0 or not os.path.exists(target):
-        log(f"olla: skipped (build failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}); "
-            "pass --olla-src DIR (a checkout) or --olla-bin PATH")
+        log(
+            f"olla: skipped (build failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}); "
+            "pass --olla-src DIR (a checkout) or --olla-bin PATH"
+        )
         return None
     return target
 
@@ -86,8 +89,12 @@ def vllm_router_binary(args: argparse.Namespace) -> str | None:
     if not os.path.exists(exe):
         log(f"vllm-router: pip install {args.vllm_router} into {env_dir}")
         venv.create(env_dir, with_pip=True)
-        done = subprocess.run([os.path.join(env_dir, "bin", "pip"), "install", "-q", args.vllm_router],
-                              capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [os.path.join(env_dir, "bin", "pip"), "install", "-q", args.vllm_router],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if done.returncode != 0 or not os.path.exists(exe):
             log(f"vllm-router: skipped (pip failed: {done.stderr.strip().splitlines()[-1:]})")
             return None
@@ -96,12 +103,32 @@ def vllm_router_binary(args: argparse.Namespace) -> str | None:
 
 # ---- running them (on core 0) -------------------------------------------------------------
 
+
 @contextmanager
 def run_floor(mock: str, core: int | None) -> Iterator[Peer]:
     port = free_port()
-    proc = _spawn([sys.executable, "-m", "uvicorn", "minimal_passthrough:app", "--app-dir", HERE,
-                   "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
-                   "--log-level", "warning", "--no-proxy-headers"], core, env={**os.environ, "UPSTREAM": mock})
+    proc = _spawn(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "minimal_passthrough:app",
+            "--app-dir",
+            HERE,
+            "--port",
+            str(port),
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--no-proxy-headers",
+        ],
+        core,
+        env={**os.environ, "UPSTREAM": mock},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_tcp(port)
@@ -124,16 +151,36 @@ def run_olla(binary: str, mock: str, core: int | None) -> Iterator[Peer]:
             _stop(procs.pop())
         port = free_port()
         cfg = {
-            "server": {"host": "127.0.0.1", "port": port, "request_logging": False,
-                       "rate_limits": {"global_requests_per_minute": 0, "per_ip_requests_per_minute": 0,
-                                       "health_requests_per_minute": 0}},
+            "server": {
+                "host": "127.0.0.1",
+                "port": port,
+                "request_logging": False,
+                "rate_limits": {
+                    "global_requests_per_minute": 0,
+                    "per_ip_requests_per_minute": 0,
+                    "health_requests_per_minute": 0,
+                },
+            },
             "proxy": {"engine": "olla", "profile": "auto", "load_balancer": "least-connections"},
-            "discovery": {"type": "static", "static": {"endpoints": [{
-                "url": mock, "name": "mock", "type": "openai-compatible", "priority": 100,
-                "model_url": "/v1/models", "health_check_url": "/v1/models",
-                # generous, so that a check timing out on a saturated core plays no part
-                "check_interval": "30s", "check_timeout": "10s"}]},
-                "model_discovery": {"enabled": True, "interval": "5m", "timeout": "10s"}},
+            "discovery": {
+                "type": "static",
+                "static": {
+                    "endpoints": [
+                        {
+                            "url": mock,
+                            "name": "mock",
+                            "type": "openai-compatible",
+                            "priority": 100,
+                            "model_url": "/v1/models",
+                            "health_check_url": "/v1/models",
+                            # generous, so that a check timing out on a saturated core plays no part
+                            "check_interval": "30s",
+                            "check_timeout": "10s",
+                        }
+                    ]
+                },
+                "model_discovery": {"enabled": True, "interval": "5m", "timeout": "10s"},
+            },
             "logging": {"level": "error", "format": "text", "output": "stdout"},
             "dashboard": {"enabled": False},
         }
@@ -161,9 +208,26 @@ def run_olla(binary: str, mock: str, core: int | None) -> Iterator[Peer]:
 @contextmanager
 def run_vllm_router(exe: str, mock: str, core: int | None) -> Iterator[Peer]:
     port = free_port()
-    proc = _spawn([exe, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", mock,
-                   "--policy", "round_robin", "--health-check-endpoint", "/v1/models",
-                   "--log-level", "error", "--max-concurrent-requests", "4096"], core)
+    proc = _spawn(
+        [
+            exe,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            mock,
+            "--policy",
+            "round_robin",
+            "--health-check-endpoint",
+            "/v1/models",
+            "--log-level",
+            "error",
+            "--max-concurrent-requests",
+            "4096",
+        ],
+        core,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_tcp(port, 60)
@@ -174,6 +238,7 @@ def run_vllm_router(exe: str, mock: str, core: int | None) -> Iterator[Peer]:
 
 
 # ---- measuring ----------------------------------------------------------------------------
+
 
 def cpu_seconds(pid: int) -> float:
     """utime+stime of `pid` and its live descendants (threads are counted in their process)."""
@@ -208,8 +273,12 @@ def main() -> None:
     p.add_argument("--vllm-router", default="vllm-router==0.1.17", help="pip requirement")
     p.add_argument("--no-pin", action="store_true", help="do not pin (peers and mock/wrk share all cores)")
     p.add_argument("--scaling", default="1,2", help="worker counts for the scaling table ('' : none)")
-    p.add_argument("--scaling-pairs", type=int, default=5,
-                   help="alternated pairs of runs behind the scaling figure (bench/scaling.py's --reps)")
+    p.add_argument(
+        "--scaling-pairs",
+        type=int,
+        default=5,
+        help="alternated pairs of runs behind the scaling figure (bench/scaling.py's --reps)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if shutil.which("wrk") is None:
@@ -224,8 +293,9 @@ def main() -> None:
 
     mock_cfg = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=TOKENS, parallel=100_000, max_queue=100_000)
     whole = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8})
-    stream = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello there"}],
-                         "stream": True, "max_tokens": TOKENS})
+    stream = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "stream": True, "max_tokens": TOKENS}
+    )
     scenarios = [(f"c={c}", whole, c) for c in (int(x) for x in args.conc.split(","))]
     if args.stream_conc:
         scenarios.append((f"stream c={args.stream_conc}", stream, args.stream_conc))
@@ -243,9 +313,18 @@ def main() -> None:
             peers.append(stack.enter_context(run_vllm_router(vrouter, mock, core)))
         time.sleep(1.0)
         idle = {pe.name: rss_mb(pe.pid) for pe in peers}
-        scaled = scaling.measure(mock, [int(x) for x in args.scaling.split(",")], 32, args.seconds, args.scaling_pairs,
-                                 lambda m, n, shared=False: _nomyo_at(m, core, n, shared)) \
-            if args.scaling and "nomyo" in wanted else []
+        scaled = (
+            scaling.measure(
+                mock,
+                [int(x) for x in args.scaling.split(",")],
+                32,
+                args.seconds,
+                args.scaling_pairs,
+                lambda m, n, shared=False: _nomyo_at(m, core, n, shared),
+            )
+            if args.scaling and "nomyo" in wanted
+            else []
+        )
         results: dict[tuple[str, str], list[dict[str, float]]] = {}
         order: list[Peer | None] = [None, *peers]
         for rep in range(args.reps):
@@ -256,9 +335,11 @@ def main() -> None:
                     results.setdefault((name, label), []).append(r)
                     if peer is not None and peer.restart is not None:
                         peer.restart(peer)
-                    log(f"rep {rep + 1}/{args.reps} {label:14} {name:13} {r['rps']:8.0f} req/s p50 "
+                    log(
+                        f"rep {rep + 1}/{args.reps} {label:14} {name:13} {r['rps']:8.0f} req/s p50 "
                         f"{r['p50_ms']:7.3f} ms cpu {r['cpu_us_per_req']:6.0f} us/req"
-                        + (f" non2xx {r['non2xx']}" if r["non2xx"] else ""))
+                        + (f" non2xx {r['non2xx']}" if r["non2xx"] else "")
+                    )
                 order = order[1:] + order[:1]  # rotate who goes first
 
     names = ["direct"] + [pe.name for pe in peers]
@@ -266,8 +347,10 @@ def main() -> None:
     for (name, label), rows in results.items():
         table.setdefault(label, {})[name] = {k: median(rows, k) for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")}
         table[label][name]["non2xx"] = sum(r["non2xx"] for r in rows)
-    print(f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs; " + ("peers pinned to core 0, mock+wrk to core 1"
-                                                                    if pin else "not pinned"))
+    print(
+        f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs; "
+        + ("peers pinned to core 0, mock+wrk to core 1" if pin else "not pinned")
+    )
     print("| scenario | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     for label, _, _ in scenarios:
@@ -285,8 +368,11 @@ def main() -> None:
         print(f"| {label} | " + " | ".join(cells) + " |")
     if "c=1" in table:
         base = table["c=1"]["direct"]["p50_ms"]
-        print("| added p50 at c=1 | – | " + " | ".join(f"+{(table['c=1'][n]['p50_ms'] - base) * 1000:.0f} µs"
-                                                    for n in names[1:]) + " |")
+        print(
+            "| added p50 at c=1 | – | "
+            + " | ".join(f"+{(table['c=1'][n]['p50_ms'] - base) * 1000:.0f} µs" for n in names[1:])
+            + " |"
+        )
     print("| idle RSS | – | " + " | ".join(f"{idle[n]:.1f} MB" for n in names[1:]) + " |")
     if "olla" in names and "nomyo-router" in names:
         for label, _, _ in scenarios:
@@ -296,13 +382,25 @@ def main() -> None:
             else:
                 print(f"nomyo-router / olla at {label}: olla answered nothing with 2xx")
     if scaled:
-        print(f"\nworker scaling, c=32 non-stream (bench/scaling.py: every worker on core {core}; "
-              "projected = a core each)")
+        print(
+            f"\nworker scaling, c=32 non-stream (bench/scaling.py: every worker on core {core}; "
+            "projected = a core each)"
+        )
         scaling.print_table(scaled)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"pinned": pin, "reps": args.reps, "seconds": args.seconds, "idle_rss_mb": idle,
-                       "table": table, "scaling": scaled}, f, indent=2)
+            json.dump(
+                {
+                    "pinned": pin,
+                    "reps": args.reps,
+                    "seconds": args.seconds,
+                    "idle_rss_mb": idle,
+                    "table": table,
+                    "scaling": scaled,
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

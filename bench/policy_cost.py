@@ -37,8 +37,10 @@ def main() -> None:
         eps.append(e)
     rng = random.Random(1)
     doc = "".join(rng.choice("abcdefghij klmnop") for _ in range(args.tokens * 4 - 200))
-    bodies = [{"messages": [{"role": "system", "content": doc},
-                            {"role": "user", "content": f"question {i} " * 10}]} for i in range(args.n)]
+    bodies = [
+        {"messages": [{"role": "system", "content": doc}, {"role": "user", "content": f"question {i} " * 10}]}
+        for i in range(args.n)
+    ]
     t0 = time.perf_counter()
     prompts = [request_prompt("chat", "llama3:latest", b) for b in bodies]
     keys_us = (time.perf_counter() - t0) / args.n * 1e6
@@ -60,9 +62,11 @@ def main() -> None:
             if routed:
                 routed(ctx, ep)
         us = (time.perf_counter() - t0) / args.n * 1e6
-        print(f"{policy.name:12} {args.endpoints} endpoints, {args.tokens}-token prompts "
-              f"({len(prompts[0].keys)} blocks): decision {us:7.1f} µs  (+ prompt keys {keys_us:.1f} µs "
-              f"per request, any prefix-aware policy)")
+        print(
+            f"{policy.name:12} {args.endpoints} endpoints, {args.tokens}-token prompts "
+            f"({len(prompts[0].keys)} blocks): decision {us:7.1f} µs  (+ prompt keys {keys_us:.1f} µs "
+            f"per request, any prefix-aware policy)"
+        )
 
 
 if __name__ == "__main__":

@@ -38,10 +38,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     args = p.parse_args()
     length = (TTFT_MS + TOKENS * TOK_MS) / 1000
-    cfg = MockConfig(ttft_ms=TTFT_MS, tok_ms=TOK_MS, tokens=TOKENS, parallel=100_000, max_queue=100_000,
-                     stream_tick_ms=5.0)
+    cfg = MockConfig(
+        ttft_ms=TTFT_MS, tok_ms=TOK_MS, tokens=TOKENS, parallel=100_000, max_queue=100_000, stream_tick_ms=5.0
+    )
     os.sched_setaffinity(0, {1})
     import uvloop
+
     uvloop.install()
     with MockProcess(cfg) as m:
         endpoints = [{"url": m.url, "name": "m", "max_concurrent": 100_000}]
@@ -49,21 +51,39 @@ def main() -> None:
         with router_process(endpoints, core=0, routing="least_busy") as (url, router):
             port = int(url.rsplit(":", 1)[1])
             asyncio.run(slowload.run("127.0.0.1", port, 20, 20, 0.1, 0.0, 1.0))  # warm-up
-            out = asyncio.run(slowload.run(
-                "127.0.0.1", port, args.streams, TOKENS, length, length, args.seconds,
-                at_window=lambda edge: snaps.__setitem__(edge, (time.perf_counter(), _times(router.pid)))))
+            out = asyncio.run(
+                slowload.run(
+                    "127.0.0.1",
+                    port,
+                    args.streams,
+                    TOKENS,
+                    length,
+                    length,
+                    args.seconds,
+                    at_window=lambda edge: snaps.__setitem__(edge, (time.perf_counter(), _times(router.pid))),
+                )
+            )
     (t0, (u0, s0)), (t1, (u1, s1)) = snaps["start"], snaps["end"]
     wall = t1 - t0
     ttft = sorted(t for _, t, err in out.requests if err is None)
     errors = sum(1 for _, _, err in out.requests if err is not None)
-    print(json.dumps({
-        "streams": args.streams, "requests": len(out.requests), "errors": errors,
-        "chunks_per_s": round(out.lines / wall),
-        "router_us_per_chunk": {"user": round((u1 - u0) / out.lines * 1e6, 2),
-                                "kernel": round((s1 - s0) / out.lines * 1e6, 2),
-                                "total": round((u1 - u0 + s1 - s0) / out.lines * 1e6, 2)},
-        "router_cores": round((u1 - u0 + s1 - s0) / wall, 2),
-        "ttft_ms": {q: round(slowload.pct(ttft, q) * 1000, 1) for q in (50, 99)}}))
+    print(
+        json.dumps(
+            {
+                "streams": args.streams,
+                "requests": len(out.requests),
+                "errors": errors,
+                "chunks_per_s": round(out.lines / wall),
+                "router_us_per_chunk": {
+                    "user": round((u1 - u0) / out.lines * 1e6, 2),
+                    "kernel": round((s1 - s0) / out.lines * 1e6, 2),
+                    "total": round((u1 - u0 + s1 - s0) / out.lines * 1e6, 2),
+                },
+                "router_cores": round((u1 - u0 + s1 - s0) / wall, 2),
+                "ttft_ms": {q: round(slowload.pct(ttft, q) * 1000, 1) for q in (50, 99)},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,12 @@ def tallied_wrk(url: str, conc: int, seconds: float) -> tuple[float, dict[int, i
         f.write(TALLY % BODY.replace("'", "\\'"))
         script = f.name
     try:
-        out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "-s", script, url],
-                             capture_output=True, text=True, timeout=seconds + 30).stdout
+        out = subprocess.run(
+            ["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "-s", script, url],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 30,
+        ).stdout
     finally:
         os.unlink(script)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
@@ -73,6 +77,7 @@ def tallied_wrk(url: str, conc: int, seconds: float) -> tuple[float, dict[int, i
 
 def run_once(url: str, master: int, conc: int, seconds: float) -> dict[str, Any]:
     from common import _children, cpu_of
+
     pids = [master] + _children(master)  # one worker: the master serves itself
     before = {p: cpu_of(p) for p in pids}
     rps, tally = tallied_wrk(url, conc, seconds)
@@ -105,28 +110,48 @@ def _alternated(one, each, conc: int, seconds: float, reps: int) -> tuple[dict, 
 
     def med(runs: list[dict[str, float]]) -> dict[str, float]:
         return {k: statistics.median(r[k] for r in runs) for k in ("rps", "cpu_us_per_req")}
+
     return med(a), med(b), ratios
 
 
-def measure(mock_url: str, workers: list[int], conc: int, seconds: float, reps: int,
-            spawn) -> list[dict[str, Any]]:
+def measure(mock_url: str, workers: list[int], conc: int, seconds: float, reps: int, spawn) -> list[dict[str, Any]]:
     """`spawn(mock_url, workers, shared=False)`: a context manager yielding (base url, master
     pid) of a router; `shared`: one worker set up exactly as each of N. Scaling for N is
     N × the median over alternated pairs of c1 / cN; the spread of those pairs is shown."""
     one, each, ratios = _alternated(spawn(mock_url, 1), spawn(mock_url, 1, shared=True), conc, seconds, reps)
     c1, cs = one["cpu_us_per_req"], each["cpu_us_per_req"]
     r = statistics.median(ratios)
-    rows = [{"label": "1 worker (in-process state)", "rps": one["rps"], "cpu": c1, "projected": 1e6 / c1,
-             "scaling": 1.0},
-            {"label": "1 worker set up as one of N (shared store, multiprocess metrics)", "rps": each["rps"],
-             "cpu": cs, "projected": None, "scaling": None}]
+    rows = [
+        {"label": "1 worker (in-process state)", "rps": one["rps"], "cpu": c1, "projected": 1e6 / c1, "scaling": 1.0},
+        {
+            "label": "1 worker set up as one of N (shared store, multiprocess metrics)",
+            "rps": each["rps"],
+            "cpu": cs,
+            "projected": None,
+            "scaling": None,
+        },
+    ]
     for n in (w for w in workers if w > 1):
         together = _runs(spawn(mock_url, n), conc, seconds, reps)
-        rows.append({"label": f"{n} workers, a core each (projected: {n} × c1 / cN, pairs "
-                              f"{n * min(ratios):.2f}–{n * max(ratios):.2f}×)",
-                     "rps": None, "cpu": cs, "projected": n * 1e6 / c1 * r, "scaling": n * r})
-        rows.append({"label": f"{n} workers sharing core 0 (measured)", "rps": together["rps"],
-                     "cpu": together["cpu_us_per_req"], "projected": None, "scaling": None})
+        rows.append(
+            {
+                "label": f"{n} workers, a core each (projected: {n} × c1 / cN, pairs "
+                f"{n * min(ratios):.2f}–{n * max(ratios):.2f}×)",
+                "rps": None,
+                "cpu": cs,
+                "projected": n * 1e6 / c1 * r,
+                "scaling": n * r,
+            }
+        )
+        rows.append(
+            {
+                "label": f"{n} workers sharing core 0 (measured)",
+                "rps": together["rps"],
+                "cpu": together["cpu_us_per_req"],
+                "projected": None,
+                "scaling": None,
+            }
+        )
     return rows
 
 
@@ -153,10 +178,17 @@ def main() -> None:
     os.sched_setaffinity(0, {1})
     cfg = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=8, parallel=100_000, max_queue=100_000)
     with mock_process(cfg) as m:
-        rows = measure(m.url, [int(x) for x in args.workers.split(",")], args.conc, args.seconds, args.reps,
-                       lambda url, n, shared=False: _nomyo_at(url, 0, n, shared))
-    print(f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs at c={args.conc}; "
-          "router on core 0, mock+wrk on core 1")
+        rows = measure(
+            m.url,
+            [int(x) for x in args.workers.split(",")],
+            args.conc,
+            args.seconds,
+            args.reps,
+            lambda url, n, shared=False: _nomyo_at(url, 0, n, shared),
+        )
+    print(
+        f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs at c={args.conc}; router on core 0, mock+wrk on core 1"
+    )
     print_table(rows)
 
 

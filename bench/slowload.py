@@ -95,14 +95,27 @@ class Outcome:
 
 
 def request_bytes(host: str, port: int, tokens: int) -> bytes:
-    body = (b'{"model":"llama3","messages":[{"role":"user","content":"Why is the sky blue?"}],'
-            b'"stream":true,"options":{"num_predict":%d}}' % tokens)
-    return (b"POST /api/chat HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (host.encode(), port, len(body), body))
+    body = (
+        b'{"model":"llama3","messages":[{"role":"user","content":"Why is the sky blue?"}],'
+        b'"stream":true,"options":{"num_predict":%d}}' % tokens
+    )
+    return (
+        b"POST /api/chat HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (host.encode(), port, len(body), body)
+    )
 
 
-async def run(host: str, port: int, streams: int, tokens: int, ramp: float, warm: float,
-              seconds: float, timeout: float = 60.0, at_window=None) -> Outcome:
+async def run(
+    host: str,
+    port: int,
+    streams: int,
+    tokens: int,
+    ramp: float,
+    warm: float,
+    seconds: float,
+    timeout: float = 60.0,
+    at_window=None,
+) -> Outcome:
     """`streams` users on `host:port`; see the module doc for the ramp and the window.
     `at_window("start" | "end")` is called as the window opens and closes (CPU snapshots)."""
     loop = asyncio.get_running_loop()

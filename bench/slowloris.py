@@ -95,17 +95,25 @@ def main() -> None:
                     while True:
                         peak[0] = max(peak[0], rss_mb(proc.pid))
                         await asyncio.sleep(0.5)
+
                 sampler = asyncio.create_task(sample())
                 loaded = await normal(url, 8)
                 await asyncio.wait(abuse, timeout=args.seconds)
                 sampler.cancel()
                 await asyncio.sleep(1)
-                return {"normal_p50_ms_idle": pct(idle, 0.5), "normal_p99_ms_idle": pct(idle, 0.99),
-                        "normal_p50_ms_abused": pct(loaded, 0.5), "normal_p99_ms_abused": pct(loaded, 0.99),
-                        "abusive_connections": len(abuse), "closed_by_router": len(closed),
-                        "all_closed_within_s": round(max(closed), 1) if closed else None,
-                        "rss_mb_before": round(rss0, 1), "rss_mb_peak": round(peak[0], 1),
-                        "rss_mb_after": round(rss_mb(proc.pid), 1)}
+                return {
+                    "normal_p50_ms_idle": pct(idle, 0.5),
+                    "normal_p99_ms_idle": pct(idle, 0.99),
+                    "normal_p50_ms_abused": pct(loaded, 0.5),
+                    "normal_p99_ms_abused": pct(loaded, 0.99),
+                    "abusive_connections": len(abuse),
+                    "closed_by_router": len(closed),
+                    "all_closed_within_s": round(max(closed), 1) if closed else None,
+                    "rss_mb_before": round(rss0, 1),
+                    "rss_mb_peak": round(peak[0], 1),
+                    "rss_mb_after": round(rss_mb(proc.pid), 1),
+                }
+
             print(json.dumps(asyncio.run(run()), indent=1))
 
 

@@ -41,6 +41,7 @@ def _spawn(cmd: list[str], core: int | None, **kw) -> subprocess.Popen:
 
 def _stop(proc: subprocess.Popen) -> None:
     import signal
+
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(10)
@@ -55,12 +56,14 @@ def _stop(proc: subprocess.Popen) -> None:
 def _served(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     """Wait until a chat request through `url` answers 200 (the peer found the mock's model)."""
     import urllib.request
+
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}: "
-                               f"{proc.stderr.read().decode(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"{url}: process exited with {proc.returncode}: {proc.stderr.read().decode(errors='replace')[-2000:]}"
+            )
         try:
             req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=2) as r:
@@ -78,14 +81,35 @@ def run_nomyo(mock: str, core: int | None, workers: int = 1, shared: bool = Fals
     """`shared`: one worker exactly as each of N (the shared store, multiprocess metrics)."""
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        yaml.safe_dump({"endpoints": [{"url": mock, "name": "mock", "max_concurrent": 4096}],
-                        "max_queue": 100_000, **({"state": "shared"} if shared else {})}, f)
+        yaml.safe_dump(
+            {
+                "endpoints": [{"url": mock, "name": "mock", "max_concurrent": 4096}],
+                "max_queue": 100_000,
+                **({"state": "shared"} if shared else {}),
+            },
+            f,
+        )
     port = free_port()
     env = dict(os.environ)
     if shared:
         env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="nomyo-metrics-")
-    proc = _spawn([sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
-                   "--workers", str(workers), "--log-level", "warning"], core, env=env)
+    proc = _spawn(
+        [
+            sys.executable,
+            "-m",
+            "nomyo_router",
+            "--config",
+            path,
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ],
+        core,
+        env=env,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", 30, proc)

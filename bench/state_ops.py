@@ -41,8 +41,11 @@ def start_redis() -> tuple[subprocess.Popen, str]:
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server not found: apt-get install redis-server")
     port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(0.3)
     return proc, f"redis://127.0.0.1:{port}/0"
 
@@ -106,8 +109,10 @@ async def waits_cost(n: int) -> None:
         c0, w0, t0 = cpu_of(host.pid), time.process_time(), time.perf_counter()
         await other()
         wall = (time.perf_counter() - t0) / n * 1e6
-        print(f"  a request that waits (embedded): host CPU {(cpu_of(host.pid) - c0) / n * 1e6:.1f} µs, "
-              f"worker CPU {(time.process_time() - w0) / n * 1e6:.1f} µs, {wall:.0f} µs from release to grant")
+        print(
+            f"  a request that waits (embedded): host CPU {(cpu_of(host.pid) - c0) / n * 1e6:.1f} µs, "
+            f"worker CPU {(time.process_time() - w0) / n * 1e6:.1f} µs, {wall:.0f} µs from release to grant"
+        )
         lease.release()
         await worker.close()
     finally:
@@ -115,8 +120,9 @@ async def waits_cost(n: int) -> None:
 
 
 async def costs(n: int, redis_url: str) -> None:
-    cfg = parse_config({"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 4}],
-                        "state": redis_url})
+    cfg = parse_config(
+        {"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 4}], "state": redis_url}
+    )
     ep = Endpoint.from_config(cfg.endpoints[0])
     base = os.path.join(tempfile.mkdtemp(), "bench")
     host = SharedStore(base, [ep], 1000, 600, 1000, picker(LeastBusy()))
@@ -163,8 +169,10 @@ def main() -> None:
                     time.sleep(0.5)
                     r = wrk(url + "/api/chat", BODY, 32, args.seconds)
                     d = wrk(m.url + "/api/chat", BODY, 32, args.seconds)
-                    print(f"  {workers} worker(s): {r['rps']:7.0f} req/s (direct to the mock {d['rps']:7.0f}, "
-                          f"ratio {r['rps'] / d['rps']:.2f})")
+                    print(
+                        f"  {workers} worker(s): {r['rps']:7.0f} req/s (direct to the mock {d['rps']:7.0f}, "
+                        f"ratio {r['rps'] / d['rps']:.2f})"
+                    )
         print("max in flight at a 2-slot backend, 40 concurrent clients (20x oversubscribed):")
         with mock_process(MockConfig(ttft_ms=20.0, tok_ms=0.0, tokens=1, parallel=1000)) as m:
             eps = [{"url": m.url, "name": "m", "max_concurrent": 2}]
@@ -172,22 +180,29 @@ def main() -> None:
                 time.sleep(0.5)
                 reset(m.url)
                 r = wrk(url + "/api/chat", BODY, 40, args.seconds)
-                print(f"  4 workers, embedded store: max in flight {max_in_flight(m.url)} "
-                      f"({r['rps']:.0f} req/s, {r['non2xx']} non-2xx)")
+                print(
+                    f"  4 workers, embedded store: max in flight {max_in_flight(m.url)} "
+                    f"({r['rps']:.0f} req/s, {r['non2xx']} non-2xx)"
+                )
             with router_process(eps, state=redis_url) as (u1, _), router_process(eps, state=redis_url) as (u2, _):
                 time.sleep(0.5)
                 reset(m.url)
                 out: dict[str, dict] = {}
-                threads = [threading.Thread(
-                    target=lambda u=u: out.__setitem__(u, wrk(u + "/api/chat", BODY, 20, args.seconds)))
-                    for u in (u1, u2)]
+                threads = [
+                    threading.Thread(
+                        target=lambda u=u: out.__setitem__(u, wrk(u + "/api/chat", BODY, 20, args.seconds))
+                    )
+                    for u in (u1, u2)
+                ]
                 for t in threads:
                     t.start()
                 for t in threads:
                     t.join()
                 rps = sum(v["rps"] for v in out.values())
-                print(f"  2 instances, Redis store: max in flight {max_in_flight(m.url)} ({rps:.0f} req/s, "
-                      f"{sum(v['non2xx'] for v in out.values())} non-2xx)")
+                print(
+                    f"  2 instances, Redis store: max in flight {max_in_flight(m.url)} ({rps:.0f} req/s, "
+                    f"{sum(v['non2xx'] for v in out.values())} non-2xx)"
+                )
     finally:
         redis_proc.terminate()
 

@@ -50,6 +50,7 @@ class Sink:
 
     def spans(self) -> int:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
         total = 0
         for body in self.bodies:
             msg = ExportTraceServiceRequest.FromString(body)
@@ -82,20 +83,28 @@ def main() -> None:
                     r = wrk(url + "/api/chat", body, args.conc, args.seconds)
                     r["cpu_us"] = (cpu_of(proc.pid) - cpu) / (r["rps"] * round(args.seconds)) * 1e6
                 runs[mode].append(r)
-                print(f"{mode:3} c={args.conc} {r['rps']:8.0f} req/s p50 {r['p50_ms']:7.3f} ms "
-                      f"p99 {r['p99_ms']:7.3f} ms"
-                      f"  router CPU {r['cpu_us']:5.0f} us/request"
-                      + (f"  non2xx {r['non2xx']}" if r["non2xx"] else ""), flush=True)
-    med = {mode: {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50_ms", "p99_ms", "cpu_us")}
-           for mode, rs in runs.items()}
+                print(
+                    f"{mode:3} c={args.conc} {r['rps']:8.0f} req/s p50 {r['p50_ms']:7.3f} ms "
+                    f"p99 {r['p99_ms']:7.3f} ms"
+                    f"  router CPU {r['cpu_us']:5.0f} us/request" + (f"  non2xx {r['non2xx']}" if r["non2xx"] else ""),
+                    flush=True,
+                )
+    med = {
+        mode: {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50_ms", "p99_ms", "cpu_us")}
+        for mode, rs in runs.items()
+    }
     ratio = med["on"]["rps"] / med["off"]["rps"]
     spans = sink.spans()
-    print(f"median off {med['off']['rps']:.0f} req/s, on {med['on']['rps']:.0f} req/s: "
-          f"ratio {ratio:.2f} (goal >= 0.70); p50 {med['off']['p50_ms']:.3f} -> {med['on']['p50_ms']:.3f} ms; "
-          f"the sink got {spans} spans in {len(sink.bodies)} export requests")
-    print(f"router CPU per request: off {med['off']['cpu_us']:.0f} us, on {med['on']['cpu_us']:.0f} us "
-          f"(+{med['on']['cpu_us'] - med['off']['cpu_us']:.0f} us; CPU-bound throughput ratio "
-          f"{med['off']['cpu_us'] / med['on']['cpu_us']:.2f})")
+    print(
+        f"median off {med['off']['rps']:.0f} req/s, on {med['on']['rps']:.0f} req/s: "
+        f"ratio {ratio:.2f} (goal >= 0.70); p50 {med['off']['p50_ms']:.3f} -> {med['on']['p50_ms']:.3f} ms; "
+        f"the sink got {spans} spans in {len(sink.bodies)} export requests"
+    )
+    print(
+        f"router CPU per request: off {med['off']['cpu_us']:.0f} us, on {med['on']['cpu_us']:.0f} us "
+        f"(+{med['on']['cpu_us'] - med['off']['cpu_us']:.0f} us; CPU-bound throughput ratio "
+        f"{med['off']['cpu_us'] / med['on']['cpu_us']:.2f})"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": runs, "median": med, "ratio": ratio, "spans": spans}, f, indent=2)

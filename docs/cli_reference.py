@@ -31,8 +31,9 @@ programs name themselves `loadtest` and `python -m mock` in their usage lines). 
 def help_text(args: list[str]) -> str:
     env = {k: v for k, v in os.environ.items() if k != "NOMYO_ROUTER_CONFIG"}
     env["COLUMNS"] = "100"  # argparse wraps at the terminal's width: fix it
-    out = subprocess.run([sys.executable, *args, "--help"], capture_output=True, text=True, cwd=ROOT,
-                         env=env, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, *args, "--help"], capture_output=True, text=True, cwd=ROOT, env=env, check=True, timeout=60
+    )
     return out.stdout.rstrip()
 
 

@@ -60,7 +60,7 @@ def block_text(block_id: int | str, tokens: int) -> str:
             if n >= chars:
                 break
         counter += 1
-    return " ".join(words)[:chars - 1] + " " if chars else ""
+    return " ".join(words)[: chars - 1] + " " if chars else ""
 
 
 def prompt_from_blocks(hash_ids: list[int], input_tokens: int, block_tokens: int, own: str) -> str:

@@ -39,8 +39,9 @@ def read(path: str, make: Callable[[float, int, int | None], Any]) -> list[Any]:
         head = [c.strip() for c in next(rows, [])]
         missing = [c for c in ("Timestamp", "Request tokens", "Response tokens") if c not in head]
         if missing:
-            raise ValueError(f"trace {path}:1: a BurstGPT CSV needs the columns {', '.join(HEADER)}; "
-                             f"missing {', '.join(missing)}")
+            raise ValueError(
+                f"trace {path}:1: a BurstGPT CSV needs the columns {', '.join(HEADER)}; missing {', '.join(missing)}"
+            )
         at_i, req_i, resp_i = (head.index(c) for c in ("Timestamp", "Request tokens", "Response tokens"))
         for n, row in enumerate(rows, 2):
             if not row or not "".join(row).strip():
@@ -49,8 +50,9 @@ def read(path: str, make: Callable[[float, int, int | None], Any]) -> list[Any]:
                 at = float(row[at_i])
                 req, resp = int(float(row[req_i])), int(float(row[resp_i]))
             except (ValueError, IndexError):
-                raise ValueError(f"trace {path}:{n}: expected numbers in Timestamp, Request tokens and "
-                                 f"Response tokens, got {row!r}") from None
+                raise ValueError(
+                    f"trace {path}:{n}: expected numbers in Timestamp, Request tokens and Response tokens, got {row!r}"
+                ) from None
             if at < 0 or req < 0 or resp < 0:
                 raise ValueError(f"trace {path}:{n}: times and token counts must be >= 0")
             out.append(make(at, req, max(resp, 1)))

@@ -1,12 +1,12 @@
 """loadtest: drive a router or an LLM server, ramp to the knee, report and gate.
 
-  python loadtest.py --mock-backend --ramp 8,32,64,128          # spawn mock + router, ramp
-  python loadtest.py --url http://127.0.0.1:12434 --concurrency 32
-  python loadtest.py --serve-mock --mock-port 11434              # only the mock
-  python loadtest.py --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
-  python loadtest.py --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
-  python loadtest.py --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
-  loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
+python loadtest.py --mock-backend --ramp 8,32,64,128          # spawn mock + router, ramp
+python loadtest.py --url http://127.0.0.1:12434 --concurrency 32
+python loadtest.py --serve-mock --mock-port 11434              # only the mock
+python loadtest.py --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
+python loadtest.py --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
+python loadtest.py --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
+loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def _header(text: str) -> tuple[str, str]:
 
 def _setting(text: str) -> tuple[str, Any]:
     import yaml
+
     key, sep, value = text.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -73,25 +74,37 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="loadtest", description=__doc__.split("\n\n")[0],
-                                formatter_class=_Formatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        prog="loadtest", description=__doc__.split("\n\n")[0], formatter_class=_Formatter, epilog=__doc__
+    )
     mode = p.add_argument_group("mode")
     mode.add_argument("--url", default="http://127.0.0.1:12434", help="server to drive (default mode)")
     mode.add_argument("--mock-backend", action="store_true", help="spawn mock(s) and a router, drive the router")
     mode.add_argument("--serve-mock", action="store_true", help="only run the mock until Ctrl-C")
-    mode.add_argument("--direct", action="store_true",
-                      help="with --mock-backend: also measure straight to the mock, stage by stage")
+    mode.add_argument(
+        "--direct", action="store_true", help="with --mock-backend: also measure straight to the mock, stage by stage"
+    )
     fleet = p.add_argument_group("mock backend and router (with --mock-backend)")
     fleet.add_argument("--mock-count", type=int, default=1, help="mock backends to spawn")
     fleet.add_argument("--mock-port", type=int, default=None, help="first mock's port (default: free)")
     fleet.add_argument("--mock-host", default="127.0.0.1", help="address the mocks listen on")
     add_arguments(fleet, prefix="mock-", defaults=LOADTEST_MOCK)
     fleet.add_argument("--router-workers", type=int, default=1, help="router worker processes")
-    fleet.add_argument("--router-max-conc", type=int, default=None,
-                       help="slots per endpoint (default: the peak concurrency, so the router only queues when asked)")
+    fleet.add_argument(
+        "--router-max-conc",
+        type=int,
+        default=None,
+        help="slots per endpoint (default: the peak concurrency, so the router only queues when asked)",
+    )
     fleet.add_argument("--router-port", type=int, default=None, help="router port (default: free)")
-    fleet.add_argument("--router-set", type=_setting, action="append", default=[], metavar="KEY=VALUE",
-                       help="extra router config, e.g. conversation_affinity=false")
+    fleet.add_argument(
+        "--router-set",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra router config, e.g. conversation_affinity=false",
+    )
     fleet.add_argument("--keep-config", action="store_true", help="keep the generated router config file")
     req = p.add_argument_group("requests")
     req.add_argument("--api", choices=["ollama", "openai"], default="ollama", help="API to speak")
@@ -101,40 +114,83 @@ def build_parser() -> argparse.ArgumentParser:
     req.add_argument("--prompt", default="Why is the sky blue?", help="the user message or prompt")
     req.add_argument("--prompt-tokens", type=int, default=None, help="send a prompt of about N tokens")
     req.add_argument("--max-tokens", type=int, default=None, help="num_predict / max_tokens (default: the server's)")
-    req.add_argument("--request-option", type=_setting, action="append", default=[], metavar="KEY=VALUE",
-                     help="sampling option sent with every request: in Ollama's \"options\", at the top level "
-                          "for OpenAI, e.g. temperature=0 or seed=1 (default: none)")
+    req.add_argument(
+        "--request-option",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='sampling option sent with every request: in Ollama\'s "options", at the top level '
+        "for OpenAI, e.g. temperature=0 or seed=1 (default: none)",
+    )
     req.add_argument("--header", type=_header, action="append", default=[], metavar="K:V")
     load = p.add_argument_group("load shape")
     load.add_argument("--concurrency", type=int, default=32, help="closed loop: virtual users")
-    load.add_argument("--rate", type=float, nargs="?", const=-1.0, default=None,
-                      help="open loop at R req/s; with --ramp and no value, the ramp values are rates")
-    load.add_argument("--arrival", choices=["constant", "poisson", "gamma"], default="constant",
-                      help="open-loop arrivals: evenly spaced, Poisson, or gamma (see --burstiness)")
-    load.add_argument("--burstiness", type=float, default=1.0,
-                      help="with --arrival gamma: the shape B of the gamma inter-arrival times (mean 1/rate, "
-                           "as vllm bench): 1 is Poisson, below 1 burstier, above 1 more even")
-    load.add_argument("--timeslice", type=float, default=None, metavar="S",
-                      help="also report each stage's metrics per S-second slice (JSON `timeslices`, and a "
-                           "timeline in the HTML report) (default: off)")
+    load.add_argument(
+        "--rate",
+        type=float,
+        nargs="?",
+        const=-1.0,
+        default=None,
+        help="open loop at R req/s; with --ramp and no value, the ramp values are rates",
+    )
+    load.add_argument(
+        "--arrival",
+        choices=["constant", "poisson", "gamma"],
+        default="constant",
+        help="open-loop arrivals: evenly spaced, Poisson, or gamma (see --burstiness)",
+    )
+    load.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="with --arrival gamma: the shape B of the gamma inter-arrival times (mean 1/rate, "
+        "as vllm bench): 1 is Poisson, below 1 burstier, above 1 more even",
+    )
+    load.add_argument(
+        "--timeslice",
+        type=float,
+        default=None,
+        metavar="S",
+        help="also report each stage's metrics per S-second slice (JSON `timeslices`, and a "
+        "timeline in the HTML report) (default: off)",
+    )
     load.add_argument("--ramp", type=_floats, default=None, help="e.g. 8,32,64 (concurrencies or rates)")
     load.add_argument("--duration", type=float, default=10.0, help="seconds per stage")
     load.add_argument("--requests", type=int, default=None, help="requests per stage instead of --duration")
     load.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each stage")
-    load.add_argument("--timeout", type=float, default=120.0,
-                      help="per request (a request cut by it is an error of kind timeout)")
-    load.add_argument("--max-error-rate", type=float, default=0.01,
-                      help="exit 1 when a stage's error rate is above this (default 0.01 = 1%%)")
+    load.add_argument(
+        "--timeout", type=float, default=120.0, help="per request (a request cut by it is an error of kind timeout)"
+    )
+    load.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.01,
+        help="exit 1 when a stage's error rate is above this (default 0.01 = 1%%)",
+    )
     load.add_argument("--seed", type=int, default=0, help="seed of arrivals and workloads")
-    load.add_argument("--repeat", type=int, default=1,
-                      help="run each stage N times back to back; the JSON keeps each repetition's metrics and "
-                           "their spread, which `compare` uses to tell a change from noise")
+    load.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each stage N times back to back; the JSON keeps each repetition's metrics and "
+        "their spread, which `compare` uses to tell a change from noise",
+    )
     gate = p.add_argument_group("SLO and goodput")
-    gate.add_argument("--slo", type=slo_mod.parse_slo, default=None, metavar="ttft=500ms,e2el=10s,...",
-                      help="per-request bounds (ttft, e2el, tpot, itl); goodput per stage; exit 1 when a stage "
-                           "misses it (default: none)")
-    gate.add_argument("--slo-share", type=float, default=0.95,
-                      help="a stage meets the SLO when goodput >= this share of its throughput")
+    gate.add_argument(
+        "--slo",
+        type=slo_mod.parse_slo,
+        default=None,
+        metavar="ttft=500ms,e2el=10s,...",
+        help="per-request bounds (ttft, e2el, tpot, itl); goodput per stage; exit 1 when a stage "
+        "misses it (default: none)",
+    )
+    gate.add_argument(
+        "--slo-share",
+        type=float,
+        default=0.95,
+        help="a stage meets the SLO when goodput >= this share of its throughput",
+    )
     search_mod.add_arguments(gate)
     conv = p.add_argument_group("conversations")
     conv.add_argument("--turns", type=int, default=1, help="turns per conversation (closed loop)")
@@ -161,10 +217,19 @@ def stages_from(args: argparse.Namespace, trace: Any = None) -> list[Stage]:
         loads = [args.rate]
     else:
         loads = [float(args.concurrency)]
-    return [Stage(mode="open" if open_loop else "closed", load=load, duration=args.duration,
-                  requests=args.requests, warmup=args.warmup, arrival=args.arrival, seed=args.seed + i,
-                  burstiness=args.burstiness)
-            for i, load in enumerate(loads)]
+    return [
+        Stage(
+            mode="open" if open_loop else "closed",
+            load=load,
+            duration=args.duration,
+            requests=args.requests,
+            warmup=args.warmup,
+            arrival=args.arrival,
+            seed=args.seed + i,
+            burstiness=args.burstiness,
+        )
+        for i, load in enumerate(loads)
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
     mock_cfg = from_namespace(args, prefix="mock-")
     if args.serve_mock:
         from mock.runner import serve_forever
+
         serve_forever(mock_cfg, args.mock_host, args.mock_port or 11434)
         return 0
     if args.find_max_rate and (not args.slo or args.direct):
@@ -187,14 +253,25 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stages = stages_from(args, trace)
     model = args.model or (mock_cfg.models[0] if args.mock_backend else "llama3")
-    spec = WorkloadSpec(api=args.api, endpoint=args.endpoint, stream=args.stream, model=model,
-                        prompt=args.prompt, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
-                        options=dict(args.request_option),
-                        turns=args.turns, context_tokens=args.context_tokens,
-                        session_header=args.session_header, headers=dict(args.header),
-                        prefixes=prefix_mod.Prefixes(args.prefix_groups, args.prefix_tokens, args.prefix_skew,
-                                                     args.seed) if args.prefix_groups > 0 else None,
-                        dataset=dataset, trace=trace)
+    spec = WorkloadSpec(
+        api=args.api,
+        endpoint=args.endpoint,
+        stream=args.stream,
+        model=model,
+        prompt=args.prompt,
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        options=dict(args.request_option),
+        turns=args.turns,
+        context_tokens=args.context_tokens,
+        session_header=args.session_header,
+        headers=dict(args.header),
+        prefixes=prefix_mod.Prefixes(args.prefix_groups, args.prefix_tokens, args.prefix_skew, args.seed)
+        if args.prefix_groups > 0
+        else None,
+        dataset=dataset,
+        trace=trace,
+    )
     if args.repeat < 1:
         console.print("[red]loadtest:[/] --repeat must be >= 1")
         return 2
@@ -204,12 +281,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("header",)}
     defaults = {a.dest: a.default for a in build_parser()._actions}
-    config["changed"] = {k: v for k, v in vars(args).items()
-                         if k in defaults and v != defaults[k] and k not in ("help",)}
-    config["workload"] = {"api": spec.api, "endpoint": spec.endpoint, "stream": spec.stream, "model": spec.model,
-                          # by file name: the same file in another checkout stays comparable
-                          "dataset": os.path.basename(args.dataset) if args.dataset else None,
-                          "trace": os.path.basename(args.trace) if args.trace else None}
+    config["changed"] = {
+        k: v for k, v in vars(args).items() if k in defaults and v != defaults[k] and k not in ("help",)
+    }
+    config["workload"] = {
+        "api": spec.api,
+        "endpoint": spec.endpoint,
+        "stream": spec.stream,
+        "model": spec.model,
+        # by file name: the same file in another checkout stays comparable
+        "dataset": os.path.basename(args.dataset) if args.dataset else None,
+        "trace": os.path.basename(args.trace) if args.trace else None,
+    }
     config["stages"] = [vars(s) for s in stages]
     fleet: Fleet | None = None
     if args.mock_backend:
@@ -217,19 +300,28 @@ def run(args: argparse.Namespace) -> int:
         wanted += [("--mock-port", args.mock_port + i) for i in range(args.mock_count)] if args.mock_port else []
         for flag, port in wanted:
             if port is not None and not _port_free(args.mock_host, port):
-                console.print(f"[red]loadtest:[/] {flag}: port {port} is already in use; something else "
-                              f"would be measured. Pick a free port or leave {flag} out.")
+                console.print(
+                    f"[red]loadtest:[/] {flag}: port {port} is already in use; something else "
+                    f"would be measured. Pick a free port or leave {flag} out."
+                )
                 return 2
     install_sigterm_as_interrupt()
     try:
         if args.mock_backend:
             peak = max(s.load for s in stages) if stages[0].mode == "closed" and not args.find_max_rate else 1024
-            fleet = Fleet(mock_config=mock_cfg, mock_count=args.mock_count, mock_port=args.mock_port,
-                          router_port=args.router_port, router_workers=args.router_workers,
-                          router_max_conc=args.router_max_conc or int(peak),
-                          router_extra=dict(args.router_set), keep_config=args.keep_config)
-            console.print(f"starting {args.mock_count} mock(s) and a router "
-                          f"({args.router_workers} worker(s))...", highlight=False)
+            fleet = Fleet(
+                mock_config=mock_cfg,
+                mock_count=args.mock_count,
+                mock_port=args.mock_port,
+                router_port=args.router_port,
+                router_workers=args.router_workers,
+                router_max_conc=args.router_max_conc or int(peak),
+                router_extra=dict(args.router_set),
+                keep_config=args.keep_config,
+            )
+            console.print(
+                f"starting {args.mock_count} mock(s) and a router ({args.router_workers} worker(s))...", highlight=False
+            )
             fleet.start()
             config["router_config"] = fleet.router_config()
             if args.keep_config:
@@ -252,8 +344,10 @@ def run(args: argparse.Namespace) -> int:
             kv = prefix_mod.kv_stats([m.url for m in fleet.mocks])
             config["mock_kv_cache"] = kv
             if kv["hit_rate"] is not None:
-                console.print(f"mock KV prefix cache: {kv['hit_rate']:.1%} of prompt tokens were cached "
-                              f"(all stages, all mocks)", highlight=False)
+                console.print(
+                    f"mock KV prefix cache: {kv['hit_rate']:.1%} of prompt tokens were cached (all stages, all mocks)",
+                    highlight=False,
+                )
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: tearing down[/]")
         return 130
@@ -280,10 +374,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         problems = stage_problems(results + (direct or []), args.max_error_rate)
     if args.slo and not args.find_max_rate:
-        problems += [f"{m.get('target', 'router')} stage at load {m['load']:g}: SLO {slo_mod.describe(args.slo)} "
-                     f"met by {m['slo_met_share']:.1%} of requests < {args.slo_share:.0%} "
-                     f"(goodput {m['goodput']} of {m['request_throughput']} req/s)"
-                     for m in results if m["completed"] and not slo_mod.stage_meets(m, args.slo_share)]
+        problems += [
+            f"{m.get('target', 'router')} stage at load {m['load']:g}: SLO {slo_mod.describe(args.slo)} "
+            f"met by {m['slo_met_share']:.1%} of requests < {args.slo_share:.0%} "
+            f"(goodput {m['goodput']} of {m['request_throughput']} req/s)"
+            for m in results
+            if m["completed"] and not slo_mod.stage_meets(m, args.slo_share)
+        ]
     if problems:  # the reason is the last thing printed
         console.print("[red]FAILED:[/] " + "; ".join(problems), highlight=False, soft_wrap=True)
         return 1
@@ -316,6 +413,7 @@ def stage_problems(stages: list[dict], max_error_rate: float) -> list[str]:
 
 def _port_free(host: str, port: int) -> bool:
     import socket
+
     with socket.socket() as s:
         try:
             s.bind((host, port))

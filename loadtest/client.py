@@ -164,8 +164,16 @@ class _Measure(ResponseHandler):
         self.finished = self.finished or fin
 
 
-async def send(client: Client, data: bytes, api: str, endpoint: str, stream: bool, timeout: float,
-               start: float, keep_answer: bool = False) -> Result:
+async def send(
+    client: Client,
+    data: bytes,
+    api: str,
+    endpoint: str,
+    stream: bool,
+    timeout: float,
+    start: float,
+    keep_answer: bool = False,
+) -> Result:
     """One request (pre-built bytes) through `client`; never raises, errors land in the Result."""
     r = Result(start=start)
     streaming = stream and endpoint != "embed"

@@ -34,8 +34,7 @@ METRICS: dict[str, tuple[str, int]] = {
     "ttft": ("median_ttft_ms", -1),
     "ttft_p99": ("p99_ttft_ms", -1),
 }
-DEFAULT_THRESHOLDS = {"throughput": 0.10, "goodput": 0.10, "p50": 0.15, "p99": 0.30, "ttft": 0.15,
-                      "ttft_p99": 0.30}
+DEFAULT_THRESHOLDS = {"throughput": 0.10, "goodput": 0.10, "p50": 0.15, "p99": 0.30, "ttft": 0.15, "ttft_p99": 0.30}
 WORKLOAD_KEYS = ("api", "endpoint", "stream", "model", "dataset", "trace")
 
 
@@ -43,7 +42,8 @@ def parse_percent(text: str) -> float:
     t = text.strip()
     if not t.endswith("%"):
         raise argparse.ArgumentTypeError(
-            f"{t!r}: write thresholds as percentages with a % sign (e.g. {t}% ), so 15 is never read as 1500%")
+            f"{t!r}: write thresholds as percentages with a % sign (e.g. {t}% ), so 15 is never read as 1500%"
+        )
     try:
         value = float(t[:-1]) / 100
     except ValueError:
@@ -103,14 +103,21 @@ def incomparable(base: dict[str, Any], cur: dict[str, Any]) -> str | None:
     bs = [_key(s) for s in base["stages"] + base.get("direct", [])]
     cs = [_key(s) for s in cur["stages"] + cur.get("direct", [])]
     if sorted(bs) != sorted(cs):
+
         def ramp(keys: list[tuple[str, str, float]]) -> str:
             return " ".join(f"{t}:{m}:{load:g}" for t, m, load in sorted(keys)) or "no stages"
+
         return f"different stages: baseline [{ramp(bs)}], current [{ramp(cs)}]"
     return None
 
 
-def compare(base: dict[str, Any], cur: dict[str, Any], thresholds: dict[str, float],
-            max_error_increase: float, advisory: set[str] = frozenset()) -> tuple[list[dict[str, Any]], bool]:
+def compare(
+    base: dict[str, Any],
+    cur: dict[str, Any],
+    thresholds: dict[str, float],
+    max_error_increase: float,
+    advisory: set[str] = frozenset(),
+) -> tuple[list[dict[str, Any]], bool]:
     """One row per stage and metric; True when a non-advisory metric regressed."""
     rows: list[dict[str, Any]] = []
     by_key = {_key(s): s for s in base["stages"] + base.get("direct", [])}
@@ -132,38 +139,76 @@ def compare(base: dict[str, Any], cur: dict[str, Any], thresholds: dict[str, flo
                 verdict = "noise"
             else:
                 verdict = "ok"
-            rows.append({"stage": where, "metric": name, "baseline": _median(b, key), "current": _median(s, key),
-                         "change": change, "interval": (lo, hi), "threshold": thresholds[name],
-                         "reps": (len(noise.values(b, key)), len(noise.values(s, key))), "verdict": verdict})
+            rows.append(
+                {
+                    "stage": where,
+                    "metric": name,
+                    "baseline": _median(b, key),
+                    "current": _median(s, key),
+                    "change": change,
+                    "interval": (lo, hi),
+                    "threshold": thresholds[name],
+                    "reps": (len(noise.values(b, key)), len(noise.values(s, key))),
+                    "verdict": verdict,
+                }
+            )
             regressed |= verdict == "REGRESSED"
         rise = s["error_rate"] - b["error_rate"]
         verdict = "REGRESSED" if rise > max_error_increase else "ok"
-        rows.append({"stage": where, "metric": "error_rate", "baseline": b["error_rate"], "current": s["error_rate"],
-                     "change": rise, "interval": None, "threshold": max_error_increase, "reps": None,
-                     "verdict": verdict})
+        rows.append(
+            {
+                "stage": where,
+                "metric": "error_rate",
+                "baseline": b["error_rate"],
+                "current": s["error_rate"],
+                "change": rise,
+                "interval": None,
+                "threshold": max_error_increase,
+                "reps": None,
+                "verdict": verdict,
+            }
+        )
         regressed |= verdict == "REGRESSED"
     return rows, regressed
 
 
 def _median(stage: dict[str, Any], key: str) -> float:
     import numpy as np
+
     return float(np.median(noise.values(stage, key)))
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="loadtest compare", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        prog="loadtest compare",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("baseline")
     p.add_argument("current")
-    p.add_argument("--max-regression", type=parse_thresholds, default=dict(DEFAULT_THRESHOLDS),
-                   metavar="[METRIC=]PCT%,...",
-                   help="allowed change in the bad direction per metric (" + ", ".join(METRICS) + "); "
-                        "a bare PCT%% sets every metric; default: " +
-                        ",".join(f"{k}={v:.0%}" for k, v in DEFAULT_THRESHOLDS.items()).replace("%", "%%"))
-    p.add_argument("--advisory", type=parse_names, default=set(), metavar="METRIC,...",
-                   help="metrics reported but never failing, e.g. p99,ttft_p99 (default: none)")
-    p.add_argument("--max-error-increase", type=float, default=0.01,
-                   help="allowed absolute rise of the error rate (default 0.01 = 1 point)")
+    p.add_argument(
+        "--max-regression",
+        type=parse_thresholds,
+        default=dict(DEFAULT_THRESHOLDS),
+        metavar="[METRIC=]PCT%,...",
+        help="allowed change in the bad direction per metric (" + ", ".join(METRICS) + "); "
+        "a bare PCT%% sets every metric; default: "
+        + ",".join(f"{k}={v:.0%}" for k, v in DEFAULT_THRESHOLDS.items()).replace("%", "%%"),
+    )
+    p.add_argument(
+        "--advisory",
+        type=parse_names,
+        default=set(),
+        metavar="METRIC,...",
+        help="metrics reported but never failing, e.g. p99,ttft_p99 (default: none)",
+    )
+    p.add_argument(
+        "--max-error-increase",
+        type=float,
+        default=0.01,
+        help="allowed absolute rise of the error rate (default 0.01 = 1 point)",
+    )
     args = p.parse_args(argv)
     console = Console(width=160)
     try:
@@ -178,8 +223,10 @@ def main(argv: list[str]) -> int:
         console.print(f"[red]NOT COMPARABLE:[/] {why}", highlight=False, soft_wrap=True)
         return 2
     rows, regressed = compare(base, cur, args.max_regression, args.max_error_increase, args.advisory)
-    t = Table(title="compare: regressed = beyond the threshold and beyond the noise (95% bootstrap interval "
-                    "of the change of the median of repetitions)")
+    t = Table(
+        title="compare: regressed = beyond the threshold and beyond the noise (95% bootstrap interval "
+        "of the change of the median of repetitions)"
+    )
     for col in ("stage", "metric", "baseline", "current", "change", "95% interval", "threshold", "reps", "verdict"):
         t.add_column(col, justify="right")
     for r in rows:
@@ -189,10 +236,14 @@ def main(argv: list[str]) -> int:
             lo, hi = r["interval"]
             change, interval, thr = f"{r['change']:+.1%}", f"[{lo:+.1%}, {hi:+.1%}]", f"{r['threshold']:.0%}"
         reps = f"{r['reps'][0]}/{r['reps'][1]}" if r["reps"] else "-"
-        verdict = {"REGRESSED": "[red]REGRESSED[/]", "advisory": "[yellow]advisory[/]",
-                   "noise": "[yellow]within noise[/]"}.get(r["verdict"], "ok")
-        t.add_row(r["stage"], r["metric"], f"{r['baseline']:.4g}", f"{r['current']:.4g}", change, interval,
-                  thr, reps, verdict)
+        verdict = {
+            "REGRESSED": "[red]REGRESSED[/]",
+            "advisory": "[yellow]advisory[/]",
+            "noise": "[yellow]within noise[/]",
+        }.get(r["verdict"], "ok")
+        t.add_row(
+            r["stage"], r["metric"], f"{r['baseline']:.4g}", f"{r['current']:.4g}", change, interval, thr, reps, verdict
+        )
     console.print(t)
     if regressed:
         bad = sorted({f"{r['metric']} at {r['stage']}" for r in rows if r["verdict"] == "REGRESSED"})

@@ -71,8 +71,11 @@ class Item:
         return "\n\n".join(str(m.get("content", "")) for m in self.messages or [])
 
     def as_messages(self) -> list[dict[str, Any]]:
-        return [dict(m) for m in self.messages] if self.messages is not None \
+        return (
+            [dict(m) for m in self.messages]
+            if self.messages is not None
             else [{"role": "user", "content": self.prompt}]
+        )
 
 
 class Dataset:
@@ -83,10 +86,13 @@ class Dataset:
             where = f"dataset {path}:{n}"
             msgs, prompt = d.get("messages"), d.get("prompt")
             if msgs is None and not isinstance(prompt, str):
-                raise ValueError(f"{where}: needs \"prompt\" (a string) or \"messages\" (a chat history)")
-            if msgs is not None and not (isinstance(msgs, list) and msgs and all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in msgs)):
-                raise ValueError(f"{where}: \"messages\" must be a non-empty list of {{role, content}}")
+                raise ValueError(f'{where}: needs "prompt" (a string) or "messages" (a chat history)')
+            if msgs is not None and not (
+                isinstance(msgs, list)
+                and msgs
+                and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in msgs)
+            ):
+                raise ValueError(f'{where}: "messages" must be a non-empty list of {{role, content}}')
             self.items.append(Item(msgs, prompt, _int(d, ("output_tokens", "max_tokens"), where)))
 
     def item(self, i: int) -> Item:
@@ -138,18 +144,25 @@ class Trace:
             elif "timestamp" in d:
                 at = d["timestamp"] / 1000 if isinstance(d["timestamp"], (int, float)) else None
             else:
-                raise ValueError(f"{where}: needs \"timestamp\" (ms) or \"arrival\" (s)")
+                raise ValueError(f'{where}: needs "timestamp" (ms) or "arrival" (s)')
             if not isinstance(at, (int, float)) or at < 0:
                 raise ValueError(f"{where}: the arrival time must be a number >= 0")
             tokens = _int(d, ("input_tokens", "input_length"), where)
             session = d.get("session_id")
             ids = d.get("hash_ids")
-            if ids is not None and not (isinstance(ids, list) and all(
-                    isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+            if ids is not None and not (
+                isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+            ):
                 raise ValueError(f"{where}: hash_ids must be a list of whole numbers")
-            self.entries.append(Entry(float(at), tokens if tokens is not None else 32,
-                                      _int(d, ("output_tokens", "output_length"), where),
-                                      str(session) if session is not None else None, ids))
+            self.entries.append(
+                Entry(
+                    float(at),
+                    tokens if tokens is not None else 32,
+                    _int(d, ("output_tokens", "output_length"), where),
+                    str(session) if session is not None else None,
+                    ids,
+                )
+            )
 
     @property
     def span(self) -> float:
@@ -180,15 +193,26 @@ class Trace:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workloads from files (see loadtest/dataset.py for the line formats)")
-    g.add_argument("--dataset", default=None, metavar="FILE.jsonl",
-                   help="prompts or chat histories (optional output_tokens), taken in order (default: --prompt)")
-    g.add_argument("--trace", default=None, metavar="FILE",
-                   help="replay arrivals (timestamp ms or arrival s), input/output tokens, session ids and "
-                        "Mooncake hash_ids (JSONL), or a BurstGPT CSV, open loop, as one stage (default: off)")
+    g.add_argument(
+        "--dataset",
+        default=None,
+        metavar="FILE.jsonl",
+        help="prompts or chat histories (optional output_tokens), taken in order (default: --prompt)",
+    )
+    g.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help="replay arrivals (timestamp ms or arrival s), input/output tokens, session ids and "
+        "Mooncake hash_ids (JSONL), or a BurstGPT CSV, open loop, as one stage (default: off)",
+    )
     g.add_argument("--trace-speed", type=float, default=1.0, help="replay the trace this many times faster")
-    g.add_argument("--trace-block-tokens", type=int, default=512,
-                   help="tokens per Mooncake hash id: requests sharing leading ids share that many tokens "
-                        "of prompt per id")
+    g.add_argument(
+        "--trace-block-tokens",
+        type=int,
+        default=512,
+        help="tokens per Mooncake hash id: requests sharing leading ids share that many tokens of prompt per id",
+    )
 
 
 def load(args: argparse.Namespace) -> tuple[Dataset | None, Trace | None]:
@@ -198,7 +222,9 @@ def load(args: argparse.Namespace) -> tuple[Dataset | None, Trace | None]:
     if args.trace and (args.rate is not None or args.ramp):
         raise ValueError("--trace sets the arrivals itself; leave out --rate and --ramp")
     try:
-        return (Dataset(args.dataset) if args.dataset else None,
-                Trace(args.trace, args.trace_speed, args.trace_block_tokens) if args.trace else None)
+        return (
+            Dataset(args.dataset) if args.dataset else None,
+            Trace(args.trace, args.trace_speed, args.trace_block_tokens) if args.trace else None,
+        )
     except OSError as e:
         raise ValueError(f"{e.filename}: {e.strerror}") from None

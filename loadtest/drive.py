@@ -41,8 +41,9 @@ def merge(runs: list[StageRun]) -> StageRun:
     return m
 
 
-async def run_one(url: str, spec: WorkloadSpec, stage: Stage, timeout: float, target: str, label: str,
-                  console: Console, quiet: bool) -> StageRun:
+async def run_one(
+    url: str, spec: WorkloadSpec, stage: Stage, timeout: float, target: str, label: str, console: Console, quiet: bool
+) -> StageRun:
     prog = Progress()
     task = asyncio.ensure_future(run_stage(url, spec, stage, timeout, target, prog))
     if quiet:
@@ -54,8 +55,9 @@ async def run_one(url: str, spec: WorkloadSpec, stage: Stage, timeout: float, ta
     return task.result()
 
 
-async def measure(args: argparse.Namespace, url: str, spec: WorkloadSpec, stage: Stage, target: str,
-                  label: str, console: Console) -> dict:
+async def measure(
+    args: argparse.Namespace, url: str, spec: WorkloadSpec, stage: Stage, target: str, label: str, console: Console
+) -> dict:
     """One stage, `args.repeat` times back to back: the pooled summary, with the
     repetitions' gated metrics and their spread when there are several."""
     runs = []
@@ -67,21 +69,31 @@ async def measure(args: argparse.Namespace, url: str, spec: WorkloadSpec, stage:
     if getattr(args, "timeslice", None):
         many = len(runs) > 1
         m["timeslice_s"] = args.timeslice
-        m["timeslices"] = [ts for i, r in enumerate(runs)
-                           for ts in timeslices(r, args.timeslice, i + 1 if many else None)]
+        m["timeslices"] = [
+            ts for i, r in enumerate(runs) for ts in timeslices(r, args.timeslice, i + 1 if many else None)
+        ]
     if len(runs) > 1:
         m["repetitions"] = [noise.repetition(summarize(r, args.slo)) for r in runs]
         m["spread"] = noise.spread(m["repetitions"])
     good = f", goodput {m['goodput']:.1f} req/s" if "goodput" in m else ""
     spread = m.get("spread", {}).get("request_throughput")
     rs = f" (reps {spread['min']:.1f}..{spread['max']:.1f})" if spread else ""
-    console.print(f"{label}: {m['completed']} ok, {m['failed']} err, {m['request_throughput']:.1f} req/s{rs}"
-                  f"{good}, p50 {m['median_e2el_ms']} ms", highlight=False)
+    console.print(
+        f"{label}: {m['completed']} ok, {m['failed']} err, {m['request_throughput']:.1f} req/s{rs}"
+        f"{good}, p50 {m['median_e2el_ms']} ms",
+        highlight=False,
+    )
     return m
 
 
-async def drive(args: argparse.Namespace, spec: WorkloadSpec, stages: list[Stage], router_url: str,
-                direct_url: str | None, console: Console) -> tuple[list[dict], list[dict] | None]:
+async def drive(
+    args: argparse.Namespace,
+    spec: WorkloadSpec,
+    stages: list[Stage],
+    router_url: str,
+    direct_url: str | None,
+    console: Console,
+) -> tuple[list[dict], list[dict] | None]:
     results: list[dict] = []
     direct: list[dict] | None = [] if direct_url else None
     for i, stage in enumerate(stages):

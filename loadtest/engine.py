@@ -109,9 +109,15 @@ async def _sleep_until(t: float) -> None:
         await asyncio.sleep(delay)
 
 
-async def run_stage(base_url: str, spec: WorkloadSpec, stage: Stage, timeout: float,
-                    target: str = "router", progress: Progress | None = None,
-                    on_result: Callable[[Result], None] | None = None) -> StageRun:
+async def run_stage(
+    base_url: str,
+    spec: WorkloadSpec,
+    stage: Stage,
+    timeout: float,
+    target: str = "router",
+    progress: Progress | None = None,
+    on_result: Callable[[Result], None] | None = None,
+) -> StageRun:
     client = Client(base_url)
     try:
         return await _run(client, spec, stage, timeout, target, progress or Progress(), on_result)
@@ -119,8 +125,15 @@ async def run_stage(base_url: str, spec: WorkloadSpec, stage: Stage, timeout: fl
         client.close()
 
 
-async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float, target: str,
-               prog: Progress, on_result: Callable[[Result], None] | None) -> StageRun:
+async def _run(
+    client: Client,
+    spec: WorkloadSpec,
+    stage: Stage,
+    timeout: float,
+    target: str,
+    prog: Progress,
+    on_result: Callable[[Result], None] | None,
+) -> StageRun:
     run = StageRun(stage, target)
     single = client.build(spec.path, spec.body(), spec.headers)
     monitor = LoopMonitor()
@@ -197,8 +210,7 @@ async def _run(client: Client, spec: WorkloadSpec, stage: Stage, timeout: float,
                 r = await send(client, one_body(), spec.api, spec.endpoint, spec.stream, timeout, now)
             else:
                 data = client.build(spec.path, conv.next_body(), conv.headers())
-                r = await send(client, data, spec.api, spec.endpoint, spec.stream, timeout, now,
-                               keep_answer=True)
+                r = await send(client, data, spec.api, spec.endpoint, spec.stream, timeout, now, keep_answer=True)
                 r.turn = conv.turn + 1
                 if r.ok:
                     conv.record(r.answer)

@@ -102,8 +102,12 @@ class Client:
         self._all: set[Connection] = set()
 
     def build(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
-        head = [f"POST {self.prefix}{path} HTTP/1.1", f"Host: {self.host_header}",
-                "Content-Type: application/json", f"Content-Length: {len(body)}"]
+        head = [
+            f"POST {self.prefix}{path} HTTP/1.1",
+            f"Host: {self.host_header}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+        ]
         head += [f"{k}: {v}" for k, v in headers.items()]
         return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 

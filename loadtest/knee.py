@@ -37,11 +37,16 @@ def healthy(stage: dict[str, Any], first: dict[str, Any]) -> bool:
 
 def find_knee(stages: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """`stages` in ramp order (rising load), each a `metrics.summarize` dict."""
-    out: dict[str, Any] = {"knee_load": None, "knee_stage": None, "max_request_throughput": None,
-                           "max_throughput_load": None, "saturation_load": None,
-                           "definition": "last stage of the unbroken healthy run from the first stage; "
-                                         "healthy = errors <= 1%, p99 <= 1.5x first, "
-                                         "throughput >= 0.8x linear scaling"}
+    out: dict[str, Any] = {
+        "knee_load": None,
+        "knee_stage": None,
+        "max_request_throughput": None,
+        "max_throughput_load": None,
+        "saturation_load": None,
+        "definition": "last stage of the unbroken healthy run from the first stage; "
+        "healthy = errors <= 1%, p99 <= 1.5x first, "
+        "throughput >= 0.8x linear scaling",
+    }
     if not stages:
         return out
     first = stages[0]

@@ -52,8 +52,12 @@ def snapshot() -> dict[str, float] | None:
 def delta(a: dict[str, float] | None, b: dict[str, float] | None) -> dict[str, float] | None:
     if a is None or b is None or b["total"] <= a["total"]:
         return None
-    return {"total": b["total"] - a["total"], "idle": b["idle"] - a["idle"],
-            "steal": b["steal"] - a["steal"], "load1": b["load1"]}
+    return {
+        "total": b["total"] - a["total"],
+        "idle": b["idle"] - a["idle"],
+        "steal": b["steal"] - a["steal"],
+        "load1": b["load1"],
+    }
 
 
 def combine(parts: list[dict[str, float] | None]) -> dict[str, float] | None:
@@ -61,44 +65,71 @@ def combine(parts: list[dict[str, float] | None]) -> dict[str, float] | None:
     got = [p for p in parts if p]
     if not got:
         return None
-    return {"total": sum(p["total"] for p in got), "idle": sum(p["idle"] for p in got),
-            "steal": sum(p["steal"] for p in got), "load1": max(p["load1"] for p in got)}
+    return {
+        "total": sum(p["total"] for p in got),
+        "idle": sum(p["idle"] for p in got),
+        "steal": sum(p["steal"] for p in got),
+        "load1": max(p["load1"] for p in got),
+    }
 
 
-def assess(cpu_s: float, wall_s: float, lag_ms: float, send_lag_ms: float, open_loop: bool,
-           machine: dict[str, float] | None) -> dict[str, Any]:
+def assess(
+    cpu_s: float, wall_s: float, lag_ms: float, send_lag_ms: float, open_loop: bool, machine: dict[str, float] | None
+) -> dict[str, Any]:
     """The `client` block of a stage's metrics."""
     ncpu = os.cpu_count() or 1
     client = cpu_s / wall_s if wall_s else 0.0
-    out: dict[str, Any] = {"cpu_share": round(client, 3), "loop_lag_p99_ms": round(lag_ms, 3),
-                           "send_lag_p99_ms": round(send_lag_ms, 3), "cpu_count": ncpu}
+    out: dict[str, Any] = {
+        "cpu_share": round(client, 3),
+        "loop_lag_p99_ms": round(lag_ms, 3),
+        "send_lag_p99_ms": round(send_lag_ms, 3),
+        "cpu_count": ncpu,
+    }
     busy = steal = others = load = None
     if machine:
         busy = 1 - machine["idle"] / machine["total"]
         steal = machine["steal"] / machine["total"]
         others = max(busy * ncpu - client, 0.0)  # cores' worth of CPU used by everything else
         load = machine["load1"] / ncpu
-        out.update({"machine_busy_share": round(busy, 3), "others_cores": round(others, 3),
-                    "steal_share": round(steal, 4), "load_per_core": round(load, 3)})
+        out.update(
+            {
+                "machine_busy_share": round(busy, 3),
+                "others_cores": round(others, 3),
+                "steal_share": round(steal, 4),
+                "load_per_core": round(load, 3),
+            }
+        )
     late = lag_ms > LAG_BOTTLENECK_MS or (open_loop and send_lag_ms > SEND_LAG_BOTTLENECK_MS)
     own_cpu = client >= CPU_BOTTLENECK
-    machine_busy = busy is not None and (busy >= MACHINE_BUSY or steal >= STEAL_BUSY  # type: ignore[operator]
-                                         or load > LOAD_PER_CORE_BUSY)  # type: ignore[operator]
+    machine_busy = busy is not None and (
+        busy >= MACHINE_BUSY
+        or steal >= STEAL_BUSY  # type: ignore[operator]
+        or load > LOAD_PER_CORE_BUSY
+    )  # type: ignore[operator]
     verdict = reason = None
     if own_cpu:
         verdict, reason = "client", f"the client used {client:.0%} of a core"
     elif machine_busy:
         verdict = "machine"
-        state = (f"the machine was saturated ({busy:.0%} of {ncpu} cores busy, {others:.2f} cores used by "
-                 f"other processes, steal {steal:.0%}, load {load:.2f}/core)")
-        reason = (f"the client was late (loop lag p99 {lag_ms:.0f} ms, send lag p99 {send_lag_ms:.0f} ms) "
-                  f"at {client:.0%} of a core while {state}" if late else
-                  f"{state}; the client used {client:.0%} of a core")
+        state = (
+            f"the machine was saturated ({busy:.0%} of {ncpu} cores busy, {others:.2f} cores used by "
+            f"other processes, steal {steal:.0%}, load {load:.2f}/core)"
+        )
+        reason = (
+            f"the client was late (loop lag p99 {lag_ms:.0f} ms, send lag p99 {send_lag_ms:.0f} ms) "
+            f"at {client:.0%} of a core while {state}"
+            if late
+            else f"{state}; the client used {client:.0%} of a core"
+        )
     elif late:
         verdict = "client"
-        reason = (f"the client was late (loop lag p99 {lag_ms:.0f} ms, send lag p99 {send_lag_ms:.0f} ms) "
-                  "with idle CPU on the machine" if busy is not None else
-                  f"the client was late (loop lag p99 {lag_ms:.0f} ms, send lag p99 {send_lag_ms:.0f} ms)")
-    out.update({"bottleneck": verdict == "client", "machine_bound": verdict == "machine",
-                "verdict": verdict, "reason": reason})
+        reason = (
+            f"the client was late (loop lag p99 {lag_ms:.0f} ms, send lag p99 {send_lag_ms:.0f} ms) "
+            "with idle CPU on the machine"
+            if busy is not None
+            else f"the client was late (loop lag p99 {lag_ms:.0f} ms, send lag p99 {send_lag_ms:.0f} ms)"
+        )
+    out.update(
+        {"bottleneck": verdict == "client", "machine_bound": verdict == "machine", "verdict": verdict, "reason": reason}
+    )
     return out

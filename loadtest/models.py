@@ -41,8 +41,10 @@ def _names(path: str, data: object) -> list[str] | None:
 
 def same_model(a: str, b: str) -> bool:
     """Ollama's rule: `llama3` is `llama3:latest`."""
+
     def key(n: str) -> str:
         return n if ":" in n else n + ":latest"
+
     return key(a) == key(b)
 
 
@@ -72,10 +74,17 @@ def check(url: str, api: str, model: str, headers: dict[str, str], timeout: floa
             continue
         if any(same_model(model, n) for n in names):
             return Check(True, names, path)
-        return Check(False, names, path,
-                     f"model {model!r} is not served by {url} (its {path} lists "
-                     f"{', '.join(sorted(names)) or 'no model'}); pick one with --model")
+        return Check(
+            False,
+            names,
+            path,
+            f"model {model!r} is not served by {url} (its {path} lists "
+            f"{', '.join(sorted(names)) or 'no model'}); pick one with --model",
+        )
     if not reached:
         return Check(True, message=f"cannot reach {url} to list its models ({'; '.join(failures)})")
-    return Check(True, message=f"could not read the models {url} serves ({'; '.join(failures)}); "
-                               f"driving it with model {model!r} unchecked")
+    return Check(
+        True,
+        message=f"could not read the models {url} serves ({'; '.join(failures)}); "
+        f"driving it with model {model!r} unchecked",
+    )

@@ -16,8 +16,15 @@ from typing import Any
 import numpy as np
 
 # the per-repetition metrics kept in the JSON (compare's gated metrics and the error rate)
-REP_KEYS = ("request_throughput", "median_e2el_ms", "p99_e2el_ms", "median_ttft_ms", "p99_ttft_ms",
-            "error_rate", "goodput")
+REP_KEYS = (
+    "request_throughput",
+    "median_e2el_ms",
+    "p99_e2el_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "error_rate",
+    "goodput",
+)
 BOOTSTRAP = 2000
 CONFIDENCE = 0.95
 
@@ -35,8 +42,12 @@ def spread(reps: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
         if not vals:
             continue
         med = float(np.median(vals))
-        out[key] = {"median": round(med, 3), "min": round(min(vals), 3), "max": round(max(vals), 3),
-                    "rel_spread": round((max(vals) - min(vals)) / med, 4) if med else 0.0}
+        out[key] = {
+            "median": round(med, 3),
+            "min": round(min(vals), 3),
+            "max": round(max(vals), 3),
+            "rel_spread": round((max(vals) - min(vals)) / med, 4) if med else 0.0,
+        }
     return out
 
 

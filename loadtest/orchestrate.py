@@ -50,9 +50,15 @@ class Fleet:
     def router_config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {
             # the router's prefix index is told each mock's real KV cache size
-            "endpoints": [{"url": m.url, "name": f"mock{i}", "max_concurrent": self.router_max_conc,
-                           "kv_cache_tokens": self.mock_config.kv_cache_tokens}
-                          for i, m in enumerate(self.mocks)],
+            "endpoints": [
+                {
+                    "url": m.url,
+                    "name": f"mock{i}",
+                    "max_concurrent": self.router_max_conc,
+                    "kv_cache_tokens": self.mock_config.kv_cache_tokens,
+                }
+                for i, m in enumerate(self.mocks)
+            ],
             "max_queue": 100_000,
             "health_interval": 1,
         }
@@ -65,10 +71,20 @@ class Fleet:
             yaml.safe_dump(self.router_config(), f)
         port = self.router_port or free_port()
         self.router_url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "nomyo_router", "--config", self.config_path, "--port", str(port),
-               "--workers", str(self.router_workers), "--log-level", "warning"]
-        self.router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "nomyo_router",
+            "--config",
+            self.config_path,
+            "--port",
+            str(port),
+            "--workers",
+            str(self.router_workers),
+            "--log-level",
+            "warning",
+        ]
+        self.router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         wait_http(self.router_url + "/health", 30, self.router)
 
     @property
@@ -103,6 +119,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def install_sigterm_as_interrupt() -> None:
     """SIGTERM tears down like Ctrl-C does."""
+
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, handler)

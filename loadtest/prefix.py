@@ -19,11 +19,19 @@ from .workload import filler_text
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("shared prefixes")
-    g.add_argument("--prefix-groups", type=int, default=0,
-                   help="G applications, each with its own shared system prompt (default: off)")
+    g.add_argument(
+        "--prefix-groups",
+        type=int,
+        default=0,
+        help="G applications, each with its own shared system prompt (default: off)",
+    )
     g.add_argument("--prefix-tokens", type=int, default=2000, help="tokens per shared prefix (default: 2000)")
-    g.add_argument("--prefix-skew", type=float, default=0.0,
-                   help="Zipf exponent of the groups' popularity (0: uniform; 1.5: one hot prefix)")
+    g.add_argument(
+        "--prefix-skew",
+        type=float,
+        default=0.0,
+        help="Zipf exponent of the groups' popularity (0: uniform; 1.5: one hot prefix)",
+    )
 
 
 class Prefixes:

@@ -40,8 +40,9 @@ def _fmt(fmt: str, value: Any) -> str:
     return fmt.format(value)
 
 
-def table(stages: Sequence[dict[str, Any]], knee: dict[str, Any], mode: str,
-          direct: Sequence[dict[str, Any]] | None = None) -> Table:
+def table(
+    stages: Sequence[dict[str, Any]], knee: dict[str, Any], mode: str, direct: Sequence[dict[str, Any]] | None = None
+) -> Table:
     t = Table(title="nomyo loadtest", show_lines=False)
     for head, _, _ in COLUMNS:
         t.add_column("rate" if head == "conc" and mode != "closed" else head, justify="right")
@@ -58,8 +59,11 @@ def table(stages: Sequence[dict[str, Any]], knee: dict[str, Any], mode: str,
             row.append(_fmt("rate", s.get("goodput")))
         if direct:
             d = direct[i]
-            add = (s["median_e2el_ms"] - d["median_e2el_ms"]) if s["median_e2el_ms"] is not None \
-                and d["median_e2el_ms"] is not None else None
+            add = (
+                (s["median_e2el_ms"] - d["median_e2el_ms"])
+                if s["median_e2el_ms"] is not None and d["median_e2el_ms"] is not None
+                else None
+            )
             ratio = s["request_throughput"] / d["request_throughput"] if d["request_throughput"] else None
             row += [_fmt("{:+.3f}", add), _fmt("{:.2f}", ratio)]
         notes = []
@@ -78,13 +82,20 @@ def table(stages: Sequence[dict[str, Any]], knee: dict[str, Any], mode: str,
     return t
 
 
-def print_summary(console: Console, stages: Sequence[dict[str, Any]], knee: dict[str, Any], mode: str,
-                  direct: Sequence[dict[str, Any]] | None = None) -> None:
+def print_summary(
+    console: Console,
+    stages: Sequence[dict[str, Any]],
+    knee: dict[str, Any],
+    mode: str,
+    direct: Sequence[dict[str, Any]] | None = None,
+) -> None:
     console.print(table(stages, knee, mode, direct))
     unit = "concurrent" if mode == "closed" else "req/s offered"
-    console.print(f"knee: {knee['knee_load']} {unit}  |  max throughput: "
-                  f"{knee['max_request_throughput']} req/s at {knee['max_throughput_load']}  |  "
-                  f"saturates at: {knee['saturation_load']}")
+    console.print(
+        f"knee: {knee['knee_load']} {unit}  |  max throughput: "
+        f"{knee['max_request_throughput']} req/s at {knee['max_throughput_load']}  |  "
+        f"saturates at: {knee['saturation_load']}"
+    )
     for s in stages:
         if s["endpoints"] and len(s["endpoints"]) > 1:
             total = sum(s["endpoints"].values())
@@ -94,47 +105,67 @@ def print_summary(console: Console, stages: Sequence[dict[str, Any]], knee: dict
             console.print(f"  load {s['load']:g}: affinity {s['affinity']}")
         late = s.get("lateness") or {}
         if late.get("p50_ms") is not None:
-            console.print(f"  load {s['load']:g}: sent late by p50 {late['p50_ms']:.2f} ms, "
-                          f"p99 {late['p99_ms']:.2f} ms, max {late['max_ms']:.1f} ms; "
-                          f"{late['late_share']:.1%} later than {late['late_ms']:g} ms", highlight=False)
+            console.print(
+                f"  load {s['load']:g}: sent late by p50 {late['p50_ms']:.2f} ms, "
+                f"p99 {late['p99_ms']:.2f} ms, max {late['max_ms']:.1f} ms; "
+                f"{late['late_share']:.1%} later than {late['late_ms']:g} ms",
+                highlight=False,
+            )
     for s in stages:
         c = s["client"]
         if c["bottleneck"]:
-            console.print(f"[bold yellow]CLIENT-BOUND[/] at load {s['load']:g}: {c['reason']}; these numbers "
-                          f"measure the load generator as much as the server. Lower the load or run the client "
-                          f"on another machine.", highlight=False)
+            console.print(
+                f"[bold yellow]CLIENT-BOUND[/] at load {s['load']:g}: {c['reason']}; these numbers "
+                f"measure the load generator as much as the server. Lower the load or run the client "
+                f"on another machine.",
+                highlight=False,
+            )
         elif c.get("machine_bound"):
-            console.print(f"[bold yellow]MACHINE-BUSY[/] at load {s['load']:g}: {c['reason']}; the client is "
-                          f"not the limit, the machine it shares is (latencies include that contention).",
-                          highlight=False)
+            console.print(
+                f"[bold yellow]MACHINE-BUSY[/] at load {s['load']:g}: {c['reason']}; the client is "
+                f"not the limit, the machine it shares is (latencies include that contention).",
+                highlight=False,
+            )
 
 
 def environment() -> dict[str, Any]:
     import aiohttp
     import numpy
-    versions = {"python": platform.python_version(), "aiohttp": aiohttp.__version__,
-                "numpy": numpy.__version__}
+
+    versions = {"python": platform.python_version(), "aiohttp": aiohttp.__version__, "numpy": numpy.__version__}
     try:
         import uvicorn
+
         versions["uvicorn"] = uvicorn.__version__
     except ImportError:
         pass
-    return {"cpu_count": os.cpu_count(), "platform": platform.platform(), "machine": platform.machine(),
-            "versions": versions, "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "versions": versions,
+        "argv": sys.argv,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
-def document(config: dict[str, Any], stages: list[dict[str, Any]], knee: dict[str, Any],
-             direct: list[dict[str, Any]] | None) -> dict[str, Any]:
+def document(
+    config: dict[str, Any], stages: list[dict[str, Any]], knee: dict[str, Any], direct: list[dict[str, Any]] | None
+) -> dict[str, Any]:
     doc = {"schema": SCHEMA, "config": config, "environment": environment(), "stages": stages, "knee": knee}
     if direct:
         doc["direct"] = direct
         doc["overhead"] = [
-            {"load": s["load"],
-             "added_p50_ms": _sub(s["median_e2el_ms"], d["median_e2el_ms"]),
-             "added_p99_ms": _sub(s["p99_e2el_ms"], d["p99_e2el_ms"]),
-             "throughput_ratio": round(s["request_throughput"] / d["request_throughput"], 4)
-             if d["request_throughput"] else None}
-            for s, d in zip(stages, direct, strict=False)]
+            {
+                "load": s["load"],
+                "added_p50_ms": _sub(s["median_e2el_ms"], d["median_e2el_ms"]),
+                "added_p99_ms": _sub(s["p99_e2el_ms"], d["p99_e2el_ms"]),
+                "throughput_ratio": round(s["request_throughput"] / d["request_throughput"], 4)
+                if d["request_throughput"]
+                else None,
+            }
+            for s, d in zip(stages, direct, strict=False)
+        ]
     return doc
 
 

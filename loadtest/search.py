@@ -34,27 +34,46 @@ def parse_bounds(text: str) -> tuple[float, float]:
 
 
 def add_arguments(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--find-max-rate", type=parse_bounds, nargs="?", const=(1.0, 256.0), default=None,
-                   metavar="LO,HI", help="search the highest open-loop rate meeting --slo between LO and HI req/s "
-                                         "(bisection; no value: 1,256; default: off)")
+    g.add_argument(
+        "--find-max-rate",
+        type=parse_bounds,
+        nargs="?",
+        const=(1.0, 256.0),
+        default=None,
+        metavar="LO,HI",
+        help="search the highest open-loop rate meeting --slo between LO and HI req/s "
+        "(bisection; no value: 1,256; default: off)",
+    )
     g.add_argument("--search-stages", type=int, default=8, help="most probes (stages) the search may run")
-    g.add_argument("--search-precision", type=float, default=0.05,
-                   help="stop when the bracket is narrower than this share of its lower end")
+    g.add_argument(
+        "--search-precision",
+        type=float,
+        default=0.05,
+        help="stop when the bracket is narrower than this share of its lower end",
+    )
 
 
 def passes(m: dict[str, Any], args: argparse.Namespace) -> bool:
     return slo_mod.stage_meets(m, args.slo_share) and m["error_rate"] <= args.max_error_rate
 
 
-async def find_max_rate(args: argparse.Namespace, url: str, spec: WorkloadSpec,
-                        console: Console) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def find_max_rate(
+    args: argparse.Namespace, url: str, spec: WorkloadSpec, console: Console
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     lo, hi = args.find_max_rate
     probes: list[dict[str, Any]] = []
 
     async def probe(rate: float) -> bool:
-        stage = Stage(mode="open", load=round(rate, 3), duration=args.duration, requests=args.requests,
-                      warmup=args.warmup, arrival=args.arrival, seed=args.seed + len(probes),
-                      burstiness=args.burstiness)
+        stage = Stage(
+            mode="open",
+            load=round(rate, 3),
+            duration=args.duration,
+            requests=args.requests,
+            warmup=args.warmup,
+            arrival=args.arrival,
+            seed=args.seed + len(probes),
+            burstiness=args.burstiness,
+        )
         label = f"search {len(probes) + 1}/{args.search_stages} rate={stage.load:g}"
         m = await measure(args, url, spec, stage, "router", label, console)
         m["slo_pass"] = passes(m, args)
@@ -77,13 +96,25 @@ async def find_max_rate(args: argparse.Namespace, url: str, spec: WorkloadSpec,
                     bad = mid
     else:
         bad = lo
-    result = {"max_rate": round(good, 3) if good is not None else None,
-              "bracket": [round(good, 3) if good is not None else None, round(bad, 3) if bad is not None else None],
-              "step": round(bad - good, 3) if good is not None and bad is not None else None,
-              "stages": len(probes), "slo": args.slo, "slo_share": args.slo_share,
-              "probes": [{"rate": m["load"], "pass": m["slo_pass"], "request_throughput": m["request_throughput"],
-                          "goodput": m.get("goodput"), "slo_met_share": m.get("slo_met_share"),
-                          "error_rate": m["error_rate"]} for m in probes]}
+    result = {
+        "max_rate": round(good, 3) if good is not None else None,
+        "bracket": [round(good, 3) if good is not None else None, round(bad, 3) if bad is not None else None],
+        "step": round(bad - good, 3) if good is not None and bad is not None else None,
+        "stages": len(probes),
+        "slo": args.slo,
+        "slo_share": args.slo_share,
+        "probes": [
+            {
+                "rate": m["load"],
+                "pass": m["slo_pass"],
+                "request_throughput": m["request_throughput"],
+                "goodput": m.get("goodput"),
+                "slo_met_share": m.get("slo_met_share"),
+                "error_rate": m["error_rate"],
+            }
+            for m in probes
+        ],
+    }
     return result, sorted(probes, key=lambda m: m["load"])
 
 
@@ -93,5 +124,7 @@ def summary_line(r: dict[str, Any]) -> str:
         return f"max rate at SLO {slo}: none — even {r['bracket'][1]:g} req/s misses it"
     if r["bracket"][1] is None:
         return f"max rate at SLO {slo}: at least {r['max_rate']:g} req/s (the upper bound passed; raise HI)"
-    return (f"max rate at SLO {slo}: {r['max_rate']:g} req/s (the limit lies in [{r['bracket'][0]:g}, "
-            f"{r['bracket'][1]:g}], {r['stages']} stages)")
+    return (
+        f"max rate at SLO {slo}: {r['max_rate']:g} req/s (the limit lies in [{r['bracket'][0]:g}, "
+        f"{r['bracket'][1]:g}], {r['stages']} stages)"
+    )

@@ -57,8 +57,12 @@ def meets(r: Result, slo: dict[str, float]) -> bool:
         return False
     if "ttft" in slo and (r.ttft is None or r.ttft > slo["ttft"]):
         return False
-    if "tpot" in slo and r.ttft is not None and r.out_tokens > 1 \
-            and (r.latency - r.ttft) / (r.out_tokens - 1) > slo["tpot"]:
+    if (
+        "tpot" in slo
+        and r.ttft is not None
+        and r.out_tokens > 1
+        and (r.latency - r.ttft) / (r.out_tokens - 1) > slo["tpot"]
+    ):
         return False
     if "itl" in slo and r.itl and max(r.itl) > slo["itl"]:
         return False

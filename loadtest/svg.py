@@ -66,7 +66,7 @@ class Scale:
         if self.log:
             lo_e, hi_e = math.floor(math.log10(self.lo)), math.ceil(math.log10(self.hi))
             for mults in ((1,), (1, 3), (1, 2, 5)):
-                t = [m * 10.0 ** e for e in range(lo_e, hi_e + 1) for m in mults]
+                t = [m * 10.0**e for e in range(lo_e, hi_e + 1) for m in mults]
                 t = [v for v in t if self.lo * 0.999 <= v <= self.hi * 1.001]
                 if len(t) >= 3:
                     return t
@@ -122,10 +122,20 @@ class Panel:
     extra: list[str] = field(default_factory=list)  # caller's SVG drawn in the plot area
 
 
-def chart(title: str, panels: Panel | list[Panel], xlabel: str, *, xlog: bool = False,
-          marks: Sequence[float] = (), mark_label: str = "knee", bands: Sequence[Sequence[float]] = (),
-          w: int = 560, xticks: Sequence[float] | None = None, xpad: float = 0.04,
-          xspan: Sequence[float] = ()) -> str:
+def chart(
+    title: str,
+    panels: Panel | list[Panel],
+    xlabel: str,
+    *,
+    xlog: bool = False,
+    marks: Sequence[float] = (),
+    mark_label: str = "knee",
+    bands: Sequence[Sequence[float]] = (),
+    w: int = 560,
+    xticks: Sequence[float] | None = None,
+    xpad: float = 0.04,
+    xspan: Sequence[float] = (),
+) -> str:
     """Panels stacked over one x axis; `marks` are dashed vertical lines labelled at the
     top, `bands` shaded x ranges (the measured windows), `xticks` the x labels wanted
     (default: round numbers), `xspan` x values the axis must include (a stage's start)."""
@@ -139,8 +149,9 @@ def chart(title: str, panels: Panel | list[Panel], xlabel: str, *, xlog: bool = 
         ys = [y for _, _, _, sy in p.series for y in sy if y is not None]
         lo, hi = _range(ys, p.log, 0.08, zero=p.yfloor_zero and not p.log)
         yscales.append((lo, hi))
-    ylabels = [[num(t) for t in Scale(lo, hi, 0, 1, p.log).ticks()]
-               for p, (lo, hi) in zip(panels, yscales, strict=True)]
+    ylabels = [
+        [num(t) for t in Scale(lo, hi, 0, 1, p.log).ticks()] for p, (lo, hi) in zip(panels, yscales, strict=True)
+    ]
     widest = max((text_width(t) for labels in ylabels for t in labels), default=20.0)
     pad_l = int(max(48.0, widest + 30))
     pad_r, pad_t, gap = 18, 28, 14
@@ -153,35 +164,47 @@ def chart(title: str, panels: Panel | list[Panel], xlabel: str, *, xlog: bool = 
         top, bottom = y, y + p.height
         ys_px = Scale(lo, hi, bottom, top, p.log)
         for a, b in bands:
-            out.append(f'<rect class="band" x="{xs_px(a):.1f}" y="{top:.1f}" '
-                       f'width="{max(xs_px(b) - xs_px(a), 1):.1f}" height="{p.height}" fill="#e8f0fe"/>')
+            out.append(
+                f'<rect class="band" x="{xs_px(a):.1f}" y="{top:.1f}" '
+                f'width="{max(xs_px(b) - xs_px(a), 1):.1f}" height="{p.height}" fill="#e8f0fe"/>'
+            )
         ticks = ys_px.ticks()
         for i in _thin([(-ys_px(t), FONT * 0.6, FONT * 0.6) for t in ticks], 2):
             t, py = ticks[i], ys_px(ticks[i])
             out.append(f'<line x1="{pad_l}" y1="{py:.1f}" x2="{w - pad_r}" y2="{py:.1f}" stroke="#eee"/>')
             out.append(f'<text class="tick" x="{pad_l - 5}" y="{py + 4:.1f}" text-anchor="end">{num(t)}</text>')
-        out += [f'<line x1="{pad_l}" y1="{bottom:.1f}" x2="{w - pad_r}" y2="{bottom:.1f}" stroke="#333"/>',
-                f'<line class="yaxis" x1="{pad_l}" y1="{top:.1f}" x2="{pad_l}" y2="{bottom:.1f}" stroke="#333"/>']
+        out += [
+            f'<line x1="{pad_l}" y1="{bottom:.1f}" x2="{w - pad_r}" y2="{bottom:.1f}" stroke="#333"/>',
+            f'<line class="yaxis" x1="{pad_l}" y1="{top:.1f}" x2="{pad_l}" y2="{bottom:.1f}" stroke="#333"/>',
+        ]
         if p.ylabel:
             mid = (top + bottom) / 2
-            out.append(f'<text class="ylabel" x="13" y="{mid:.1f}" text-anchor="middle" '
-                       f'transform="rotate(-90 13 {mid:.1f})">{esc(p.ylabel)}</text>')
+            out.append(
+                f'<text class="ylabel" x="13" y="{mid:.1f}" text-anchor="middle" '
+                f'transform="rotate(-90 13 {mid:.1f})">{esc(p.ylabel)}</text>'
+            )
         out += p.extra
         for m in marks:
-            out.append(f'<line class="mark" x1="{xs_px(m):.1f}" y1="{top:.1f}" x2="{xs_px(m):.1f}" '
-                       f'y2="{bottom:.1f}" stroke="#d33" stroke-dasharray="4 3"/>')
+            out.append(
+                f'<line class="mark" x1="{xs_px(m):.1f}" y1="{top:.1f}" x2="{xs_px(m):.1f}" '
+                f'y2="{bottom:.1f}" stroke="#d33" stroke-dasharray="4 3"/>'
+            )
             if k == 0:
                 label = f"{mark_label} {num(m)}"
                 right = xs_px(m) + 4 + text_width(label) <= w - pad_r
                 lx = xs_px(m) + 4 if right else xs_px(m) - 4
-                out.append(f'<text class="marklabel" x="{lx:.1f}" y="{top + 12:.1f}" '
-                           f'text-anchor="{"start" if right else "end"}" fill="#d33">{esc(label)}</text>')
+                out.append(
+                    f'<text class="marklabel" x="{lx:.1f}" y="{top + 12:.1f}" '
+                    f'text-anchor="{"start" if right else "end"}" fill="#d33">{esc(label)}</text>'
+                )
         for name, color, sx, sy in p.series:
             pts = [(xs_px(x), ys_px(v)) for x, v in zip(sx, sy, strict=False) if v is not None and (v > 0 or not p.log)]
             if not pts:
                 continue
-            out.append(f'<polyline class="line" data-name="{esc(name)}" fill="none" stroke="{color}" '
-                       f'stroke-width="1.8" points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>')
+            out.append(
+                f'<polyline class="line" data-name="{esc(name)}" fill="none" stroke="{color}" '
+                f'stroke-width="1.8" points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>'
+            )
             r = 2.5 if len(pts) < 80 else 1.2
             out += [f'<circle class="pt" cx="{a:.1f}" cy="{b:.1f}" r="{r}" fill="{color}"/>' for a, b in pts]
         y = bottom + gap
@@ -190,15 +213,21 @@ def chart(title: str, panels: Panel | list[Panel], xlabel: str, *, xlog: bool = 
     ticks = [t for t in ticks if xlo <= t <= xhi and (t > 0 or not xlog)]
     labels = [num(t) for t in ticks]
     for i in _thin([(xs_px(t), text_width(s) / 2, text_width(s) / 2) for t, s in zip(ticks, labels, strict=True)], 6):
-        out.append(f'<text class="tick" x="{xs_px(ticks[i]):.1f}" y="{bottom + 15:.1f}" '
-                   f'text-anchor="middle">{labels[i]}</text>')
-    out.append(f'<text class="xlabel" x="{pad_l + plot_w / 2:.1f}" y="{bottom + 32:.1f}" '
-               f'text-anchor="middle">{esc(xlabel)}</text>')
+        out.append(
+            f'<text class="tick" x="{xs_px(ticks[i]):.1f}" y="{bottom + 15:.1f}" '
+            f'text-anchor="middle">{labels[i]}</text>'
+        )
+    out.append(
+        f'<text class="xlabel" x="{pad_l + plot_w / 2:.1f}" y="{bottom + 32:.1f}" '
+        f'text-anchor="middle">{esc(xlabel)}</text>'
+    )
     legend, h = _legend(every, pad_l, w - pad_r, bottom + 50)
-    head = (f'<svg class="chart" data-title="{esc(title)}" xmlns="http://www.w3.org/2000/svg" width="{w}" '
-            f'height="{h:.0f}" viewBox="0 0 {w} {h:.0f}" font-family="sans-serif" font-size="{FONT}">'
-            f'<text class="title" x="{w / 2}" y="17" text-anchor="middle" font-size="13" '
-            f'font-weight="bold">{esc(title)}</text>')
+    head = (
+        f'<svg class="chart" data-title="{esc(title)}" xmlns="http://www.w3.org/2000/svg" width="{w}" '
+        f'height="{h:.0f}" viewBox="0 0 {w} {h:.0f}" font-family="sans-serif" font-size="{FONT}">'
+        f'<text class="title" x="{w / 2}" y="17" text-anchor="middle" font-size="13" '
+        f'font-weight="bold">{esc(title)}</text>'
+    )
     return head + "".join(out) + legend + "</svg>"
 
 
@@ -213,8 +242,10 @@ def _legend(series: list[Series], left: float, right: float, top: float) -> tupl
         width = 18 + text_width(name)
         if x > left and x + width > right:
             x, y = left, y + 16
-        out.append(f'<line x1="{x:.1f}" y1="{y - 4:.1f}" x2="{x + 14:.1f}" y2="{y - 4:.1f}" stroke="{color}" '
-                   f'stroke-width="3"/><text class="legend" x="{x + 18:.1f}" y="{y:.1f}" fill="#333">'
-                   f'{esc(name)}</text>')
+        out.append(
+            f'<line x1="{x:.1f}" y1="{y - 4:.1f}" x2="{x + 14:.1f}" y2="{y - 4:.1f}" stroke="{color}" '
+            f'stroke-width="3"/><text class="legend" x="{x + 18:.1f}" y="{y:.1f}" fill="#333">'
+            f"{esc(name)}</text>"
+        )
         x += width + 14
     return "".join(out), (y + 10 if out else top - 10)

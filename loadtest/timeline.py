@@ -25,16 +25,30 @@ def timeline(run: StageRun) -> dict[str, Any]:
     of the requests that ended in it; `windows` are the measured windows (after warm-up)."""
     marks = run.timeline_marks or [(run.window_start - run.t0, run.window_end - run.t0)]
     if not run.events:
-        return {"bucket_s": None, "t": [], "throughput": [], "errors": [], "p50_ms": [], "p99_ms": [],
-                "windows": [[round(a, 3), round(b, 3)] for a, b in marks]}
+        return {
+            "bucket_s": None,
+            "t": [],
+            "throughput": [],
+            "errors": [],
+            "p50_ms": [],
+            "p99_ms": [],
+            "windows": [[round(a, 3), round(b, 3)] for a, b in marks],
+        }
     ends = np.asarray([e[0] for e in run.events])
     lat = np.asarray([e[1] for e in run.events]) * 1000
     ok = np.asarray([e[2] for e in run.events])
     width = _nice(max(float(ends.max()) / BUCKETS, 0.1))
     idx = np.floor(ends / width).astype(int)
     n = int(idx.max()) + 1
-    out: dict[str, Any] = {"bucket_s": width, "throughput_window_s": None, "t": [], "throughput": [], "errors": [],
-                           "p50_ms": [], "p99_ms": []}
+    out: dict[str, Any] = {
+        "bucket_s": width,
+        "throughput_window_s": None,
+        "t": [],
+        "throughput": [],
+        "errors": [],
+        "p50_ms": [],
+        "p99_ms": [],
+    }
     # throughput: completions in a window of at least the median latency around each bucket,
     # so requests of many seconds give a rate, not a comb of single completions
     span = max(width, float(np.median(lat[ok])) / 1000 if ok.any() else width)
@@ -48,7 +62,7 @@ def timeline(run: StageRun) -> dict[str, Any]:
         out["t"].append(round(mid, 3))
         out["throughput"].append(round(float(inside) / max(hi - lo, width), 3))
         out["errors"].append(int((sel & ~ok).sum()))
-        p50, p99 = (np.percentile(good, [50, 99]) if good.size else (None, None))
+        p50, p99 = np.percentile(good, [50, 99]) if good.size else (None, None)
         out["p50_ms"].append(None if p50 is None else round(float(p50), 3))
         out["p99_ms"].append(None if p99 is None else round(float(p99), 3))
     out["windows"] = [[round(a, 3), round(b, 3)] for a, b in marks]

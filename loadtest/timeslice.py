@@ -39,8 +39,11 @@ def timeslices(run: StageRun, width: float, repetition: int | None = None) -> li
         duration = min(width, span - k * width)
         ok = [r for r in rs if r.ok]
         item: dict[str, Any] = {
-            "start_s": round(k * width, 3), "duration_s": round(duration, 3),
-            "count": len(rs), "completed": len(ok), "errors": len(rs) - len(ok),
+            "start_s": round(k * width, 3),
+            "duration_s": round(duration, 3),
+            "count": len(rs),
+            "completed": len(ok),
+            "errors": len(rs) - len(ok),
             "throughput": round(len(ok) / duration, 3) if duration > 0 else None,
             "output_throughput": round(sum(r.out_tokens for r in ok) / duration, 3) if duration > 0 else None,
             "ttft_p50_ms": _pct([r.ttft for r in ok if r.ttft is not None], 50),

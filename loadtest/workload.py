@@ -11,8 +11,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-FILLER = ("the quick brown fox jumps over the lazy dog while the router keeps the cache warm "
-          "and every backend serves its share of the load ")
+FILLER = (
+    "the quick brown fox jumps over the lazy dog while the router keeps the cache warm "
+    "and every backend serves its share of the load "
+)
 
 PATHS = {
     ("ollama", "chat"): "/api/chat",
@@ -66,8 +68,9 @@ class WorkloadSpec:
             return filler_text(self.prompt_tokens)
         return self.prompt
 
-    def body(self, messages: list[dict[str, Any]] | None = None, prompt: str | None = None,
-             max_tokens: int | None = None) -> bytes:
+    def body(
+        self, messages: list[dict[str, Any]] | None = None, prompt: str | None = None, max_tokens: int | None = None
+    ) -> bytes:
         b: dict[str, Any] = {"model": self.model}
         if self.endpoint == "embed":
             b["input"] = prompt if prompt is not None else self.user_text()
@@ -106,8 +109,11 @@ class Conversation:
             self.prompt = item.as_prompt()
             self.max_tokens = item.output_tokens
             return
-        opening = filler_text(spec.context_tokens, f"[{self.id}] ") if spec.context_tokens else \
-            f"[{self.id}] {spec.user_text()}"
+        opening = (
+            filler_text(spec.context_tokens, f"[{self.id}] ")
+            if spec.context_tokens
+            else f"[{self.id}] {spec.user_text()}"
+        )
         self.messages: list[dict[str, Any]] = []
         system = spec.prefixes.pick() if spec.prefixes is not None else spec.system_prompt
         if system:

@@ -4,5 +4,4 @@ from .config import MockConfig
 from .runner import MockProcess, RunningMock, free_port, run_mock, start_mock
 from .server import MockBackend
 
-__all__ = ["MockBackend", "MockConfig", "MockProcess", "RunningMock", "free_port", "run_mock",
-           "start_mock"]
+__all__ = ["MockBackend", "MockConfig", "MockProcess", "RunningMock", "free_port", "run_mock", "start_mock"]

@@ -10,8 +10,9 @@ from .runner import serve_forever
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mock",
-                                     description="A fake Ollama/OpenAI backend with slots, a KV cache and faults.")
+    parser = argparse.ArgumentParser(
+        prog="python -m mock", description="A fake Ollama/OpenAI backend with slots, a KV cache and faults."
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=11434, help="port to listen on (default: %(default)s)")
     add_arguments(parser)

@@ -42,8 +42,15 @@ class MockConfig:
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1, got {v!r}")
-        for name in ("ttft_ms", "tok_ms", "jitter", "batch_slowdown",
-                     "prefill_ms_per_1k_tokens", "first_byte_delay_ms", "stream_tick_ms"):
+        for name in (
+            "ttft_ms",
+            "tok_ms",
+            "jitter",
+            "batch_slowdown",
+            "prefill_ms_per_1k_tokens",
+            "first_byte_delay_ms",
+            "stream_tick_ms",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.parallel < 1:
@@ -103,36 +110,38 @@ HELP = {
     "drop_rate": "share of requests whose connection is cut (streams mid-way)",
     "hang_rate": "share of requests accepted and never answered",
     "error_rate": "share of requests that fail under a 200, as when Ollama's model runner crashes: "
-                  "a stream gets an error record mid-way (then its end; OpenAI: then [DONE], as vLLM), "
-                  "a whole answer is an error object",
+    "a stream gets an error record mid-way (then its end; OpenAI: then [DONE], as vLLM), "
+    "a whole answer is an error object",
     "first_byte_delay_ms": "delay before the response headers",
     "seed": "seed of the fault dice and jitter",
     "stream_tick_ms": "> 0: one shared timer per tick writes every open stream's due chunk "
-                      "(tokens delivered <= one tick late; TTFT exact); 0: one sleep per token",
+    "(tokens delivered <= one tick late; TTFT exact); 0: one sleep per token",
     "context_length": "the context window in tokens it reports: /api/show (num_ctx, model_info), "
-                      "/api/ps, /v1/models (max_model_len, as vLLM)",
+    "/api/ps, /v1/models (max_model_len, as vLLM)",
     "kv_events": "publish vLLM-style KV-cache events on this ZMQ address (e.g. tcp://127.0.0.1:5557); empty: off",
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser, prefix: str = "",
-                  defaults: MockConfig | None = None) -> None:
+def add_arguments(parser: argparse.ArgumentParser, prefix: str = "", defaults: MockConfig | None = None) -> None:
     """Add one flag per knob (`--ttft-ms`, ...); `prefix` gives `--mock-ttft-ms` for the load tester."""
     defaults = defaults or MockConfig()
     for f in dataclasses.fields(MockConfig):
         flag = "--" + prefix + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        dest = (prefix.replace("-", "_") + f.name)
+        dest = prefix.replace("-", "_") + f.name
         what = HELP.get(f.name, f.name.replace("_", " "))
         if f.name == "models":
-            parser.add_argument(flag, dest=dest, default=",".join(default),
-                                help=f"{what}, comma-separated (default: %(default)s)")
+            parser.add_argument(
+                flag, dest=dest, default=",".join(default), help=f"{what}, comma-separated (default: %(default)s)"
+            )
         elif f.name == "jitter_dist":
-            parser.add_argument(flag, dest=dest, default=default, choices=JITTER_DISTS,
-                                help=f"{what} (default: %(default)s)")
+            parser.add_argument(
+                flag, dest=dest, default=default, choices=JITTER_DISTS, help=f"{what} (default: %(default)s)"
+            )
         else:
-            parser.add_argument(flag, dest=dest, type=type(default), default=default,
-                                help=f"{what} (default: %(default)s)")
+            parser.add_argument(
+                flag, dest=dest, type=type(default), default=default, help=f"{what} (default: %(default)s)"
+            )
 
 
 def from_namespace(ns: argparse.Namespace, prefix: str = "") -> MockConfig:

@@ -18,18 +18,25 @@ if TYPE_CHECKING:
     from .server import MockBackend
 
 # a 1x1 transparent PNG
-PNG = base64.b64encode(bytes.fromhex(
-    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
-    "0000000d49444154789c63000100000500010d0a2db40000000049454e44ae426082")).decode()
+PNG = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+        "0000000d49444154789c63000100000500010d0a2db40000000049454e44ae426082"
+    )
+).decode()
 
 
 class Extra:
     def __init__(self, backend: MockBackend) -> None:
         self.b = backend
-        self.routes = {("POST", "/v1/responses"): self.responses, ("GET", "/api/status"): self.status,
-                       ("POST", "/v1/rerank"): self.rerank, ("POST", "/rerank"): self.rerank,
-                       ("POST", "/v1/images/generations"): self.images,
-                       ("POST", "/v1/audio/transcriptions"): self.transcription}
+        self.routes = {
+            ("POST", "/v1/responses"): self.responses,
+            ("GET", "/api/status"): self.status,
+            ("POST", "/v1/rerank"): self.rerank,
+            ("POST", "/rerank"): self.rerank,
+            ("POST", "/v1/images/generations"): self.images,
+            ("POST", "/v1/audio/transcriptions"): self.transcription,
+        }
 
     async def status(self, request: web.Request) -> web.Response:
         return _json({"cloud": {"disabled": True, "source": "env"}})
@@ -56,8 +63,11 @@ class Extra:
         n = self.b.config.tokens if not isinstance(limit, int) else min(limit, self.b.config.tokens)
         tokens = output_tokens(n)
         rid = f"resp_{self.b.rid_prefix}{next(self.b.rid_counter):08x}"
-        usage = {"input_tokens": count_tokens(text), "output_tokens": len(tokens),
-                 "total_tokens": count_tokens(text) + len(tokens)}
+        usage = {
+            "input_tokens": count_tokens(text),
+            "output_tokens": len(tokens),
+            "total_tokens": count_tokens(text) + len(tokens),
+        }
         done = _response(rid, body["model"], "".join(tokens), "completed", usage)
         if not body.get("stream"):
             return _json(done)
@@ -67,12 +77,16 @@ class Extra:
         start = _response(rid, body["model"], "", "in_progress", None)
         start["output"] = []
         await resp.write(_event("response.created", {"response": start}, seq))
-        item = {"id": "msg_" + rid[5:], "type": "message", "status": "in_progress", "role": "assistant",
-                "content": []}
+        item = {"id": "msg_" + rid[5:], "type": "message", "status": "in_progress", "role": "assistant", "content": []}
         await resp.write(_event("response.output_item.added", {"output_index": 0, "item": item}, seq))
         for tok in tokens:
-            await resp.write(_event("response.output_text.delta", {"item_id": item["id"], "output_index": 0,
-                                                                   "content_index": 0, "delta": tok}, seq))
+            await resp.write(
+                _event(
+                    "response.output_text.delta",
+                    {"item_id": item["id"], "output_index": 0, "content_index": 0, "delta": tok},
+                    seq,
+                )
+            )
         await resp.write(_event("response.output_item.done", {"output_index": 0, "item": done["output"][0]}, seq))
         await resp.write(_event("response.completed", {"response": done}, seq))
         await resp.write_eof()
@@ -89,10 +103,14 @@ class Extra:
         order = sorted(range(len(texts)), key=lambda i: -scores[i])
         top = body.get("top_n")
         order = order[:top] if isinstance(top, int) and top > 0 else order
-        return _json({"id": f"rerank-{self.b.rid_prefix}", "model": body["model"],
-                      "results": [{"index": i, "document": {"text": texts[i]}, "relevance_score": scores[i]}
-                                  for i in order],
-                      "usage": {"total_tokens": count_tokens(query + "".join(texts))}})
+        return _json(
+            {
+                "id": f"rerank-{self.b.rid_prefix}",
+                "model": body["model"],
+                "results": [{"index": i, "document": {"text": texts[i]}, "relevance_score": scores[i]} for i in order],
+                "usage": {"total_tokens": count_tokens(query + "".join(texts))},
+            }
+        )
 
     async def images(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -103,8 +121,12 @@ class Extra:
         self.b.requests[request.path] += 1
         m = re.search(r"boundary=([^;]+)", request.headers.get("content-type", ""))
         if m is None or not request.body.startswith(b"--" + m.group(1).strip('"').encode()):
-            return web.Response(400, json.dumps({"error": {"message": "expected multipart/form-data",
-                                                           "type": "invalid_request_error"}}).encode())
+            return web.Response(
+                400,
+                json.dumps(
+                    {"error": {"message": "expected multipart/form-data", "type": "invalid_request_error"}}
+                ).encode(),
+            )
         fields, file_size = _form(request.body, m.group(1).strip('"').encode())
         model = fields.get("model", "")
         self.b._check_model(model)
@@ -128,11 +150,29 @@ def _form(raw: bytes, boundary: bytes) -> tuple[dict[str, str], int]:
 
 
 def _response(rid: str, model: str, text: str, status: str, usage: Any) -> dict[str, Any]:
-    return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status,
-            "model": model, "error": None, "incomplete_details": None, "instructions": None,
-            "output": [{"id": "msg_" + rid[5:], "type": "message", "status": "completed", "role": "assistant",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": usage}
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": model,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "output": [
+            {
+                "id": "msg_" + rid[5:],
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": usage,
+    }
 
 
 def _event(kind: str, fields: dict[str, Any], seq: Any) -> bytes:

@@ -125,15 +125,21 @@ def whole(body: dict[str, Any], api: str, ex: Extras, rid: str) -> dict[str, Any
 
 def _openai_call(ex: Extras, rid: str) -> dict[str, Any]:
     assert ex.tool is not None
-    return {"id": "call_" + rid[-12:], "type": "function",
-            "function": {"name": ex.tool["name"], "arguments": json.dumps(ex.tool["arguments"])}}
+    return {
+        "id": "call_" + rid[-12:],
+        "type": "function",
+        "function": {"name": ex.tool["name"], "arguments": json.dumps(ex.tool["arguments"])},
+    }
 
 
 def tool_chunks(api: str, ex: Extras, model: str, rid: str, created: int, now: str) -> list[bytes]:
     """The stream of a tool-call answer, before its tail."""
     if api == "ollama":
-        msg = {"role": "assistant", "content": "",
-               "tool_calls": [{"function": {"name": ex.tool["name"], "arguments": ex.tool["arguments"]}}]}  # type: ignore[index]
+        msg = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": ex.tool["name"], "arguments": ex.tool["arguments"]}}],
+        }  # type: ignore[index]
         return [json.dumps({"model": model, "created_at": now, "message": msg, "done": False}).encode() + b"\n"]
     call = _openai_call(ex, rid)
     out = []
@@ -141,10 +147,19 @@ def tool_chunks(api: str, ex: Extras, model: str, rid: str, created: int, now: s
         head = {**call, "index": 0, "function": {"name": call["function"]["name"], "arguments": ""}}
         args = {"index": 0, "function": {"arguments": call["function"]["arguments"]}}
         for delta in ({"role": "assistant", "content": None, "tool_calls": [head]}, {"tool_calls": [args]}):
-            out.append(b"data: " + json.dumps({"id": "chatcmpl-" + rid, "object": "chat.completion.chunk",
-                                               "created": created, "model": model,
-                                               "choices": [{"index": i, "delta": delta, "logprobs": None,
-                                                            "finish_reason": None}]}).encode() + b"\n\n")
+            out.append(
+                b"data: "
+                + json.dumps(
+                    {
+                        "id": "chatcmpl-" + rid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}],
+                    }
+                ).encode()
+                + b"\n\n"
+            )
     return out
 
 

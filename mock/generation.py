@@ -20,11 +20,31 @@ class BadRequest(Exception):
 class Generation:
     """What one generation request asks for, parsed from either API's body."""
 
-    __slots__ = ("api", "kind", "model", "stream", "max_tokens", "prompt_text",
-                 "include_usage", "inputs", "offset", "extras", "b64")
+    __slots__ = (
+        "api",
+        "kind",
+        "model",
+        "stream",
+        "max_tokens",
+        "prompt_text",
+        "include_usage",
+        "inputs",
+        "offset",
+        "extras",
+        "b64",
+    )
 
-    def __init__(self, api: str, kind: str, model: str, stream: bool, max_tokens: int | None,
-                 prompt_text: str, include_usage: bool = False, inputs: list[str] | None = None):
+    def __init__(
+        self,
+        api: str,
+        kind: str,
+        model: str,
+        stream: bool,
+        max_tokens: int | None,
+        prompt_text: str,
+        include_usage: bool = False,
+        inputs: list[str] | None = None,
+    ):
         self.api, self.kind, self.model, self.stream = api, kind, model, stream
         self.max_tokens, self.prompt_text = max_tokens, prompt_text
         self.include_usage, self.inputs = include_usage, inputs or []

@@ -26,8 +26,15 @@ _REASONS = {s.value: s.phrase for s in HTTPStatus}
 class Request:
     __slots__ = ("method", "path", "headers", "body", "transport", "keep_alive")
 
-    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes,
-                 transport: asyncio.Transport, keep_alive: bool) -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        transport: asyncio.Transport,
+        keep_alive: bool,
+    ) -> None:
         self.method, self.path, self.headers, self.body = method, path, headers, body
         self.transport, self.keep_alive = transport, keep_alive
 
@@ -40,13 +47,21 @@ class Response:
 
     __slots__ = ("status", "body", "content_type", "headers")
 
-    def __init__(self, status: int = 200, body: bytes = b"", content_type: str = "application/json",
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int = 200,
+        body: bytes = b"",
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.status, self.body, self.content_type, self.headers = status, body, content_type, headers
 
     def encode(self, keep_alive: bool) -> bytes:
-        head = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}",
-                f"Content-Type: {self.content_type}", f"Content-Length: {len(self.body)}"]
+        head = [
+            f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}",
+            f"Content-Type: {self.content_type}",
+            f"Content-Length: {len(self.body)}",
+        ]
         if self.headers:
             head += [f"{k}: {v}" for k, v in self.headers.items()]
         if not keep_alive:
@@ -82,8 +97,7 @@ class StreamResponse:
     # Without waiting (mock.ticker): the caller checks `writable()` first.
     def writable(self) -> bool:
         conn = self._conn
-        return conn is not None and conn.transport is not None and not conn.paused \
-            and not conn.transport.is_closing()
+        return conn is not None and conn.transport is not None and not conn.paused and not conn.transport.is_closing()
 
     def gone(self) -> bool:
         conn = self._conn
@@ -176,8 +190,14 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_complete(self) -> None:
         assert self.transport is not None
         path = self._url.split(b"?", 1)[0].decode("latin-1")
-        req = Request(self.parser.get_method().decode(), path, self._headers, b"".join(self._body),
-                      self.transport, self.parser.should_keep_alive())
+        req = Request(
+            self.parser.get_method().decode(),
+            path,
+            self._headers,
+            b"".join(self._body),
+            self.transport,
+            self.parser.should_keep_alive(),
+        )
         self._pending.append(req)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._serve())
@@ -212,8 +232,9 @@ class Server:
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: HttpProtocol(self.handler, self.connections),
-                                                host, port, backlog=backlog, reuse_address=True)
+        self._server = await loop.create_server(
+            lambda: HttpProtocol(self.handler, self.connections), host, port, backlog=backlog, reuse_address=True
+        )
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:

@@ -29,6 +29,7 @@ class KVEventPublisher:
     def __init__(self, address: str, block_size: int) -> None:
         import msgpack
         import zmq  # optional dependencies: only when events are asked for
+
         self._pack = msgpack.packb
         self._ctx = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -50,9 +51,20 @@ class KVEventPublisher:
 
     def stored(self, hashes: list[int], parent: int | None, tokens: int) -> None:
         if hashes:
-            self._send([{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-                         "token_ids": [0] * tokens, "block_size": self.block_size, "lora_id": None,
-                         "medium": "GPU", "lora_name": None}])
+            self._send(
+                [
+                    {
+                        "type": "BlockStored",
+                        "block_hashes": hashes,
+                        "parent_block_hash": parent,
+                        "token_ids": [0] * tokens,
+                        "block_size": self.block_size,
+                        "lora_id": None,
+                        "medium": "GPU",
+                        "lora_name": None,
+                    }
+                ]
+            )
 
     def removed(self, hashes: list[int]) -> None:
         if hashes:

@@ -25,7 +25,7 @@ class PrefixCache:
         keys: list[int] = []
         prev = 0
         for start in range(0, len(text) - step + 1, step):
-            prev = hash((prev, text[start:start + step]))
+            prev = hash((prev, text[start : start + step]))
             keys.append(prev)
         return keys
 

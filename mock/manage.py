@@ -29,9 +29,13 @@ class Manage:
     def __init__(self, backend: MockBackend) -> None:
         self.b = backend
         self.blobs: set[str] = set()
-        self.routes = {("POST", "/api/pull"): self.pull, ("POST", "/api/push"): self.push,
-                       ("POST", "/api/create"): self.create, ("POST", "/api/copy"): self.copy,
-                       ("DELETE", "/api/delete"): self.delete}
+        self.routes = {
+            ("POST", "/api/pull"): self.pull,
+            ("POST", "/api/push"): self.push,
+            ("POST", "/api/create"): self.create,
+            ("POST", "/api/copy"): self.copy,
+            ("DELETE", "/api/delete"): self.delete,
+        }
 
     # ---- the model list ----
     def _find(self, name: str) -> str | None:
@@ -53,10 +57,11 @@ class Manage:
             lines.append({"error": "pull model manifest: file does not exist"})
         else:
             total = 4096
-            lines += [{"status": f"pulling {digest[7:19]}", "digest": digest, "total": total,
-                       "completed": total * i // 4} for i in range(5)]
-            lines += [{"status": "verifying sha256 digest"}, {"status": "writing manifest"},
-                      {"status": "success"}]
+            lines += [
+                {"status": f"pulling {digest[7:19]}", "digest": digest, "total": total, "completed": total * i // 4}
+                for i in range(5)
+            ]
+            lines += [{"status": "verifying sha256 digest"}, {"status": "writing manifest"}, {"status": "success"}]
         return await self._progress(request, body, lines, lambda: self._add(model))
 
     async def push(self, request: web.Request) -> Any:
@@ -65,8 +70,10 @@ class Manage:
             return _error(404, f"model '{model}' not found")
         digest = "sha256:" + hashlib.sha256(model.encode()).hexdigest()
         lines = [{"status": "retrieving manifest"}]
-        lines += [{"status": f"pushing {digest[7:19]}", "digest": digest, "total": 2048,
-                   "completed": 1024 * i} for i in range(3)]
+        lines += [
+            {"status": f"pushing {digest[7:19]}", "digest": digest, "total": 2048, "completed": 1024 * i}
+            for i in range(3)
+        ]
         lines += [{"status": "pushing manifest"}, {"status": "success"}]
         return await self._progress(request, body, lines, lambda: None)
 
@@ -81,8 +88,7 @@ class Manage:
             return _error(400, f"blob {missing[0]} not found")
         lines: list[dict[str, Any]] = []
         if source and self._find(str(source)) is None:
-            lines += [{"status": "pulling manifest"},
-                      {"error": "pull model manifest: file does not exist"}]
+            lines += [{"status": "pulling manifest"}, {"error": "pull model manifest: file does not exist"}]
         else:
             lines += [{"status": f"using existing layer {d}"} for d in files.values()]
             lines += [{"status": "writing manifest"}, {"status": "success"}]
@@ -108,7 +114,7 @@ class Manage:
         return web.Response(200, b"", "text/plain")
 
     async def blob(self, request: web.Request) -> Any:
-        digest = request.path[len("/api/blobs/"):].replace("-", ":", 1)
+        digest = request.path[len("/api/blobs/") :].replace("-", ":", 1)
         self.b.requests["/api/blobs"] += 1
         if request.method == "HEAD":
             return web.Response(200 if digest in self.blobs else 404, b"")
@@ -129,8 +135,9 @@ class Manage:
                 return body, body[f]
         raise BadInput(f"{fields[0]} is required")
 
-    async def _progress(self, request: web.Request, body: dict[str, Any], lines: list[dict[str, Any]],
-                        on_success: Any) -> Any:
+    async def _progress(
+        self, request: web.Request, body: dict[str, Any], lines: list[dict[str, Any]], on_success: Any
+    ) -> Any:
         ok = lines[-1].get("status") == "success"
         if body.get("stream") is False:
             await asyncio.sleep(STEP_S * len(lines))

@@ -41,8 +41,7 @@ class RunningMock:
             self.backend.kv_events.close()
 
 
-async def start_mock(config: MockConfig | None = None, host: str = "127.0.0.1",
-                     port: int = 0) -> RunningMock:
+async def start_mock(config: MockConfig | None = None, host: str = "127.0.0.1", port: int = 0) -> RunningMock:
     backend = MockBackend(config or MockConfig())
     server = Server(backend.handle)
     await server.start(host, port)
@@ -79,8 +78,7 @@ def config_args(config: MockConfig) -> list[str]:
 class MockProcess:
     """A mock in a child process (its own core, killable with SIGKILL)."""
 
-    def __init__(self, config: MockConfig | None = None, port: int | None = None,
-                 host: str = "127.0.0.1") -> None:
+    def __init__(self, config: MockConfig | None = None, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.config = config or MockConfig()
         self.host = host
         self.port = port or free_port(host)
@@ -88,10 +86,8 @@ class MockProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 15.0) -> MockProcess:
-        cmd = [sys.executable, "-m", "mock", "--host", self.host, "--port", str(self.port),
-               *config_args(self.config)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+        cmd = [sys.executable, "-m", "mock", "--host", self.host, "--port", str(self.port), *config_args(self.config)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         wait_http(self.url + "/api/version", timeout, self.proc)
         return self
 
@@ -138,6 +134,7 @@ def serve_forever(config: MockConfig, host: str, port: int) -> None:
     """The CLI's main loop: serve until SIGINT/SIGTERM."""
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass

@@ -44,6 +44,7 @@ class MockBackend:
         self.kv_events = None
         if config.kv_events:
             from .kv_events import KVEventPublisher
+
             self.kv_events = self.kv.events = KVEventPublisher(config.kv_events, config.kv_block_tokens)
         self.rng = random.Random(config.seed)
         self.rid_prefix = uuid.uuid4().hex[:12]
@@ -92,8 +93,7 @@ class MockBackend:
         new = self.config.updated(changes)
         if new.seed != self.config.seed:
             self.rng = random.Random(new.seed)
-        if (new.kv_cache_tokens, new.kv_block_tokens) != (self.config.kv_cache_tokens,
-                                                          self.config.kv_block_tokens):
+        if (new.kv_cache_tokens, new.kv_block_tokens) != (self.config.kv_cache_tokens, self.config.kv_block_tokens):
             self.kv.clear()  # subscribers hear AllBlocksCleared
             self.kv = PrefixCache(new.kv_cache_tokens, new.kv_block_tokens)
             self.kv.events = self.kv_events
@@ -112,9 +112,13 @@ class MockBackend:
             "active": self.slots.active,
             "max_active": self.slots.max_active,
             "queue_length": self.slots.queued,
-            "kv_cache": {"hits": self.kv_hits, "misses": self.kv_misses,
-                         "hit_tokens": self.kv_hit_tokens, "miss_tokens": self.kv_miss_tokens,
-                         "cached_tokens": self.kv.cached_tokens},
+            "kv_cache": {
+                "hits": self.kv_hits,
+                "misses": self.kv_misses,
+                "hit_tokens": self.kv_hit_tokens,
+                "miss_tokens": self.kv_miss_tokens,
+                "cached_tokens": self.kv.cached_tokens,
+            },
             "errors_injected": dict(self.errors_injected),
         }
 
@@ -136,8 +140,7 @@ class MockBackend:
     def _error(path: str, status: int, message: str, headers: dict | None = None) -> web.Response:
         if path.startswith("/v1/"):
             kind = "server_error" if status >= 500 else "invalid_request_error"
-            body: dict[str, Any] = {"error": {"message": message, "type": kind,
-                                              "param": None, "code": None}}
+            body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": None}}
         else:
             body = {"error": message}
         return web.Response(status, json.dumps(body).encode(), JSON, headers)
@@ -156,10 +159,21 @@ class MockBackend:
         return web.Response(200, b"", JSON)
 
     async def models(self, request: web.Request) -> web.Response:
-        return _json({"object": "list", "data": [
-            {"id": m, "object": "model", "created": int(self.started), "owned_by": "mock",
-             "max_model_len": self.config.context_length}
-            for m in self.config.models]})
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": m,
+                        "object": "model",
+                        "created": int(self.started),
+                        "owned_by": "mock",
+                        "max_model_len": self.config.context_length,
+                    }
+                    for m in self.config.models
+                ],
+            }
+        )
 
     async def show(self, request: web.Request) -> web.Response:
         body = await read_json(request)
@@ -222,8 +236,7 @@ class MockBackend:
         c, rng = self.config, self.rng
         if not (c.hang_rate or c.fail_rate or c.busy_rate or c.drop_rate or c.error_rate):
             return None
-        rolls = (("hang", c.hang_rate), ("fail", c.fail_rate), ("busy", c.busy_rate),
-                 ("drop", c.drop_rate))
+        rolls = (("hang", c.hang_rate), ("fail", c.fail_rate), ("busy", c.busy_rate), ("drop", c.drop_rate))
         if c.error_rate:  # (rolled only when set: a seed replays the faults it did before)
             rolls += (("error", c.error_rate),)
         fault = None
@@ -277,11 +290,11 @@ class MockBackend:
     def _busy(self, path: str, api: str) -> web.Response:
         if api == "ollama":
             return self._error(path, 503, OLLAMA_BUSY)
-        return self._error(path, self.config.openai_busy_status,
-                           "server busy, please try again", {"Retry-After": "1"})
+        return self._error(path, self.config.openai_busy_status, "server busy, please try again", {"Retry-After": "1"})
 
-    async def _generate(self, request: web.Request, gen: Generation, jitter: float,
-                        drop: bool, error: bool = False) -> Reply:
+    async def _generate(
+        self, request: web.Request, gen: Generation, jitter: float, drop: bool, error: bool = False
+    ) -> Reply:
         loop = asyncio.get_running_loop()
         c = self.config
         t0 = loop.time()
@@ -311,7 +324,7 @@ class MockBackend:
 
         rest = c.tokens - gen.offset
         limit = rest if gen.max_tokens is None or gen.max_tokens < 0 else min(rest, gen.max_tokens)
-        tokens = output_tokens(gen.offset + limit)[gen.offset:]
+        tokens = output_tokens(gen.offset + limit)[gen.offset :]
         done_reason = "length" if gen.max_tokens is not None and 0 <= gen.max_tokens < rest else "stop"
         ex = gen.extras
         if ex is not None and (ex.json_text is not None or ex.tool is not None):
@@ -325,8 +338,7 @@ class MockBackend:
 
         if not gen.stream:
             if ttft_s or tok_s or first_byte_s:
-                await _sleep_until(loop, t0 + max(ttft_s, first_byte_s)
-                                   + tok_s * len(tokens) * self._slowdown())
+                await _sleep_until(loop, t0 + max(ttft_s, first_byte_s) + tok_s * len(tokens) * self._slowdown())
             if drop:
                 _cut(request)
             if error:
@@ -349,8 +361,9 @@ class MockBackend:
             for piece in fidelity.tool_chunks(gen.api, ex, gen.model, rid, chunker.created, formats.now_iso()):
                 await resp.write(piece)
         if c.stream_tick_ms > 0 and ex is None and cut_at < 0:  # thousands of slow streams
-            await Ticker.of(self).stream(resp, chunker.token, tokens, deadline, tok_s,
-                                         lambda: chunker.tail(done_reason, timing))
+            await Ticker.of(self).stream(
+                resp, chunker.token, tokens, deadline, tok_s, lambda: chunker.tail(done_reason, timing)
+            )
             return resp
         for i, tok in enumerate(tokens):
             if i == cut_at:

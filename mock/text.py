@@ -6,8 +6,24 @@ import hashlib
 import struct
 from typing import Any
 
-WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit",
-         "sed", "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et")
+WORDS = (
+    "lorem",
+    "ipsum",
+    "dolor",
+    "sit",
+    "amet",
+    "consectetur",
+    "adipiscing",
+    "elit",
+    "sed",
+    "do",
+    "eiusmod",
+    "tempor",
+    "incididunt",
+    "ut",
+    "labore",
+    "et",
+)
 CHARS_PER_TOKEN = 4
 
 
@@ -32,8 +48,7 @@ def content_text(content: Any) -> str:
 
 def chat_prompt(messages: list[dict]) -> str:
     """A canonical text of the conversation; a later turn's text starts with an earlier one's."""
-    return "".join(f"<{m.get('role', '')}>{content_text(m.get('content'))}\n"
-                   for m in messages if isinstance(m, dict))
+    return "".join(f"<{m.get('role', '')}>{content_text(m.get('content'))}\n" for m in messages if isinstance(m, dict))
 
 
 def embedding(text: str, dim: int) -> list[float]:

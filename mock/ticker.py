@@ -26,8 +26,16 @@ from .http import StreamResponse
 class _Stream:
     __slots__ = ("resp", "encode", "tokens", "i", "deadline", "tok_s", "tail", "done")
 
-    def __init__(self, resp: StreamResponse, encode: Callable[[str], bytes], tokens: list[str],
-                 deadline: float, tok_s: float, tail: Callable[[], bytes], done: asyncio.Future) -> None:
+    def __init__(
+        self,
+        resp: StreamResponse,
+        encode: Callable[[str], bytes],
+        tokens: list[str],
+        deadline: float,
+        tok_s: float,
+        tail: Callable[[], bytes],
+        done: asyncio.Future,
+    ) -> None:
         self.resp, self.encode, self.tokens, self.i = resp, encode, tokens, 0
         self.deadline, self.tok_s, self.tail, self.done = deadline, tok_s, tail, done
 
@@ -52,8 +60,15 @@ class Ticker:
             t = backend._stream_ticker = Ticker(tick, backend._slowdown)
         return t
 
-    async def stream(self, resp: StreamResponse, encode: Callable[[str], bytes], tokens: list[str],
-                     first_at: float, tok_s: float, tail: Callable[[], bytes]) -> None:
+    async def stream(
+        self,
+        resp: StreamResponse,
+        encode: Callable[[str], bytes],
+        tokens: list[str],
+        first_at: float,
+        tok_s: float,
+        tail: Callable[[], bytes],
+    ) -> None:
         """Write `tokens` (then `tail` and the end) to `resp`: the first at `first_at`, then one
         every `tok_s` × slowdown; returns when the stream ended."""
         loop = asyncio.get_running_loop()

@@ -66,7 +66,6 @@ from .upstream.unload import is_unload, unload
 log = logging.getLogger("nomyo_router")
 
 
-
 class Router:
     """The running router: one per process, built at start-up, closed at shutdown."""
 
@@ -76,8 +75,13 @@ class Router:
         policy = make_policy(config.routing, {e.name: e.kv_cache_tokens for e in config.endpoints})
         self.store: StateStore = make_store(config, self.endpoints, policy)
         share_index(policy, self.store)
-        self.scheduler = Scheduler(self.endpoints, self.store, policy, config.queue_timeout,
-                                   config.affinity_wait_ms / 1000 if config.conversation_affinity else None)
+        self.scheduler = Scheduler(
+            self.endpoints,
+            self.store,
+            policy,
+            config.queue_timeout,
+            config.affinity_wait_ms / 1000 if config.conversation_affinity else None,
+        )
         self.scheduler.fair = specs_of(config.client_keys)  # priorities and fair shares of the queue
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
@@ -88,9 +92,11 @@ class Router:
         self.loop_lag = LoopLag()
         # full collections on a timer, not by growth (thousands of open streams)
         self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
-        self.metrics = Metrics(self.events, lambda: [*state_gauges(self.endpoints, self.store, self.loop_lag),
-                                                     *self.rate_limits.gauges()],
-                               self.serves)
+        self.metrics = Metrics(
+            self.events,
+            lambda: [*state_gauges(self.endpoints, self.store, self.loop_lag), *self.rate_limits.gauges()],
+            self.serves,
+        )
         self.history = dashboard.history_for(self.metrics)  # the dashboard's last hour, sampled on a timer
         self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
         self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
@@ -103,8 +109,11 @@ class Router:
         self.manage_session = ManageSession(config)  # aiohttp, made when first needed
         self.discovery: Discovery | None = None
         # context-length-aware routing (None: context_routing off)
-        self.windows = Windows(config.context_routing, self.upstream, lambda: self.endpoints) \
-            if config.context_routing != "off" else None
+        self.windows = (
+            Windows(config.context_routing, self.upstream, lambda: self.endpoints)
+            if config.context_routing != "off"
+            else None
+        )
         self.proxy: Proxy | None = None
         self.kv_tasks: list[asyncio.Task[None]] = []  # precise mode: KV-event subscribers
         self.kv_states: dict[str, kv_events.KVEventState] = {}
@@ -126,8 +135,7 @@ class Router:
         if self.tracer is not None:
             self.tracer.exporter.start()
         self.proxy = Proxy(self.scheduler, self.upstream, self.store, self.config, self.events, self.health)
-        self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, self.config,
-                                   self.health)
+        self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, self.config, self.health)
         await self.discovery.start()
         if self.windows is not None:
             self.windows.start()
@@ -136,8 +144,14 @@ class Router:
         reload.install(self)
         self.history.start()
         for ep in self.endpoints:
-            log.info("endpoint %s (%s): %d slots, healthy=%s, models=%s", ep.name, ep.type,
-                     ep.slots, self.store.is_healthy(ep), sorted(ep.models.values()))
+            log.info(
+                "endpoint %s (%s): %d slots, healthy=%s, models=%s",
+                ep.name,
+                ep.type,
+                ep.slots,
+                self.store.is_healthy(ep),
+                sorted(ep.models.values()),
+            )
 
     async def close(self) -> None:
         reload.uninstall()
@@ -182,9 +196,16 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
     if mode == "memory":
         return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
     if mode == "shared":
-        return SharedStore(shared_state_path(), endpoints, config.max_queue, config.affinity_ttl,
-                           config.affinity_max_pins, picker(policy))
+        return SharedStore(
+            shared_state_path(),
+            endpoints,
+            config.max_queue,
+            config.affinity_ttl,
+            config.affinity_max_pins,
+            picker(policy),
+        )
     from .state.redis import RedisStore
+
     return RedisStore(mode, endpoints, config)
 
 
@@ -293,16 +314,25 @@ class RouterApp:
         if path in access.OPERATOR_PATHS:
             client = keys.check(key)
             if client is None and (key is not None or path != "/dashboard"):  # (the page is static)
-                raise ApiError(401, f"{path} needs the admin or metrics key (Authorization: Bearer KEY)"
-                               if key is None else "invalid API key")
+                raise ApiError(
+                    401,
+                    f"{path} needs the admin or metrics key (Authorization: Bearer KEY)"
+                    if key is None
+                    else "invalid API key",
+                )
             if client is not None and not client.operator:
-                raise ApiError(403, f"{path} shows every client's traffic: it needs the admin or metrics key, "
-                                    "not a client key")
+                raise ApiError(
+                    403, f"{path} shows every client's traffic: it needs the admin or metrics key, not a client key"
+                )
         elif path not in access.OPEN_PATHS:
             client = keys.check(key)
             if client is None and keys.required:
-                raise ApiError(401, "a valid API key is required (Authorization: Bearer KEY or x-api-key)"
-                               if key is None else "invalid API key")
+                raise ApiError(
+                    401,
+                    "a valid API key is required (Authorization: Bearer KEY or x-api-key)"
+                    if key is None
+                    else "invalid API key",
+                )
             if client is not None and client.role == "metrics":
                 raise ApiError(403, "the metrics key only reads /metrics, /dashboard/data and /health")
             scope["nomyo.client"] = client
@@ -371,8 +401,9 @@ class RouterApp:
     async def show(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()
         raw = await read_body(scope, receive, router.config.max_body_bytes)
-        status, body = await listing.show(raw, router.endpoints, router.store, router.upstream,
-                                          listing.visible_to(scope.get("nomyo.client")))
+        status, body = await listing.show(
+            raw, router.endpoints, router.store, router.upstream, listing.visible_to(scope.get("nomyo.client"))
+        )
         await send_response(send, status, body)
 
     async def listing(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
@@ -384,7 +415,8 @@ class RouterApp:
             body = listing.version(eps)
         else:  # a key limited to some models sees only those
             body = {"/api/tags": listing.tags, "/api/ps": listing.ps, "/v1/models": listing.openai_models}[
-                scope["path"]](eps, listing.visible_to(scope.get("nomyo.client")))
+                scope["path"]
+            ](eps, listing.visible_to(scope.get("nomyo.client")))
         await send_response(send, 200, body)
 
     async def health(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
@@ -392,13 +424,18 @@ class RouterApp:
         (admin or metrics) sees the details: endpoints, models, counters."""
         router = self._router()
         client = router.keys.check(access.inspect(scope["headers"])[1]) if router.keys is not None else None
-        status, body = await listing.health(router.endpoints, router.store, router.health,
-                                            details=router.keys is None or (client is not None and client.operator))
+        status, body = await listing.health(
+            router.endpoints,
+            router.store,
+            router.health,
+            details=router.keys is None or (client is not None and client.operator),
+        )
         await send_response(send, status, body)
 
     async def model(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-        status, body = listing.openai_model(self._router().endpoints, scope["path"][len("/v1/models/"):],
-                                            listing.visible_to(scope.get("nomyo.client")))
+        status, body = listing.openai_model(
+            self._router().endpoints, scope["path"][len("/v1/models/") :], listing.visible_to(scope.get("nomyo.client"))
+        )
         await send_response(send, status, body)
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
@@ -422,31 +459,41 @@ async def _enter(limits: ClientLimits, client: str, config: RouterConfig, held: 
         await limits.enter(client, config.queue_timeout)
         held.append(client)
     except TimeoutError:
-        raise ApiError(503, f"no slot became free within queue_timeout ({config.queue_timeout:g}s)",
-                       code="queue_timeout", retry_after=config.retry_after) from None
+        raise ApiError(
+            503,
+            f"no slot became free within queue_timeout ({config.queue_timeout:g}s)",
+            code="queue_timeout",
+            retry_after=config.retry_after,
+        ) from None
     except QueueFull:
         _refuse_full(config)
 
 
 def _refuse_full(config: RouterConfig) -> NoReturn:
-    raise ApiError(503, "server busy, please try again: the router's queue is full",
-                   code="queue_full", retry_after=config.retry_after)
+    raise ApiError(
+        503,
+        "server busy, please try again: the router's queue is full",
+        code="queue_full",
+        retry_after=config.retry_after,
+    )
 
 
 ROUTES: dict[tuple[str, str], Handler] = {("POST", p): RouterApp.generate for p in GENERATION_ROUTES}
-ROUTES.update({
-    ("POST", "/api/show"): RouterApp.show,
-    ("GET", "/api/tags"): RouterApp.listing,
-    ("GET", "/api/ps"): RouterApp.listing,
-    ("GET", "/api/version"): RouterApp.listing,
-    ("HEAD", "/api/version"): RouterApp.listing,
-    ("HEAD", "/api/tags"): RouterApp.listing,
-    ("GET", "/v1/models"): RouterApp.listing,
-    ("GET", "/health"): RouterApp.health,
-    ("GET", "/metrics"): RouterApp.metrics,
-    ("GET", "/"): RouterApp.root,
-    ("HEAD", "/"): RouterApp.root,
-})
+ROUTES.update(
+    {
+        ("POST", "/api/show"): RouterApp.show,
+        ("GET", "/api/tags"): RouterApp.listing,
+        ("GET", "/api/ps"): RouterApp.listing,
+        ("GET", "/api/version"): RouterApp.listing,
+        ("HEAD", "/api/version"): RouterApp.listing,
+        ("HEAD", "/api/tags"): RouterApp.listing,
+        ("GET", "/v1/models"): RouterApp.listing,
+        ("GET", "/health"): RouterApp.health,
+        ("GET", "/metrics"): RouterApp.metrics,
+        ("GET", "/"): RouterApp.root,
+        ("HEAD", "/"): RouterApp.root,
+    }
+)
 # Routes whose path carries a parameter: (method, prefix, handler), first match wins.
 PREFIX_ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v1/models/", RouterApp.model),
@@ -458,7 +505,8 @@ ROUTES.update(dashboard.ROUTES)
 # New capabilities register their routes here from their own module (one line each), e.g.
 # `ROUTES.update(manage.ROUTES)`; a handler is `async def h(app: RouterApp, scope, receive, send, t0)`
 # and reaches the running router through `app.current()`.
-ROUTES.update(manage.ROUTES); PREFIX_ROUTES.extend(manage.PREFIX)  # noqa: E702
+ROUTES.update(manage.ROUTES)
+PREFIX_ROUTES.extend(manage.PREFIX)  # noqa: E702
 ROUTES.update(ollama_status.ROUTES)
 ROUTES.update(cache_routes.ROUTES)
 ROUTES.update(usage_stream.ROUTES)
@@ -469,5 +517,6 @@ def prefix_route(method: str, path: str) -> Handler | None:
         if m == method and path.startswith(prefix) and len(path) > len(prefix):
             return handler
     return None
+
 
 app = RouterApp()

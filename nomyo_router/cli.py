@@ -32,16 +32,30 @@ DEFAULT_PORT = 12434
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="nomyo-router", description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", default=os.environ.get(CONFIG_ENV, "config.yaml"),
-                   help=f"the YAML config (or ${CONFIG_ENV}); every key: docs/configuration.md")
+    p = argparse.ArgumentParser(
+        prog="nomyo-router",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        default=os.environ.get(CONFIG_ENV, "config.yaml"),
+        help=f"the YAML config (or ${CONFIG_ENV}); every key: docs/configuration.md",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for all interfaces")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
-    p.add_argument("--workers", type=int, default=1,
-                   help="worker processes; they share slots, queue, pins and health (state: auto)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="log level of the router and uvicorn")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes; they share slots, queue, pins and health (state: auto)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level of the router and uvicorn",
+    )
     p.add_argument("--check", action="store_true", help="validate the config and exit")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     args = p.parse_args(argv)
@@ -59,8 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: ok, {len(config.endpoints)} endpoint(s)")
         return 0
     if args.workers > 1 and config.state == "memory":
-        print("nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
-              "worker; use 'auto' (the default) or 'shared'", file=sys.stderr)
+        print(
+            "nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
+            "worker; use 'auto' (the default) or 'shared'",
+            file=sys.stderr,
+        )
     leftovers.sweep_all(private.state_dir())  # what routers no longer running left (never a live one's)
     shared_files = config.state in ("auto", "shared") and "NOMYO_ROUTER_STATE_PATH" not in os.environ
     own_metrics = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
@@ -83,13 +100,24 @@ def main(argv: list[str] | None = None) -> int:
         os.umask(os.umask(0) | 0o077)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = dict(host=args.host, port=args.port, workers=args.workers,
-                    loop="uvloop", http="nomyo_router.protocol:GuardedHttpToolsProtocol", lifespan="on",
-                    ws="none",  # no WebSocket routes (the app refuses upgrades); saves ~2 MB per worker
-                    limit_concurrency=config.max_connections or None, access_log=False,
-                    log_level=args.log_level, timeout_keep_alive=75, backlog=2048,
-                    proxy_headers=False, server_header=False, date_header=False,
-                    timeout_graceful_shutdown=config.shutdown_grace)
+    settings = dict(
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        loop="uvloop",
+        http="nomyo_router.protocol:GuardedHttpToolsProtocol",
+        lifespan="on",
+        ws="none",  # no WebSocket routes (the app refuses upgrades); saves ~2 MB per worker
+        limit_concurrency=config.max_connections or None,
+        access_log=False,
+        log_level=args.log_level,
+        timeout_keep_alive=75,
+        backlog=2048,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=config.shutdown_grace,
+    )
     if args.workers == 1:  # the worker itself handles SIGHUP (ops/reload.py)
         uvicorn.run("nomyo_router.app:app", **settings)
         return 0
@@ -106,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 def _version() -> str:
     """The installed distribution's version (pip/pipx install, or `pip install -e .`)."""
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("nomyo-router")
     except PackageNotFoundError:  # run from a source tree that was never installed
@@ -121,8 +150,7 @@ class Supervisor(Multiprocess):
         try:
             load_config(os.environ[CONFIG_ENV])
         except ConfigError as e:
-            logging.getLogger("nomyo_router.reload").error("config reload rejected, keeping the running "
-                                                           "config: %s", e)
+            logging.getLogger("nomyo_router.reload").error("config reload rejected, keeping the running config: %s", e)
             return
         for process in self.processes:
             pid = process.process.pid

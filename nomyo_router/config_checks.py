@@ -125,17 +125,23 @@ def refuse_unknown(where: str, given: Iterable[object], allowed: Iterable[str], 
     if not unknown:
         return
     import difflib  # (only when a key is wrong: not held by every idle process)
+
     problems = []
     for key in unknown:
         near = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
-        fix = (f"did you mean {near[0]}?" if near else f"valid keys: {', '.join(allowed)}" if listed
-               else "remove it (the valid keys are in docs/configuration.md)")
+        fix = (
+            f"did you mean {near[0]}?"
+            if near
+            else f"valid keys: {', '.join(allowed)}"
+            if listed
+            else "remove it (the valid keys are in docs/configuration.md)"
+        )
         problems.append(f"{where}{key}: unknown key; {fix}")
     raise ConfigError("; ".join(problems))
 
 
 def a_type(value: object) -> str:
-    """"a str", "an int": what a value is, for messages that must not show it."""
+    """ "a str", "an int": what a value is, for messages that must not show it."""
     if value is None:
         return "null"
     name = type(value).__name__
@@ -179,6 +185,7 @@ def expand_env(value: str, where: str) -> str:
     """`${NAME}` and `${NAME:-default}` from the environment, so a file need not hold keys.
     As in the shell, the default also stands in for a variable set but empty (what compose
     passes for an unset `${NAME:-}`)."""
+
     def sub(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
         value = os.environ.get(name)
@@ -186,8 +193,10 @@ def expand_env(value: str, where: str) -> str:
             return value
         if default is not None:
             return default
-        raise ConfigError(f"{where}: environment variable ${{{name}}} is not set; "
-                          f"export it or write ${{{name}:-default}}")
+        raise ConfigError(
+            f"{where}: environment variable ${{{name}}} is not set; export it or write ${{{name}:-default}}"
+        )
+
     return _ENV_RE.sub(sub, value)
 
 
@@ -253,8 +262,9 @@ def check_key(where: str, value: object) -> str:
         if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
             raise ConfigError(f"{where}: a hashed key is sha256: followed by 64 hex digits")
     elif len(value) < 8:
-        raise ConfigError(f"{where}: a key of {len(value)} characters is too easy to guess; "
-                          "use at least 8 (16 or more recommended)")
+        raise ConfigError(
+            f"{where}: a key of {len(value)} characters is too easy to guess; use at least 8 (16 or more recommended)"
+        )
     return value
 
 
@@ -267,6 +277,8 @@ def one_holder_per_key(named: list[tuple[str, str]]) -> None:
     for who, key in named:
         digest = digest_of(key)
         if digest in holders:
-            raise ConfigError(f"{holders[digest]} and {who} have the same key (compared after hashing: a key "
-                              f"and its sha256: form are one key); give each its own key")
+            raise ConfigError(
+                f"{holders[digest]} and {who} have the same key (compared after hashing: a key "
+                f"and its sha256: form are one key); give each its own key"
+            )
         holders[digest] = who

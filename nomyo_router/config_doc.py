@@ -137,11 +137,14 @@ def _table(struct: type, live: frozenset[str] | None = None, group: str | None =
 def render() -> str:
     """The whole reference, as committed in docs/configuration.md."""
     from .ops.reload import LIVE_KEYS  # (which keys a reload applies is declared there)
+
     fields = specs(RouterConfig)
     groups = list(dict.fromkeys(spec.extra.get("group") for spec in fields.values()))
     if None in groups:
-        raise ValueError(f"every RouterConfig key needs a group in its doc(): "
-                         f"{[name for name, spec in fields.items() if 'group' not in spec.extra]}")
+        raise ValueError(
+            f"every RouterConfig key needs a group in its doc(): "
+            f"{[name for name, spec in fields.items() if 'group' not in spec.extra]}"
+        )
     out = [INTRO]
     for group in groups:
         out += [f"## {group}", "", *_table(RouterConfig, LIVE_KEYS, group), ""]
@@ -155,9 +158,14 @@ def render() -> str:
                 continue
             struct = spec.item().type
             if isinstance(struct, type) and issubclass(struct, msgspec.Struct):
-                out += [f"### `{name}[]`", "", _cell(struct.__doc__ or "").strip() + " A reload applies a "
-                        "change to any of them.", "",
-                        *_table(struct), ""]
+                out += [
+                    f"### `{name}[]`",
+                    "",
+                    _cell(struct.__doc__ or "").strip() + " A reload applies a change to any of them.",
+                    "",
+                    *_table(struct),
+                    "",
+                ]
     return "\n".join(out)
 
 

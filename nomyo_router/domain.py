@@ -35,11 +35,22 @@ class Endpoint:
 
     @classmethod
     def from_config(cls, cfg: EndpointConfig) -> Endpoint:
-        ep = cls(name=cfg.name, url=cfg.url, slots=cfg.max_concurrent, type=cfg.type,
-                 api_key=cfg.api_key, static_models=cfg.models, context_length=cfg.context_length)
+        ep = cls(
+            name=cfg.name,
+            url=cfg.url,
+            slots=cfg.max_concurrent,
+            type=cfg.type,
+            api_key=cfg.api_key,
+            static_models=cfg.models,
+            context_length=cfg.context_length,
+        )
         # Every header aiohttp would add is set here, so it adds none (its cheapest path).
-        ep.headers = {"Content-Type": "application/json", "Accept": "*/*",
-                      "Accept-Encoding": "identity", "User-Agent": "nomyo-router"}
+        ep.headers = {
+            "Content-Type": "application/json",
+            "Accept": "*/*",
+            "Accept-Encoding": "identity",
+            "User-Agent": "nomyo-router",
+        }
         if cfg.api_key:
             ep.headers["Authorization"] = f"Bearer {cfg.api_key}"
         elif cfg.basic_auth:

@@ -49,8 +49,12 @@ from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, 
 from .api.asgi import BODY_WRITER, DISCONNECT_HOOK, GONE, SHUTDOWN_HOOK, Scope
 
 log = logging.getLogger("nomyo_router.protocol")
-DEFAULTS = {"max_header_bytes": 64 * 1024, "header_timeout": 10.0, "body_idle_timeout": 30.0,
-            "stream_idle_timeout": 120.0}
+DEFAULTS = {
+    "max_header_bytes": 64 * 1024,
+    "header_timeout": 10.0,
+    "body_idle_timeout": 30.0,
+    "stream_idle_timeout": 120.0,
+}
 
 
 def _limits(app: object) -> dict[str, float]:
@@ -118,8 +122,18 @@ class _Guard:
     protocol has 27; a 30th turns its shared-key `__dict__` (296 B) into a full one
     (1,584 B), paid by every open connection (issue 16)."""
 
-    __slots__ = ("max_head", "head_timeout", "body_timeout", "stall_timeout", "head_bytes", "in_head", "timer",
-                 "due", "deadline", "status")
+    __slots__ = (
+        "max_head",
+        "head_timeout",
+        "body_timeout",
+        "stall_timeout",
+        "head_bytes",
+        "in_head",
+        "timer",
+        "due",
+        "deadline",
+        "status",
+    )
 
     def __init__(self, limits: dict[str, float]) -> None:
         self.max_head = int(limits["max_header_bytes"])
@@ -200,10 +214,16 @@ class BodyWriter:
 
     def ready(self) -> bool:
         cycle = self.cycle
-        return (not self.flow.write_paused and cycle.chunked_encoding is True and not cycle.response_complete
-                and not cycle.disconnected and cycle.response_started and self.proto.cycle is cycle
-                and self.cork.held is None  # (the head has left)
-                and not self.transport.is_closing())  # (a write then could raise in the backend's callback)
+        return (
+            not self.flow.write_paused
+            and cycle.chunked_encoding is True
+            and not cycle.response_complete
+            and not cycle.disconnected
+            and cycle.response_started
+            and self.proto.cycle is cycle
+            and self.cork.held is None  # (the head has left)
+            and not self.transport.is_closing()
+        )  # (a write then could raise in the backend's callback)
 
     def write(self, data: bytes) -> None:
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
@@ -211,8 +231,15 @@ class BodyWriter:
     def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """`headers`: lower-case names (ours), content-type and content-length among them."""
         cycle = self.cycle
-        if (cycle.response_started or cycle.disconnected or self.flow.write_paused or cycle.access_log
-                or self.proto.cycle is not cycle or cycle.scope["method"] == "HEAD" or self.transport.is_closing()):
+        if (
+            cycle.response_started
+            or cycle.disconnected
+            or self.flow.write_paused
+            or cycle.access_log
+            or self.proto.cycle is not cycle
+            or cycle.scope["method"] == "HEAD"
+            or self.transport.is_closing()
+        ):
             return False
         all_headers = cycle.default_headers + headers if cycle.default_headers else headers
         if HEADER_VALUE_RE.search(b"\t".join([v for _, v in all_headers])):  # (uvicorn would raise)

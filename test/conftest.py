@@ -29,6 +29,7 @@ def redis_url():
 class RedisServer:
     def __init__(self) -> None:
         from mock import free_port
+
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = None
@@ -37,6 +38,7 @@ class RedisServer:
         import shutil
         import subprocess
         import time
+
         exe = shutil.which("redis-server")
         if exe is None:
             pytest.fail("redis-server is not installed; `make test` installs it from the distribution")
@@ -46,6 +48,7 @@ class RedisServer:
             args += ["--enable-debug-command", "local"]  # DEBUG SLEEP: how test_redis_stall stalls it
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import socket
+
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -75,12 +78,14 @@ class Clients:
 
     def openai(self, url: str):
         import openai
+
         c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         self._open.append(c)
         return c
 
     def ollama(self, url: str):
         import ollama
+
         c = ollama.AsyncClient(host=url)
         self._open.append(c)
         return c
@@ -105,14 +110,16 @@ def browser():
 
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+
     exe, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
     if not exe or not driver:
-        pytest.fail("browser tests need chromium and chromedriver: run `make test` (it installs them) "
-                    "or apt-get install chromium chromium-driver")
+        pytest.fail(
+            "browser tests need chromium and chromedriver: run `make test` (it installs them) "
+            "or apt-get install chromium chromium-driver"
+        )
     opts = webdriver.ChromeOptions()
     opts.binary_location = exe
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,900"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"):
         opts.add_argument(arg)
     b = webdriver.Chrome(service=Service(driver), options=opts)
     try:

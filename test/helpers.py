@@ -29,9 +29,12 @@ class RunningRouter:
 
 
 @contextlib.asynccontextmanager
-async def run_router(config: RouterConfig | dict[str, Any],
-                     http: str = "nomyo_router.protocol:GuardedHttpToolsProtocol",
-                     keep_alive: float = 5.0, tls: tuple[str, str] | None = None) -> AsyncIterator[RunningRouter]:
+async def run_router(
+    config: RouterConfig | dict[str, Any],
+    http: str = "nomyo_router.protocol:GuardedHttpToolsProtocol",
+    keep_alive: float = 5.0,
+    tls: tuple[str, str] | None = None,
+) -> AsyncIterator[RunningRouter]:
     """`http`: uvicorn's protocol; ours by default (what `nomyo-router` serves with).
     `keep_alive`: seconds an idle kept-alive connection stays open (uvicorn's default).
     `tls`: (key file, certificate file) to serve https."""
@@ -39,12 +42,21 @@ async def run_router(config: RouterConfig | dict[str, Any],
         config = parse_config({"usage_db": TEST_USAGE_DB, **config})
     app = RouterApp(config)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
-                                           log_level="warning", access_log=False,
-                                           http=http, timeout_keep_alive=keep_alive,
-                                           limit_concurrency=config.max_connections or None,
-                                           ssl_keyfile=tls[0] if tls else None,
-                                           ssl_certfile=tls[1] if tls else None))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            http=http,
+            timeout_keep_alive=keep_alive,
+            limit_concurrency=config.max_connections or None,
+            ssl_keyfile=tls[0] if tls else None,
+            ssl_certfile=tls[1] if tls else None,
+        )
+    )
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # tests own signals
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -75,8 +87,9 @@ def fifo(done_at: list[float], service: float) -> bool:
     return all(done_at[j] - done_at[i] > service / 2 for i in range(n) for j in range(i + 2, n))
 
 
-async def post_stream_raw(url: str, path: str, body: dict[str, Any],
-                          rcvbuf: int = 0) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def post_stream_raw(
+    url: str, path: str, body: dict[str, Any], rcvbuf: int = 0
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """POST `body` on a plain socket (receive buffer `rcvbuf` if > 0, so the sender's writes
     pile up) and read the head of a 200 chunked answer; the body is left to the caller."""
     host, port = url.removeprefix("http://").split(":")
@@ -87,8 +100,10 @@ async def post_stream_raw(url: str, path: str, body: dict[str, Any],
     await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
     reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
     data = json.dumps(body).encode()
-    writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                 % (path.encode(), len(data), data))
+    writer.write(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (path.encode(), len(data), data)
+    )
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
     return reader, writer

@@ -29,9 +29,16 @@ OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n"
 
 
 class Hostile:
-    def __init__(self, api: str = "ollama", stream: str = "normal", whole: str = "normal",
-                 size: int = 4 * 1024 * 1024, piece: int = 16 * 1024, chunked: bool = False,
-                 model: str = MODEL) -> None:
+    def __init__(
+        self,
+        api: str = "ollama",
+        stream: str = "normal",
+        whole: str = "normal",
+        size: int = 4 * 1024 * 1024,
+        piece: int = 16 * 1024,
+        chunked: bool = False,
+        model: str = MODEL,
+    ) -> None:
         self.api, self.stream, self.whole, self.model = api, stream, whole, model
         self.size, self.piece, self.chunked = size, piece, chunked
         self.served = 0
@@ -97,9 +104,12 @@ class Hostile:
 
     async def _get(self, writer: asyncio.StreamWriter, path: str) -> None:
         m = self.model
-        body = {"/api/tags": {"models": [{"name": m + ":latest", "model": m + ":latest"}]},
-                "/api/ps": {"models": []}, "/api/version": {"version": "0.0.0-hostile"},
-                "/v1/models": {"object": "list", "data": [{"id": m, "object": "model"}]}}.get(path, {})
+        body = {
+            "/api/tags": {"models": [{"name": m + ":latest", "model": m + ":latest"}]},
+            "/api/ps": {"models": []},
+            "/api/version": {"version": "0.0.0-hostile"},
+            "/v1/models": {"object": "list", "data": [{"id": m, "object": "model"}]},
+        }.get(path, {})
         data = json.dumps(body).encode()
         await self._send(writer, OK_HEAD % b"application/json" + b"Content-Length: %d\r\n\r\n%b" % (len(data), data))
 
@@ -111,8 +121,10 @@ class Hostile:
             await self._send(writer, b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
             await asyncio.sleep(0.02)
         elif how == "switch":
-            await self._send(writer, b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                                     b"Connection: Upgrade\r\n\r\n\x81\x05hello")
+            await self._send(
+                writer,
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\x81\x05hello",
+            )
             await asyncio.sleep(0.2)
             return False
         return True
@@ -120,22 +132,52 @@ class Hostile:
     # ---- streams --------------------------------------------------------------------------
     def _records(self, texts: list[str]) -> list[bytes]:
         if self.api == "ollama":
-            out = [json.dumps({"model": self.model, "message": {"role": "assistant", "content": t},
-                               "done": False}).encode() + b"\n" for t in texts]
-            return out + [json.dumps({"model": self.model, "message": {"role": "assistant", "content": ""},
-                                      "done": True, "done_reason": "stop", "prompt_eval_count": 3,
-                                      "eval_count": len(texts)}).encode() + b"\n"]
+            out = [
+                json.dumps(
+                    {"model": self.model, "message": {"role": "assistant", "content": t}, "done": False}
+                ).encode()
+                + b"\n"
+                for t in texts
+            ]
+            return out + [
+                json.dumps(
+                    {
+                        "model": self.model,
+                        "message": {"role": "assistant", "content": ""},
+                        "done": True,
+                        "done_reason": "stop",
+                        "prompt_eval_count": 3,
+                        "eval_count": len(texts),
+                    }
+                ).encode()
+                + b"\n"
+            ]
 
         def event(obj: dict) -> bytes:
             return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
         base = {"id": "chatcmpl-hostile", "object": "chat.completion.chunk", "created": 0, "model": self.model}
-        out = [event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                           "finish_reason": None}]})]
-        out += [event({**base, "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None}]})
-                for t in texts]
+        out = [
+            event(
+                {
+                    **base,
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                }
+            )
+        ]
+        out += [
+            event({**base, "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None}]}) for t in texts
+        ]
         out.append(event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
-        out.append(event({**base, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": len(texts),
-                                                           "total_tokens": 3 + len(texts)}}))
+        out.append(
+            event(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": len(texts), "total_tokens": 3 + len(texts)},
+                }
+            )
+        )
         return out + [b"data: [DONE]\n\n"]
 
     async def _stream(self, writer: asyncio.StreamWriter, req: dict) -> None:
@@ -158,8 +200,11 @@ class Hostile:
 
     async def _long_record(self, writer: asyncio.StreamWriter) -> None:
         """A record of `size` bytes, sent in chunks of `piece`; it ends only after all of it."""
-        start = (b'{"model": "evil", "message": {"role": "assistant", "content": "' if self.api == "ollama"
-                 else b'data: {"choices": [{"index": 0, "delta": {"content": "')
+        start = (
+            b'{"model": "evil", "message": {"role": "assistant", "content": "'
+            if self.api == "ollama"
+            else b'data: {"choices": [{"index": 0, "delta": {"content": "'
+        )
         end = b'"}, "done": false}\n' if self.api == "ollama" else b'"}, "finish_reason": null}]}\n\n'
         await self._send(writer, b"%x\r\n%b\r\n" % (len(start), start))
         frame = b"%x\r\n%b\r\n" % (self.piece, b"x" * self.piece)
@@ -171,13 +216,17 @@ class Hostile:
     def _whole_parts(self, filler: int) -> tuple[bytes, bytes]:
         """(what comes before `filler` bytes of text, what comes after) of a valid answer."""
         if self.api == "ollama":
-            return (b'{"model": "evil", "created_at": "2024-01-01T00:00:00Z", "message": {"role": "assistant", '
-                    b'"content": "', b'"}, "done": true, "done_reason": "stop", "prompt_eval_count": 3, '
-                    b'"eval_count": 7}')
-        return (b'{"id": "chatcmpl-hostile", "object": "chat.completion", "created": 0, "model": "evil", '
-                b'"choices": [{"index": 0, "message": {"role": "assistant", "content": "',
-                b'"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 7, '
-                b'"total_tokens": 10}}')
+            return (
+                b'{"model": "evil", "created_at": "2024-01-01T00:00:00Z", "message": {"role": "assistant", '
+                b'"content": "',
+                b'"}, "done": true, "done_reason": "stop", "prompt_eval_count": 3, "eval_count": 7}',
+            )
+        return (
+            b'{"id": "chatcmpl-hostile", "object": "chat.completion", "created": 0, "model": "evil", '
+            b'"choices": [{"index": 0, "message": {"role": "assistant", "content": "',
+            b'"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 7, '
+            b'"total_tokens": 10}}',
+        )
 
     async def _whole(self, writer: asyncio.StreamWriter) -> None:
         if not await self._interim(writer, self.whole):
@@ -187,12 +236,14 @@ class Hostile:
         filler = max(0, size - len(before) - len(after))
         total = len(before) + filler + len(after)
         chunked = self.chunked and self.whole == "big"
-        head = OK_HEAD % b"application/json" + (b"Transfer-Encoding: chunked\r\n\r\n" if chunked
-                                                else b"Content-Length: %d\r\n\r\n" % total)
+        head = OK_HEAD % b"application/json" + (
+            b"Transfer-Encoding: chunked\r\n\r\n" if chunked else b"Content-Length: %d\r\n\r\n" % total
+        )
         frame = b"x" * self.piece
 
         def framed(data: bytes) -> bytes:
             return b"%x\r\n%b\r\n" % (len(data), data) if chunked else data
+
         try:
             await self._send(writer, head + framed(before))
             left = filler if self.whole != "cut" else filler // 2
@@ -224,6 +275,7 @@ def main() -> None:
         h = await Hostile(a.api, a.stream, a.whole, a.size, a.piece, a.chunked, a.model).start(a.port)
         print(f"hostile backend on {h.url}", flush=True)
         await asyncio.Event().wait()
+
     asyncio.run(run())
 
 

@@ -28,7 +28,7 @@ def descendants(pid: int) -> set[int]:
         if entry.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
                 raw = Path(f"/proc/{entry}/stat").read_bytes()
-                parent_of[int(entry)] = int(raw[raw.rfind(b")") + 2:].split()[1])
+                parent_of[int(entry)] = int(raw[raw.rfind(b")") + 2 :].split()[1])
     out: set[int] = set()
     frontier = {pid}
     while frontier:
@@ -43,7 +43,7 @@ def running(pid: int) -> bool:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return False
-    return raw[raw.rfind(b")") + 2:].split()[0] not in (b"Z", b"X")
+    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 def wait_gone(pids: set[int], timeout: float) -> set[int]:
@@ -73,17 +73,38 @@ def write_config(directory: Path, config: dict[str, Any], name: str = "router.ya
 
 
 @contextlib.contextmanager
-def supervisor(config: Path, workers: int = 2, port: int | None = None, env: dict[str, str] | None = None,
-               wait: float = 30.0, unset: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+def supervisor(
+    config: Path,
+    workers: int = 2,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    wait: float = 30.0,
+    unset: tuple[str, ...] = (),
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """Starts the router (`env` added to this process's environment, `unset` taken out); the test
     may signal `proc.pid` alone. Whatever is left of the process group (the workers keep the
     supervisor's group) is killed at the end."""
     port = port or free_port()
     log = tempfile.TemporaryFile()  # (a pipe nobody reads could fill and stop the router)
-    proc = subprocess.Popen([sys.executable, "-m", "nomyo_router", "--config", str(config), "--port", str(port),
-                             "--workers", str(workers), "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
-                            env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nomyo_router",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        start_new_session=True,
+        env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + wait

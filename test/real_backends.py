@@ -29,8 +29,12 @@ def require(what: str) -> Path:
 def start(script: str, *args: str, timeout: float = 180) -> tuple[str, int]:
     """Run `script PORT *args` (it prints the server's pid last): (url, pid)."""
     port = free_port()
-    out = subprocess.run([str(require("no real backend to start") / script), str(port), *args],
-                         capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [str(require("no real backend to start") / script), str(port), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if out.returncode != 0:
         pytest.fail(f"{script} failed: {out.stderr[-500:]}")
     return f"http://127.0.0.1:{port}", int(out.stdout.strip().splitlines()[-1])

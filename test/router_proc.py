@@ -18,21 +18,39 @@ from mock.runner import wait_http
 
 
 @contextlib.contextmanager
-def router_workers(config: dict[str, Any], workers: int, state_path: str | None = None,
-                   wait: bool = True) -> Iterator[tuple[str, subprocess.Popen]]:
+def router_workers(
+    config: dict[str, Any], workers: int, state_path: str | None = None, wait: bool = True
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """`wait=False`: return at once (when this test's own event loop must keep running,
     e.g. because it hosts the shared state); then await `ready(url)`."""
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        yaml.safe_dump({"usage_db": os.path.join(tempfile.gettempdir(), f"nomyo-usage-test-{os.getpid()}.db"),
-                        **config}, f)
+        yaml.safe_dump(
+            {"usage_db": os.path.join(tempfile.gettempdir(), f"nomyo-usage-test-{os.getpid()}.db"), **config}, f
+        )
     port = free_port()
     env = dict(os.environ)
     if state_path:
         env["NOMYO_ROUTER_STATE_PATH"] = state_path
-    proc = subprocess.Popen([sys.executable, "-m", "nomyo_router", "--config", path, "--port", str(port),
-                             "--workers", str(workers), "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nomyo_router",
+            "--config",
+            path,
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         if wait:
@@ -53,6 +71,7 @@ async def ready(url: str, timeout: float = 30.0) -> None:
     import asyncio
 
     import aiohttp
+
     deadline = asyncio.get_running_loop().time() + timeout
     async with aiohttp.ClientSession() as s:
         while True:

@@ -18,14 +18,30 @@ CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "conte
 
 
 def config(mock) -> dict:
-    return {"endpoints": endpoints(mock), "router_api_key": KEY,
-            "client_keys": [{"name": "team-b", "key": "sha256:" + hashlib.sha256(LIMITED.encode()).hexdigest(),
-                             "models": ["qwen2.5:7b"]}]}
+    return {
+        "endpoints": endpoints(mock),
+        "router_api_key": KEY,
+        "client_keys": [
+            {
+                "name": "team-b",
+                "key": "sha256:" + hashlib.sha256(LIMITED.encode()).hexdigest(),
+                "models": ["qwen2.5:7b"],
+            }
+        ],
+    }
 
 
-@pytest.mark.parametrize("path,shape", [("/api/chat", "ollama"), ("/api/tags", "ollama"), ("/api/show", "ollama"),
-                                        ("/v1/chat/completions", "openai"), ("/v1/models", "openai"),
-                                        ("/v1/messages", "anthropic")])
+@pytest.mark.parametrize(
+    "path,shape",
+    [
+        ("/api/chat", "ollama"),
+        ("/api/tags", "ollama"),
+        ("/api/show", "ollama"),
+        ("/v1/chat/completions", "openai"),
+        ("/v1/models", "openai"),
+        ("/v1/messages", "anthropic"),
+    ],
+)
 async def test_no_or_wrong_key_is_401_in_the_callers_shape(mock, path, shape):
     async with run_router(config(mock)) as r, aiohttp.ClientSession() as s:
         for headers in ({}, {"Authorization": "Bearer wrong-key-0000000"}, {"x-api-key": "nope"}):
@@ -86,20 +102,31 @@ async def test_health_is_open_but_shows_details_only_to_an_operator_key(mock):
 
 
 async def test_browser_origins_like_ollama(mock):
-    async with run_router({"endpoints": endpoints(mock), "allowed_origins": ["https://*.example.org"]}) as r, \
-            aiohttp.ClientSession() as s:
+    async with (
+        run_router({"endpoints": endpoints(mock), "allowed_origins": ["https://*.example.org"]}) as r,
+        aiohttp.ClientSession() as s,
+    ):
         async with s.post(r.url + "/api/chat", json=CHAT, headers={"Origin": "http://evil.example"}) as resp:
             assert resp.status == 403
         # a text/plain "simple" cross-origin POST is refused too (no preflight protects it)
-        async with s.post(r.url + "/api/chat", data=b'{"model":"llama3"}', headers={
-                "Origin": "http://evil.example", "Content-Type": "text/plain"}) as resp:
+        async with s.post(
+            r.url + "/api/chat",
+            data=b'{"model":"llama3"}',
+            headers={"Origin": "http://evil.example", "Content-Type": "text/plain"},
+        ) as resp:
             assert resp.status == 403
-        for origin in ("http://localhost:3000", "http://127.0.0.1:8080", "app://obsidian.md",
-                       "https://chat.example.org"):
+        for origin in (
+            "http://localhost:3000",
+            "http://127.0.0.1:8080",
+            "app://obsidian.md",
+            "https://chat.example.org",
+        ):
             async with s.post(r.url + "/api/chat", json=CHAT, headers={"Origin": origin}) as resp:
                 assert resp.status == 200 and resp.headers["Access-Control-Allow-Origin"] == origin
-        async with s.options(r.url + "/v1/chat/completions", headers={
-                "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}) as resp:
+        async with s.options(
+            r.url + "/v1/chat/completions",
+            headers={"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"},
+        ) as resp:
             assert resp.status == 204
             assert "authorization" in resp.headers["Access-Control-Allow-Headers"]
 
@@ -109,17 +136,24 @@ async def test_a_capped_key_cannot_starve_another_client():
     import time
 
     from mock import run_mock
+
     async with run_mock(ttft_ms=200, tok_ms=0, tokens=2) as m:
-        cfg = {"endpoints": endpoints(m, slots=2),
-               "client_keys": [{"name": "flood", "key": "flood-key-0123456789", "max_concurrent": 1},
-                               {"name": "other", "key": "other-key-0123456789"}],
-               "metrics_key": "metrics-key-0123456789"}
+        cfg = {
+            "endpoints": endpoints(m, slots=2),
+            "client_keys": [
+                {"name": "flood", "key": "flood-key-0123456789", "max_concurrent": 1},
+                {"name": "other", "key": "other-key-0123456789"},
+            ],
+            "metrics_key": "metrics-key-0123456789",
+        }
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+
             async def ask(key: str) -> float:
                 async with s.post(r.url + "/api/chat", json=CHAT, headers={"x-api-key": key}) as resp:
                     assert resp.status == 200
                     await resp.read()
                 return time.monotonic()
+
             t0 = time.monotonic()
             flood = [asyncio.create_task(ask("flood-key-0123456789")) for _ in range(6)]
             await asyncio.sleep(0.05)

@@ -28,8 +28,25 @@ from test.helpers import endpoints, read_response, run_router
 KEY = "router-key-0123456789"
 CLIENT = 'ops "blue" status=1 \\'  # a client key's name is the operator's: it may hold anything
 CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
-KEYS = {"request_id", "client", "api", "route", "model", "stream", "endpoint", "status", "queue_ms", "ttft_ms",
-        "total_ms", "tokens_in", "tokens_out", "affinity", "retries", "resumed", "error"}
+KEYS = {
+    "request_id",
+    "client",
+    "api",
+    "route",
+    "model",
+    "stream",
+    "endpoint",
+    "status",
+    "queue_ms",
+    "ttft_ms",
+    "total_ms",
+    "tokens_in",
+    "tokens_out",
+    "affinity",
+    "retries",
+    "resumed",
+    "error",
+}
 ALWAYS = {"request_id", "api", "route", "model", "stream", "status", "queue_ms", "total_ms", "retries", "resumed"}
 GENERATED = re.compile(r"[0-9a-f]+-[0-9]+")  # app.next_request_id
 
@@ -47,8 +64,17 @@ REQUEST_IDS = [
     ("é-id".encode(), False),
     (b"\xff\xfe", False),
 ]  # (a DEL or NUL in a header value: the HTTP parser refuses the request before the router sees it)
-MODELS = ["llama3\nstatus=200 request_id=evil", "a=b", 'say "hi"', "back\\slash", "tab\there",
-          "line\u2028sep\x85nel", "nul\x00", "é ü", "x" * 300]  # (a lone surrogate: refused as bad JSON, 400, no line)
+MODELS = [
+    "llama3\nstatus=200 request_id=evil",
+    "a=b",
+    'say "hi"',
+    "back\\slash",
+    "tab\there",
+    "line\u2028sep\x85nel",
+    "nul\x00",
+    "é ü",
+    "x" * 300,
+]  # (a lone surrogate: refused as bad JSON, 400, no line)
 
 _PAIR = re.compile(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|[^ "]+)(?: |$)')
 
@@ -74,6 +100,7 @@ def parse_json(line: str) -> dict[str, Any]:
         keys = [k for k, _ in pairs]
         assert len(keys) == len(set(keys)), f"a key twice in {line!r}"
         return dict(pairs)
+
     return json.loads(line, object_pairs_hook=once)
 
 
@@ -118,8 +145,13 @@ async def raw_post(url: str, path: str, body: bytes, headers: list[bytes]) -> tu
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                     % (path.encode(), len(body)) + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body)
+        writer.write(
+            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            % (path.encode(), len(body))
+            + b"".join(h + b"\r\n" for h in headers)
+            + b"\r\n"
+            + body
+        )
         status, head, _ = await read_response(reader)
         return int(status.split()[1]), dict(head)
     finally:
@@ -127,8 +159,13 @@ async def raw_post(url: str, path: str, body: bytes, headers: list[bytes]) -> tu
 
 
 def keyed(mock: Any, fmt: str, **extra: Any) -> dict[str, Any]:
-    return {"endpoints": endpoints(mock), "access_log": True, "log_format": fmt,
-            "client_keys": [{"name": CLIENT, "key": KEY}], **extra}
+    return {
+        "endpoints": endpoints(mock),
+        "access_log": True,
+        "log_format": fmt,
+        "client_keys": [{"name": CLIENT, "key": KEY}],
+        **extra,
+    }
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
@@ -138,8 +175,9 @@ async def test_forged_request_ids_and_model_names_stay_in_their_field(mock, capl
     with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
         async with run_router(keyed(mock, fmt)) as r:
             for rid, _ in REQUEST_IDS:
-                status, head = await raw_post(r.url, "/api/chat", json.dumps(CHAT).encode(),
-                                              [auth, b"X-Request-ID: " + rid])
+                status, head = await raw_post(
+                    r.url, "/api/chat", json.dumps(CHAT).encode(), [auth, b"X-Request-ID: " + rid]
+                )
                 sent.append((rid, status, head[b"x-request-id"]))
             for model in MODELS:
                 rid = b"m-%d" % len(sent)
@@ -159,7 +197,7 @@ async def test_forged_request_ids_and_model_names_stay_in_their_field(mock, capl
         line = by_id[echoed.decode("ascii")]
         assert line["status"] == 200 and line["model"] == "llama3" and line["client"] == CLIENT
         assert line["endpoint"] == "m0" and line["route"] == "/api/chat" and line["stream"] is False
-    for model, (_, status, rid) in zip(MODELS, sent[len(REQUEST_IDS):], strict=True):
+    for model, (_, status, rid) in zip(MODELS, sent[len(REQUEST_IDS) :], strict=True):
         assert status == 404  # an unknown model, still logged
         line = by_id[rid.decode()]
         assert line["model"] == model and line["status"] == 404 and line["client"] == CLIENT
@@ -171,8 +209,13 @@ async def test_forged_request_ids_and_model_names_stay_in_their_field(mock, capl
 async def test_a_stream_cut_mid_way_is_one_line_with_the_200_the_client_got(caplog, fmt, resume):
     # One endpoint: nowhere to resume, so the client gets its 200 head, part of the answer and an error chunk.
     async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=40, drop_rate=1.0) as dropping:
-        cfg = {"endpoints": endpoints(dropping), "access_log": True, "log_format": fmt, "resume_streams": resume,
-               "eject_after": 1000}
+        cfg = {
+            "endpoints": endpoints(dropping),
+            "access_log": True,
+            "log_format": fmt,
+            "resume_streams": resume,
+            "eject_after": 1000,
+        }
         with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
             async with run_router(cfg) as r, aiohttp.ClientSession() as s:
                 async with s.post(r.url + "/api/chat", json={**CHAT, "stream": True}) as resp:
@@ -191,20 +234,28 @@ async def test_a_client_gone_before_any_head_is_499(caplog, fmt):
     """Waiting for the backend's answer, and waiting for its key's permit (max_concurrent):
     the client leaves, nothing was sent, the line says 499 (nginx's code), once."""
     async with run_mock(ttft_ms=3000.0, tok_ms=0.0, tokens=4) as slow:
-        cfg = {"endpoints": endpoints(slow), "access_log": True, "log_format": fmt,
-               "client_keys": [{"name": "capped", "key": KEY, "max_concurrent": 1}]}
+        cfg = {
+            "endpoints": endpoints(slow),
+            "access_log": True,
+            "log_format": fmt,
+            "client_keys": [{"name": "capped", "key": KEY, "max_concurrent": 1}],
+        }
         with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
             async with run_router(cfg) as r:
                 host, port = r.url.removeprefix("http://").split(":")
                 body = json.dumps(CHAT).encode()
                 socks = []
                 # the first is at the backend, then the second waits for the key's one permit
-                for rid, there in ((b"holds-the-permit", lambda: slow.stats()["in_flight"] == 1),
-                                   (b"waits-for-it", lambda: r.router.store.held_aside == 1)):
+                for rid, there in (
+                    (b"holds-the-permit", lambda: slow.stats()["in_flight"] == 1),
+                    (b"waits-for-it", lambda: r.router.store.held_aside == 1),
+                ):
                     sock = socket.create_connection((host, int(port)))
-                    sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                 b"Authorization: Bearer %s\r\nX-Request-ID: %s\r\nContent-Length: %d\r\n\r\n%s"
-                                 % (KEY.encode(), rid, len(body), body))
+                    sock.sendall(
+                        b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Authorization: Bearer %s\r\nX-Request-ID: %s\r\nContent-Length: %d\r\n\r\n%s"
+                        % (KEY.encode(), rid, len(body), body)
+                    )
                     socks.append(sock)
                     await until(there)
                 for sock in socks:
@@ -219,8 +270,10 @@ async def test_a_client_gone_before_any_head_is_499(caplog, fmt):
 
 async def test_an_exception_before_any_head_is_the_500_the_client_got(mock, caplog):
     async with run_router({"endpoints": endpoints(mock), "access_log": True, "log_format": "json"}) as r:
+
         async def broken(*args: Any) -> None:
             raise RuntimeError("a bug")
+
         r.router.proxy.handle = broken  # type: ignore[method-assign]
         with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
             status, _ = await raw_post(r.url, "/api/chat", json.dumps(CHAT).encode(), [b"X-Request-ID: boom"])
@@ -244,15 +297,34 @@ def test_a_record_without_a_head_is_settled_by_how_the_request_ended():
 
 
 def test_text_values_are_plain_tokens_or_json_strings():
-    tricky = ["", " ", "=", '"', "\\", "a b", "\n", "\r\n", "\x00", "\x7f", "\x85", "\u2028", "\u2029", "\ud800",
-              "é", "\U0001f600", "x=1", 'q"', "\t"] + [chr(c) for c in range(0x21, 0x7f)]
+    tricky = [
+        "",
+        " ",
+        "=",
+        '"',
+        "\\",
+        "a b",
+        "\n",
+        "\r\n",
+        "\x00",
+        "\x7f",
+        "\x85",
+        "\u2028",
+        "\u2029",
+        "\ud800",
+        "é",
+        "\U0001f600",
+        "x=1",
+        'q"',
+        "\t",
+    ] + [chr(c) for c in range(0x21, 0x7F)]
     for value in tricky:
         out = text_value(value)
         one_line(out)
         assert " " not in out and out.count("=") == 0 or out.startswith('"'), out
         assert (json.loads(out) if out.startswith('"') else out) == value
         if out == value:  # left as it is: only a plain token
-            assert re.fullmatch(r'[\x21-\x7e]+', value) and not set(value) & set('="\\')
+            assert re.fullmatch(r"[\x21-\x7e]+", value) and not set(value) & set('="\\')
     assert text_value(True) == "True" and text_value(12) == "12" and text_value(1.5) == "1.5"
 
 
@@ -261,13 +333,17 @@ def test_any_value_of_any_type_keeps_the_line_whole(caplog, fmt):
     """A backend's token "count" reaches the record unchecked on the translated path: a
     string, a list, an empty string must not forge a field either."""
     from nomyo_router.ops.accesslog import AccessLog
+
     events = Events()
     AccessLog(events, fmt)
     odd: list[Any] = ["1 status=200", ["a b", 'c"'], "", {"k": "v\n"}, 12]
     with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
         for value in odd:
-            events.request_done(RequestRecord("r", "ollama", "/api/chat", "m", True, status=200,
-                                              prompt_tokens=value, completion_tokens=value))
+            events.request_done(
+                RequestRecord(
+                    "r", "ollama", "/api/chat", "m", True, status=200, prompt_tokens=value, completion_tokens=value
+                )
+            )
     for value, line in zip(odd, access_lines(caplog), strict=True):
         fields = parse(line, fmt)
         expected = value if fmt == "json" or isinstance(value, int) else str(value)

@@ -14,8 +14,9 @@ from test.helpers import endpoints, run_router
 
 
 async def turn(s, url, messages, headers=None, model="llama3"):
-    async with s.post(url + "/api/chat", json={"model": model, "messages": messages, "stream": False},
-                      headers=headers or {}) as r:
+    async with s.post(
+        url + "/api/chat", json={"model": model, "messages": messages, "stream": False}, headers=headers or {}
+    ) as r:
         assert r.status == 200, await r.text()
         body = await r.json()
         return body["message"], r.headers["X-Router-Endpoint"], r.headers.get("X-Router-Affinity")
@@ -110,8 +111,10 @@ async def test_spill_when_the_pinned_endpoint_is_full_then_repin():
 async def test_a_pin_to_an_unhealthy_endpoint_is_dropped():
     async with run_mock(**FAST) as a, run_mock(**FAST) as b:
         mocks = {"m0": a, "m1": b}
-        async with run_router({"endpoints": endpoints(a, b), "health_interval": 0.1}) as r, \
-                aiohttp.ClientSession() as s:
+        async with (
+            run_router({"endpoints": endpoints(a, b), "health_interval": 0.1}) as r,
+            aiohttp.ClientSession() as s,
+        ):
             opening = [{"role": "user", "content": "sick"}]
             answer, home, _ = await turn(s, r.url, opening)
             await mocks[home].close()
@@ -131,8 +134,11 @@ async def test_affinity_off_balances_turns_and_sends_no_header():
 
 def test_keys_are_exact_continuations():
     s = {"role": "system", "content": "sys"}
-    u1, a1, u2 = ({"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
-                  {"role": "user", "content": "u2"})
+    u1, a1, u2 = (
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2"},
+    )
     t1, t2 = chat_keys("m", [s, u1]), chat_keys("m", [s, u1, a1, u2])
     assert t2.lookup == [t1.register] and t1.lookup == []
     assert chat_keys("other", [s, u1, a1, u2]).lookup[0] != t1.register  # models never mix
@@ -149,8 +155,9 @@ async def test_generate_continues_by_prompt_prefix():
             prompt = "A long document. " * 200
             outcomes = []
             for i in range(5):
-                async with s.post(r.url + "/api/generate", json={"model": "llama3", "prompt": prompt,
-                                                                  "stream": False}) as resp:
+                async with s.post(
+                    r.url + "/api/generate", json={"model": "llama3", "prompt": prompt, "stream": False}
+                ) as resp:
                     body = await resp.json()
                     outcomes.append((resp.headers["X-Router-Endpoint"], resp.headers["X-Router-Affinity"]))
                 prompt = prompt + body["response"] + f"\nQuestion {i}: and then?\n"

@@ -74,6 +74,7 @@ def pumped(monkeypatch):
         except ErrorRecord:
             seen["error"] += 1
             raise
+
     monkeypatch.setattr(native, "relay", counting)
     return seen
 
@@ -81,10 +82,16 @@ def pumped(monkeypatch):
 @pytest.mark.parametrize("native_relay", [True, False])
 @pytest.mark.parametrize("path,shape", PATHS)
 async def test_an_error_record_mid_stream_is_resumed_on_another_endpoint(pumped, native_relay, path, shape):
-    async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=TOKENS, error_rate=1.0) as bad, \
-            run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=TOKENS) as good:
-        cfg = {"endpoints": endpoints(bad, good, slots=4), "routing": "least_busy", "eject_after": 1000,
-               "native_relay": native_relay}
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=TOKENS, error_rate=1.0) as bad,
+        run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=TOKENS) as good,
+    ):
+        cfg = {
+            "endpoints": endpoints(bad, good, slots=4),
+            "routing": "least_busy",
+            "eject_after": 1000,
+            "native_relay": native_relay,
+        }
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             done: list[RequestRecord] = []
             r.router.events.on_request_done(done.append)
@@ -120,10 +127,10 @@ async def test_an_error_record_mid_stream_is_resumed_on_another_endpoint(pumped,
 @pytest.mark.parametrize("resume", [True, False])  # record-wise relay, nowhere to resume / pass-through
 @pytest.mark.parametrize("path,shape", PATHS)
 async def test_an_error_record_that_cannot_be_resumed_is_relayed_and_counted_as_a_502(
-        pumped, native_relay, resume, path, shape):
+    pumped, native_relay, resume, path, shape
+):
     async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=TOKENS, error_rate=1.0) as bad:
-        cfg = {"endpoints": endpoints(bad), "native_relay": native_relay, "resume_streams": resume,
-               "access_log": True}
+        cfg = {"endpoints": endpoints(bad), "native_relay": native_relay, "resume_streams": resume, "access_log": True}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             done: list[RequestRecord] = []
             r.router.events.on_request_done(done.append)
@@ -168,8 +175,10 @@ async def test_an_error_record_in_a_translated_stream_is_relayed_and_counted_as_
 
 @pytest.mark.parametrize("path,shape", PATHS)
 async def test_a_whole_answer_that_is_an_error_object_is_retried_then_a_502(path, shape):
-    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=8, error_rate=1.0) as bad, \
-            run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=8) as good:
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=8, error_rate=1.0) as bad,
+        run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=8) as good,
+    ):
         cfg = {"endpoints": endpoints(bad, good), "routing": "least_busy", "eject_after": 1000}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             done: list[RequestRecord] = []
@@ -202,14 +211,17 @@ async def test_content_that_merely_says_error_is_not_an_error_record():
     # Only a record that parses to an error object is one: a token "error", a tool argument
     # named "error", or a quoted "error" inside text pass as they are.
     from nomyo_router.upstream.error_record import find, whole
-    lines = [b'{"message":{"role":"assistant","content":"error"},"done":false}\n',
-             b'{"message":{"tool_calls":[{"function":{"arguments":{"error":"x"}}}]},"done":false}\n',
-             b'{"message":{"content":"say \\"error\\" twice"},"done":false}\n']
+
+    lines = [
+        b'{"message":{"role":"assistant","content":"error"},"done":false}\n',
+        b'{"message":{"tool_calls":[{"function":{"arguments":{"error":"x"}}}]},"done":false}\n',
+        b'{"message":{"content":"say \\"error\\" twice"},"done":false}\n',
+    ]
     assert find(b"".join(lines), b"\n") == (-1, -1)
     crash = b'{"error":"boom"}\n'
     assert find(b"".join(lines) + crash + b'{"done":true}\n', b"\n")[0] == len(b"".join(lines))
     sse = b'data: {"choices":[{"delta":{"content":"error"}}]}\n\ndata: {"error": {"message": "x"}}\n\n'
-    assert find(sse, b"\n\n") == (sse.index(b"data: {\"error"), len(sse))
+    assert find(sse, b"\n\n") == (sse.index(b'data: {"error'), len(sse))
     assert find(b'{"error":"not whole yet', b"\n") == (-1, -1)
     assert whole(b'{"error": "boom"}') and whole(b'{"object": "error", "message": "x"}')
     assert not whole(b'{"model": "m", "message": {"content": "{\\"error\\": 1}"}, "done": true}')

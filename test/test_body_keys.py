@@ -99,18 +99,31 @@ def record(*mocks: Any) -> list[str]:
         routes[("POST", "/v1/messages")] = _anthropic_stub
         for route, handler in list(routes.items()):
             if route[0] == "POST":
+
                 async def wrapped(request: Any, handler: Any = handler, path: str = route[1]) -> Any:
                     seen.append(path)
                     return await handler(request)
+
                 routes[route] = wrapped
     return seen
 
 
 async def _anthropic_stub(request: Any) -> Any:
     body = json.loads(request.body)
-    return web.Response(200, json.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"],
-                                         "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
-                                         "usage": {"input_tokens": 1, "output_tokens": 1}}).encode())
+    return web.Response(
+        200,
+        json.dumps(
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": body["model"],
+                "content": [{"type": "text", "text": "hi"}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            }
+        ).encode(),
+    )
 
 
 @pytest.fixture
@@ -121,8 +134,13 @@ async def router():
         seen = record(a, b)
         eps = [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b", "type": "openai"}]
         # (context_routing off: learning the backends' context windows would POST /api/show itself)
-        async with run_router({"endpoints": eps, "context_routing": "off",
-                               "client_keys": [{"name": "app", "key": KEY, "models": [ALLOWED]}]}) as r:
+        async with run_router(
+            {
+                "endpoints": eps,
+                "context_routing": "off",
+                "client_keys": [{"name": "app", "key": KEY, "models": [ALLOWED]}],
+            }
+        ) as r:
             yield r.url, seen
 
 
@@ -140,7 +158,7 @@ async def test_every_bypass_on_every_generation_route_is_refused_before_any_back
     assert set(JSON_ROUTES) == set(BASE)  # a new route needs a body here
     async with aiohttp.ClientSession() as s:
         for path in JSON_ROUTES:
-            for stream in ((True, False) if path in STREAMS else (None,)):
+            for stream in (True, False) if path in STREAMS else (None,):
                 base = BASE[path] if stream is None else {**BASE[path], "stream": stream}
                 for member, key, where in BYPASSES:
                     status, body = await post(s, url + path, with_member(base, member, where))
@@ -157,23 +175,25 @@ async def test_every_bypass_on_every_generation_route_is_refused_before_any_back
 async def test_show_with_two_names_or_a_case_variant_is_refused(router):
     url, seen = router
     async with aiohttp.ClientSession() as s:
-        for raw, key in ((b'{"model": "llama3", "Model": "qwen2.5:7b"}', "Model"),
-                         (b'{"Model": "qwen2.5:7b", "model": "llama3"}', "Model"),
-                         (b'{"model": "llama3", "\\u004eame": "qwen2.5:7b"}', "Name"),
-                         (b'{"model": "llama3", "NAME": "qwen2.5:7b"}', "NAME"),
-                         (b'{"model": "llama3", "model": "qwen2.5:7b"}', "model"),
-                         (b'{"name": "llama3", "name": "qwen2.5:7b"}', "name"),
-                         (b'{"model": "llama3", "name": "qwen2.5:7b"}', "name"),
-                         (b'{"name": "llama3", "model": "qwen2.5:7b"}', "name"),
-                         (b'{"model": "llama3", "verbose": true, "VERBOSE": false}', "VERBOSE")):
+        for raw, key in (
+            (b'{"model": "llama3", "Model": "qwen2.5:7b"}', "Model"),
+            (b'{"Model": "qwen2.5:7b", "model": "llama3"}', "Model"),
+            (b'{"model": "llama3", "\\u004eame": "qwen2.5:7b"}', "Name"),
+            (b'{"model": "llama3", "NAME": "qwen2.5:7b"}', "NAME"),
+            (b'{"model": "llama3", "model": "qwen2.5:7b"}', "model"),
+            (b'{"name": "llama3", "name": "qwen2.5:7b"}', "name"),
+            (b'{"model": "llama3", "name": "qwen2.5:7b"}', "name"),
+            (b'{"name": "llama3", "model": "qwen2.5:7b"}', "name"),
+            (b'{"model": "llama3", "verbose": true, "VERBOSE": false}', "VERBOSE"),
+        ):
             status, body = await post(s, url + "/api/show", raw)
             assert status == 400 and isinstance(body["error"], str), (raw, status, body)
             assert f'"{key}"' in body["error"] or f"`{key}`" in body["error"], body
         # what Ollama's own CLI sends: both fields, one empty
-        for raw in (b'{"model": "", "system": "", "template": "", "verbose": false, "options": null, '
-                    b'"name": "llama3"}',
-                    b'{"model": "llama3", "system": "", "template": "", "verbose": false, "options": null, '
-                    b'"name": ""}'):
+        for raw in (
+            b'{"model": "", "system": "", "template": "", "verbose": false, "options": null, "name": "llama3"}',
+            b'{"model": "llama3", "system": "", "template": "", "verbose": false, "options": null, "name": ""}',
+        ):
             status, body = await post(s, url + "/api/show", raw)
             assert status == 200 and "modelfile" in body
     assert seen == ["/api/show", "/api/show"]
@@ -181,9 +201,11 @@ async def test_show_with_two_names_or_a_case_variant_is_refused(router):
 
 def form(*fields: tuple[bytes, bytes], boundary: bytes = b"b0undary7MA4YWxk") -> bytes:
     """A multipart body: (Content-Disposition parameters, value) per text field, then a file."""
-    parts = [b'Content-Disposition: form-data; ' + spelt + b"\r\n\r\n" + value for spelt, value in fields]
-    parts.append(b'Content-Disposition: form-data; name="file"; filename="talk.wav"\r\nContent-Type: audio/wav'
-                 b"\r\n\r\nRIFF\x00\x01\x02\r\n--not-the-boundary\r\n")
+    parts = [b"Content-Disposition: form-data; " + spelt + b"\r\n\r\n" + value for spelt, value in fields]
+    parts.append(
+        b'Content-Disposition: form-data; name="file"; filename="talk.wav"\r\nContent-Type: audio/wav'
+        b"\r\n\r\nRIFF\x00\x01\x02\r\n--not-the-boundary\r\n"
+    )
     return b"".join(b"--" + boundary + b"\r\n" + p + b"\r\n" for p in parts) + b"--" + boundary + b"--\r\n"
 
 
@@ -208,10 +230,14 @@ async def test_multipart_transcription_bypasses_are_refused(router):
         for fields, key in MULTIPART_BYPASSES:
             status, body = await post(s, url + path, form(*fields), ctype)
             assert_refused(path, status, body, key)
-        for fields in ([(b'name="prompt"; name*=utf-8\'\'model', SECRET.encode()), (b'name="model"', ALLOWED.encode())],
-                       [(b'name="model"\r\nContent-Transfer-Encoding: quoted-printable', ALLOWED.encode())],
-                       [(b'name="x"\r\nX-Other: 1\nContent-Disposition: form-data; name="model"', SECRET.encode()),
-                        (b'name="model"', ALLOWED.encode())]):
+        for fields in (
+            [(b"name=\"prompt\"; name*=utf-8''model", SECRET.encode()), (b'name="model"', ALLOWED.encode())],
+            [(b'name="model"\r\nContent-Transfer-Encoding: quoted-printable', ALLOWED.encode())],
+            [
+                (b'name="x"\r\nX-Other: 1\nContent-Disposition: form-data; name="model"', SECRET.encode()),
+                (b'name="model"', ALLOWED.encode()),
+            ],
+        ):
             status, body = await post(s, url + path, form(*fields), ctype)
             assert status == 400 and body["error"]["type"] == "invalid_request_error", body
         # a boundary inside a part (Go's reader reads on; the router would stop)
@@ -227,17 +253,24 @@ async def test_multipart_transcription_bypasses_are_refused(router):
 
 async def test_legitimate_bodies_still_pass(router):
     url, seen = router
-    tool = {"type": "function", "function": {
-        "name": "run_model", "description": "Run a model",
-        "parameters": {"type": "object", "required": ["model"],
-                       "properties": {"model": {"type": "string"}, "Model": {"type": "string"},
-                                      "stream": {"type": "boolean"}}}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "run_model",
+            "description": "Run a model",
+            "parameters": {
+                "type": "object",
+                "required": ["model"],
+                "properties": {"model": {"type": "string"}, "Model": {"type": "string"}, "stream": {"type": "boolean"}},
+            },
+        },
+    }
     nested = {"metadata": {"model": SECRET, "Model": SECRET, "MODEL": 1}}  # nested keys are not the body's
-    prompt = "Почему небо голубое? 为什么天空是蓝色的？ \U0001F308 \"model\": \"x\" ſ K"
+    prompt = 'Почему небо голубое? 为什么天空是蓝色的？ \U0001f308 "model": "x" ſ K'
     async with aiohttp.ClientSession() as s:
         n = 0
         for path in JSON_ROUTES:
-            for stream in ((True, False) if path in STREAMS else (None,)):
+            for stream in (True, False) if path in STREAMS else (None,):
                 base = BASE[path] if stream is None else {**BASE[path], "stream": stream}
                 extra: dict[str, Any] = {}
                 if path in ("/api/chat", "/v1/chat/completions", "/v1/messages"):
@@ -251,8 +284,10 @@ async def test_legitimate_bodies_still_pass(router):
                     n += 1
         assert len(seen) == n
         # compact and spaced JSON, keys in any order
-        for raw in (b'{"messages":[{"role":"user","content":"hi"}],"model":"llama3","stream":false}',
-                    b' {\n  "model" : "llama3" ,\n  "stream" : false ,\n  "messages" : [ ]\n} \n'):
+        for raw in (
+            b'{"messages":[{"role":"user","content":"hi"}],"model":"llama3","stream":false}',
+            b' {\n  "model" : "llama3" ,\n  "stream" : false ,\n  "messages" : [ ]\n} \n',
+        ):
             status, body = await post(s, url + "/api/chat", raw)
             assert status == 200, body
         # the official clients (the transcription's multipart body as httpx writes it)
@@ -262,8 +297,9 @@ async def test_legitimate_bodies_still_pass(router):
             assert (await ol.chat(model=ALLOWED, messages=MSGS, stream=False)).message.content
             assert (await ol.show(ALLOWED)).modelfile is not None
             assert (await oa.chat.completions.create(model=ALLOWED, messages=MSGS)).choices[0].message.content
-            text = await oa.audio.transcriptions.create(model=ALLOWED, file=("talk.wav", b"RIFF\x00\x01", "audio/wav"),
-                                                        language="en", prompt="a talk")
+            text = await oa.audio.transcriptions.create(
+                model=ALLOWED, file=("talk.wav", b"RIFF\x00\x01", "audio/wav"), language="en", prompt="a talk"
+            )
             assert text.text.startswith("mock transcription")
         finally:
             await ol.close()
@@ -275,9 +311,25 @@ async def test_legitimate_bodies_still_pass(router):
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-    max_leaves=12)
-KEYS = st.sampled_from(["model", "Model", "MODEL", "stream", "\u017ftream", "keep_alive", "\u212aeep_alive",
-                        "messages", "name", "x", "X", "é", "É"]) | st.text(max_size=6)
+    max_leaves=12,
+)
+KEYS = st.sampled_from(
+    [
+        "model",
+        "Model",
+        "MODEL",
+        "stream",
+        "\u017ftream",
+        "keep_alive",
+        "\u212aeep_alive",
+        "messages",
+        "name",
+        "x",
+        "X",
+        "é",
+        "É",
+    ]
+) | st.text(max_size=6)
 
 
 def escaped(key: str, draw: Any) -> str:
@@ -332,10 +384,14 @@ def test_objects_parse_as_json_loads_or_are_refused_naming_the_key(case):
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.one_of(st.binary(max_size=40),
-                 st.text(alphabet=string.printable, max_size=40).map(str.encode),
-                 JSON_VALUES.map(lambda v: json.dumps(v).encode()),
-                 JSON_VALUES.map(lambda v: json.dumps(v).encode()).map(lambda b: b[:len(b) // 2])))
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.text(alphabet=string.printable, max_size=40).map(str.encode),
+        JSON_VALUES.map(lambda v: json.dumps(v).encode()),
+        JSON_VALUES.map(lambda v: json.dumps(v).encode()).map(lambda b: b[: len(b) // 2]),
+    )
+)
 def test_anything_else_parses_or_fails_exactly_as_json_loads(raw):
     try:
         want: Any = json.loads(raw)
@@ -344,8 +400,9 @@ def test_anything_else_parses_or_fails_exactly_as_json_loads(raw):
             body_keys.loads(raw)
         assert str(got.value) == str(e)
         return
-    if isinstance(want, dict) and (len({k.casefold() for k in want}) != len(want)
-                                   or not body_keys.FIELDS.issuperset(want)):
+    if isinstance(want, dict) and (
+        len({k.casefold() for k in want}) != len(want) or not body_keys.FIELDS.issuperset(want)
+    ):
         try:
             assert body_keys.loads(raw) == want
         except ApiError:
@@ -386,14 +443,23 @@ async def test_multipart_bodies_of_the_usual_clients_are_read():
 
     sink = Sink()
     await writer.write(sink)
-    bodies = [sink.data,
-              httpx.Request("POST", "http://x", data={"model": ALLOWED, "language": "en"},
-                            files={"file": ("r\u00e9sum\u00e9.wav", b"RIFF", "audio/wav")}).read(),
-              urllib3.encode_multipart_formdata({"model": ALLOWED, "file": ("a.wav", b"RIFF", "audio/wav")},
-                                                boundary="urllib3boundary")[0],
-              form_raw := form_bytes([(b'name="model"', ALLOWED.encode())],
-                                     file_head=b'Content-Disposition: form-data; name="file"; filename="a.wav"\r\n'
-                                               b"Content-Type: audio/wav\r\nContent-Transfer-Encoding: binary")]
+    bodies = [
+        sink.data,
+        httpx.Request(
+            "POST",
+            "http://x",
+            data={"model": ALLOWED, "language": "en"},
+            files={"file": ("r\u00e9sum\u00e9.wav", b"RIFF", "audio/wav")},
+        ).read(),
+        urllib3.encode_multipart_formdata(
+            {"model": ALLOWED, "file": ("a.wav", b"RIFF", "audio/wav")}, boundary="urllib3boundary"
+        )[0],
+        form_raw := form_bytes(
+            [(b'name="model"', ALLOWED.encode())],
+            file_head=b'Content-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            b"Content-Type: audio/wav\r\nContent-Transfer-Encoding: binary",
+        ),
+    ]
     for raw in bodies:
         assert newer.transcription(raw)[1:] == (ALLOWED, False), raw[:300]
     with pytest.raises(ApiError):

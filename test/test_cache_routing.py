@@ -33,8 +33,9 @@ def eps(n: int, slots: int = 2) -> list[Endpoint]:
 
 def chat_ctx(system: str, question: str) -> RouteContext:
     body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
-    return RouteContext(model="llama3:latest", api="ollama", kind="chat",
-                        prompt=request_prompt("chat", "llama3:latest", body))
+    return RouteContext(
+        model="llama3:latest", api="ollama", kind="chat", prompt=request_prompt("chat", "llama3:latest", body)
+    )
 
 
 def test_keys_name_whole_prefixes():
@@ -86,8 +87,9 @@ def test_cost_policy_follows_the_cache_until_waiting_costs_more_than_prefill():
     assert target in (a, c) and wait == 0.0
     # unique prompts: nothing to gain, the store's least-busy choice decides
     assert pol.pick(chat_ctx("x" * 5000, "u"), [a, b, c], lambda e: load[e.name]) is None
-    assert pol.choose(RouteContext("llama3:latest", "ollama", "chat"), [a, c],
-                      lambda e: {"e0": 1, "e2": 0}[e.name]) is c
+    assert (
+        pol.choose(RouteContext("llama3:latest", "ollama", "chat"), [a, c], lambda e: {"e0": 1, "e2": 0}[e.name]) is c
+    )
 
 
 def test_cost_policy_learns_the_prefill_rate_from_observed_first_bytes():
@@ -121,13 +123,16 @@ def test_sglang_reference_thresholds():
 
 
 def test_config_routing_and_endpoint_cache_keys():
-    cfg = parse_config({"endpoints": [{"url": "http://127.0.0.1:1", "kv_cache_tokens": 65536,
-                                       "kv_events": "tcp://127.0.0.1:5557"}]})
+    cfg = parse_config(
+        {"endpoints": [{"url": "http://127.0.0.1:1", "kv_cache_tokens": 65536, "kv_events": "tcp://127.0.0.1:5557"}]}
+    )
     assert cfg.routing == "cache_aware" and cfg.endpoints[0].kv_cache_tokens == 65536
     assert isinstance(make_policy(cfg.routing, {"x": 1}), CacheAware)
-    for bad, key in (({"routing": "fastest"}, "routing"),
-                     ({"endpoints": [{"url": "http://127.0.0.1:1", "kv_cache_tokens": -1}]}, "kv_cache_tokens"),
-                     ({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events": "5557"}]}, "kv_events")):
+    for bad, key in (
+        ({"routing": "fastest"}, "routing"),
+        ({"endpoints": [{"url": "http://127.0.0.1:1", "kv_cache_tokens": -1}]}, "kv_cache_tokens"),
+        ({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events": "5557"}]}, "kv_events"),
+    ):
         with pytest.raises(ConfigError, match=key):
             parse_config({"endpoints": ["http://127.0.0.1:1"], **bad})
 
@@ -138,8 +143,11 @@ async def test_shared_prefix_goes_where_it_is_cached_through_the_router():
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             seen = []
             for i in range(9):
-                body = {"model": "llama3", "stream": False, "messages": [
-                    {"role": "system", "content": SYSTEM}, {"role": "user", "content": f"user {i} asks"}]}
+                body = {
+                    "model": "llama3",
+                    "stream": False,
+                    "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"user {i} asks"}],
+                }
                 async with s.post(r.url + "/api/chat", json=body) as resp:
                     assert resp.status == 200
                     await resp.read()
@@ -161,6 +169,7 @@ async def test_workers_share_the_index_through_the_shared_store(tmp_path):
     a = SharedStore(base, endpoints_, 100, 600, 1000, picker(pol_a))
     b = SharedStore(base, endpoints_, 100, 600, 1000, picker(pol_b))
     from nomyo_router.app import share_index
+
     share_index(pol_a, a)
     share_index(pol_b, b)
     await a.start()
@@ -194,6 +203,7 @@ def test_memory_store_publish_is_a_no_op():
 def test_loadtest_prefix_groups_share_system_prompts_and_skew():
     from loadtest.prefix import Prefixes
     from loadtest.workload import Conversation, WorkloadSpec
+
     spec = WorkloadSpec(prefixes=Prefixes(4, 500, skew=2.0, seed=1))
     assert spec.conversational
     systems = [Conversation(spec, 0, i).messages[0]["content"] for i in range(200)]
@@ -206,6 +216,7 @@ async def test_precise_mode_follows_the_backends_kv_events():
     """The mock publishes vLLM-format KV events over ZMQ; the router's index for that
     endpoint shrinks to what the backend still holds when it evicts, and empties on a clear."""
     from mock import free_port
+
     addr = f"tcp://127.0.0.1:{free_port()}"
     async with run_mock(**FAST, kv_cache_tokens=4096, kv_events=addr) as m:
         eps_ = endpoints(m, slots=4, kv_cache_tokens=1_000_000, kv_events=addr)
@@ -245,13 +256,18 @@ async def test_instances_share_the_index_through_redis(redis_url):
     async with run_mock(**FAST) as a, run_mock(**FAST) as b, run_mock(**FAST) as c:
         cfg = {"endpoints": endpoints(a, b, c, slots=4), "state": redis_url}
         async with run_router(cfg) as r1, run_router(cfg) as r2, aiohttp.ClientSession() as s:
+
             async def ask(r, i):
-                body = {"model": "llama3", "stream": False, "messages": [
-                    {"role": "system", "content": SYSTEM}, {"role": "user", "content": f"q{i}"}]}
+                body = {
+                    "model": "llama3",
+                    "stream": False,
+                    "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"q{i}"}],
+                }
                 async with s.post(r.url + "/api/chat", json=body) as resp:
                     assert resp.status == 200
                     await resp.read()
                     return resp.headers["X-Router-Endpoint"], resp.headers["X-Router-Cache"]
+
             home, _ = await ask(r1, 0)
             index2 = r2.router.scheduler.policy.index
             for _ in range(100):
@@ -294,8 +310,9 @@ def test_index_counts_shared_blocks_apart_from_tails():
 
 def test_full_homes_are_waited_for_together_until_the_waits_pay_for_a_replica():
     a, b, c = eps(3, slots=2)
-    pol = CacheAware(PrefixIndex({e.name: 200 * BLOCK_TOKENS for e in (a, b, c)}), random.Random(1),
-                     prior_s_per_token=1e-4)  # SYSTEM: ~2.4k tokens, 0.24 s to prefill
+    pol = CacheAware(
+        PrefixIndex({e.name: 200 * BLOCK_TOKENS for e in (a, b, c)}), random.Random(1), prior_s_per_token=1e-4
+    )  # SYSTEM: ~2.4k tokens, 0.24 s to prefill
     for home in (a, b):
         pol.routed(chat_ctx(SYSTEM, f"warm {home.name}"), home)
     for e in (a, b, c):
@@ -318,11 +335,12 @@ def test_full_homes_are_waited_for_together_until_the_waits_pay_for_a_replica():
 def test_no_replica_where_it_would_evict_a_prefix_in_use():
     a, c = eps(2, slots=1)
     other = "Another application's long instructions. " * 250
-    pol = CacheAware(PrefixIndex({"e0": 200 * BLOCK_TOKENS, "e1": 12 * BLOCK_TOKENS}),
-                     random.Random(1), prior_s_per_token=1e-4)
+    pol = CacheAware(
+        PrefixIndex({"e0": 200 * BLOCK_TOKENS, "e1": 12 * BLOCK_TOKENS}), random.Random(1), prior_s_per_token=1e-4
+    )
     pol.routed(chat_ctx(SYSTEM, "warm"), a)
-    pol.routed(chat_ctx(other[:2 * BLOCK_CHARS], "x"), c)
-    pol.routed(chat_ctx(other[:2 * BLOCK_CHARS], "y"), c)  # c's cache: a small prefix in use
+    pol.routed(chat_ctx(other[: 2 * BLOCK_CHARS], "x"), c)
+    pol.routed(chat_ctx(other[: 2 * BLOCK_CHARS], "y"), c)  # c's cache: a small prefix in use
     for e in (a, c):
         pol.observe(chat_ctx("short", "q"), e, None, 0.2)  # waiting (0.2 s) beats prefill (0.24 s)
     load = {"e0": 1, "e1": 0}

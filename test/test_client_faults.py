@@ -52,18 +52,27 @@ async def open_raw(url: str, request: bytes, rcvbuf: int = 0) -> socket.socket:
 
 def post(path: str, obj: dict) -> bytes:
     data = json.dumps(obj).encode()
-    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-            % (path.encode(), len(data))) + data
+    return (
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % (path.encode(), len(data))
+    ) + data
 
 
 @pytest.mark.parametrize("native_relay", RELAYS)
 @pytest.mark.parametrize("resume", [True, False])
 async def test_a_client_that_stops_reading_is_cut_and_no_backend_is_blamed(native_relay, resume):
     idle = 0.5
-    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=400_000) as a, run_mock(ttft_ms=0.0, tok_ms=0.0,
-                                                                                 tokens=400_000) as b:
-        cfg = {"endpoints": endpoints(a, b), "eject_after": 1, "stream_idle_timeout": idle,
-               "native_relay": native_relay, "resume_streams": resume}
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=400_000) as a,
+        run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=400_000) as b,
+    ):
+        cfg = {
+            "endpoints": endpoints(a, b),
+            "eject_after": 1,
+            "stream_idle_timeout": idle,
+            "native_relay": native_relay,
+            "resume_streams": resume,
+        }
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             sock = await open_raw(r.url, post("/api/chat", CHAT), rcvbuf=4096)  # and never reads
             try:
@@ -98,8 +107,11 @@ async def test_a_client_that_stops_reading_is_cut_and_no_backend_is_blamed(nativ
 
 
 async def test_a_client_that_sends_a_large_body_and_leaves_frees_its_slot_and_cancels_the_backend():
-    async with run_mock(ttft_ms=5000.0, tok_ms=0.0, tokens=8) as m, \
-            run_router({"endpoints": endpoints(m), "access_log": True}) as r, aiohttp.ClientSession() as s:
+    async with (
+        run_mock(ttft_ms=5000.0, tok_ms=0.0, tokens=8) as m,
+        run_router({"endpoints": endpoints(m), "access_log": True}) as r,
+        aiohttp.ClientSession() as s,
+    ):
         done = []
         r.router.events.on_request_done(done.append)
         big = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "x" * 300_000}]}
@@ -128,10 +140,16 @@ async def test_a_client_that_sends_a_large_body_and_leaves_frees_its_slot_and_ca
 @pytest.mark.parametrize("fault", ["drop_rate", "error_rate"])  # a cut, the backend's error record
 async def test_a_resumed_stream_frees_the_dead_endpoints_slot_at_the_switch(native_relay, fault):
     tokens = 60
-    async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=tokens, **{fault: 1.0}) as dead, \
-            run_mock(ttft_ms=0.0, tok_ms=40.0, tokens=tokens) as slow:
-        cfg = {"endpoints": endpoints(dead, slow, slots=4), "routing": "least_busy", "eject_after": 1000,
-               "native_relay": native_relay}
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=tokens, **{fault: 1.0}) as dead,
+        run_mock(ttft_ms=0.0, tok_ms=40.0, tokens=tokens) as slow,
+    ):
+        cfg = {
+            "endpoints": endpoints(dead, slow, slots=4),
+            "routing": "least_busy",
+            "eject_after": 1000,
+            "native_relay": native_relay,
+        }
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             for n in range(30):  # (least_busy breaks ties at random: until a stream starts on m0)
                 body = {**CHAT, "messages": [{"role": "user", "content": f"hi {n}"}]}
@@ -160,6 +178,7 @@ def test_the_compiled_pump_tells_a_client_stall_from_a_silent_backend():
     if not native.AVAILABLE:
         pytest.skip("the C extension was not built (no compiler)")
     from nomyo_router.upstream import _pump
+
     pump = _pump.Pump()
     up_r, up_w = socket.socketpair()
     cl_r, cl_w = socket.socketpair()

@@ -53,8 +53,10 @@ async def test_a_slow_request_head_is_timed_out(mock):
 async def test_an_idle_body_is_cut_and_frees_nothing_it_did_not_take(mock):
     async with run_router({"endpoints": endpoints(mock), "body_idle_timeout": 0.5}) as r:
         reader, writer = await _open(r.url)
-        writer.write(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"model\":")
+        writer.write(
+            b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"model":'
+        )
         await writer.drain()
         await asyncio.wait_for(reader.read(), 5)  # closed by the router
         async with aiohttp.ClientSession() as s:  # and it still serves everyone else

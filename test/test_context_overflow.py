@@ -22,8 +22,10 @@ LIMIT = 1200  # characters of messages the backend's context holds (4 per token)
 def history(turns: int = 10) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
     for i in range(turns):
-        msgs += [{"role": "user", "content": f"question {i} " + "x" * 150},
-                 {"role": "assistant", "content": f"answer {i} " + "y" * 150}]
+        msgs += [
+            {"role": "user", "content": f"question {i} " + "x" * 150},
+            {"role": "assistant", "content": f"answer {i} " + "y" * 150},
+        ]
     return msgs + [{"role": "user", "content": "and the last question?"}]
 
 
@@ -37,21 +39,44 @@ class Refusing:
     def refusal(self, used: int) -> dict[str, Any]:
         lt, ut = self.limit // 4, used // 4
         return {
-            "openai": {"error": {"message": f"This model's maximum context length is {lt} tokens. However, your "
-                                            f"messages resulted in {ut} tokens. Please reduce the length of the "
-                                            "messages.", "type": "invalid_request_error", "param": "messages",
-                                 "code": "context_length_exceeded"}},
-            "vllm-old": {"object": "error", "message": f"This model's maximum context length is {lt} tokens. However, "
-                                                       f"you requested {ut} tokens ({ut} in the messages, 0 in the "
-                                                       "completion). Please reduce the length of the messages or "
-                                                       "completion.", "type": "BadRequestError", "param": None,
-                         "code": 400},
-            "llamacpp": {"error": {"code": 400, "message": "the request exceeds the available context size, try "
-                                                           "increasing it", "type": "exceed_context_size_error",
-                                   "n_prompt_tokens": ut, "n_ctx": lt}},
+            "openai": {
+                "error": {
+                    "message": f"This model's maximum context length is {lt} tokens. However, your "
+                    f"messages resulted in {ut} tokens. Please reduce the length of the "
+                    "messages.",
+                    "type": "invalid_request_error",
+                    "param": "messages",
+                    "code": "context_length_exceeded",
+                }
+            },
+            "vllm-old": {
+                "object": "error",
+                "message": f"This model's maximum context length is {lt} tokens. However, "
+                f"you requested {ut} tokens ({ut} in the messages, 0 in the "
+                "completion). Please reduce the length of the messages or "
+                "completion.",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            },
+            "llamacpp": {
+                "error": {
+                    "code": 400,
+                    "message": "the request exceeds the available context size, try increasing it",
+                    "type": "exceed_context_size_error",
+                    "n_prompt_tokens": ut,
+                    "n_ctx": lt,
+                }
+            },
             "ollama": {"error": "the input length exceeds the context length"},
-            "other": {"error": {"message": "temperature must be between 0 and 2", "type": "invalid_request_error",
-                                "param": "temperature", "code": None}},
+            "other": {
+                "error": {
+                    "message": "temperature must be between 0 and 2",
+                    "type": "invalid_request_error",
+                    "param": "temperature",
+                    "code": None,
+                }
+            },
         }[self.style]
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -65,23 +90,58 @@ class Refusing:
         ollama = request.path == "/api/chat"
         if not body.get("stream", ollama):
             if ollama:
-                return web.json_response({"model": body["model"], "created_at": "2025-01-01T00:00:00Z",
-                                          "message": {"role": "assistant", "content": text}, "done": True,
-                                          "done_reason": "stop", "prompt_eval_count": used // 4, "eval_count": 5})
-            return web.json_response({"id": "c1", "object": "chat.completion", "created": 1, "model": body["model"],
-                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                                   "finish_reason": "stop"}],
-                                      "usage": {"prompt_tokens": used // 4, "completion_tokens": 5, "total_tokens": 9}})
+                return web.json_response(
+                    {
+                        "model": body["model"],
+                        "created_at": "2025-01-01T00:00:00Z",
+                        "message": {"role": "assistant", "content": text},
+                        "done": True,
+                        "done_reason": "stop",
+                        "prompt_eval_count": used // 4,
+                        "eval_count": 5,
+                    }
+                )
+            return web.json_response(
+                {
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": body["model"],
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    ],
+                    "usage": {"prompt_tokens": used // 4, "completion_tokens": 5, "total_tokens": 9},
+                }
+            )
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson" if ollama else "text/event-stream"})
         await resp.prepare(request)
         if ollama:
-            await resp.write(json.dumps({"model": body["model"], "message": {"role": "assistant", "content": text},
-                                         "done": False}).encode() + b"\n")
-            await resp.write(json.dumps({"model": body["model"], "message": {"role": "assistant", "content": ""},
-                                         "done": True, "done_reason": "stop", "eval_count": 5}).encode() + b"\n")
+            await resp.write(
+                json.dumps(
+                    {"model": body["model"], "message": {"role": "assistant", "content": text}, "done": False}
+                ).encode()
+                + b"\n"
+            )
+            await resp.write(
+                json.dumps(
+                    {
+                        "model": body["model"],
+                        "message": {"role": "assistant", "content": ""},
+                        "done": True,
+                        "done_reason": "stop",
+                        "eval_count": 5,
+                    }
+                ).encode()
+                + b"\n"
+            )
         else:
-            chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": body["model"],
-                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop"}]}
+            chunk = {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": body["model"],
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop"}],
+            }
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
         return resp
 
@@ -129,13 +189,14 @@ async def test_the_oldest_turns_go_until_the_backend_accepts(style, stream):
         async with run_router(config(url, "openai", context_overflow="trim")) as r:
             async with httpx.AsyncClient(timeout=10) as c:
                 msgs = history()
-                resp = await c.post(r.url + "/v1/chat/completions",
-                                    json={"model": "llama3", "messages": msgs, "stream": stream})
+                resp = await c.post(
+                    r.url + "/v1/chat/completions", json={"model": "llama3", "messages": msgs, "stream": stream}
+                )
     assert resp.status_code == 200, resp.text
     kept = b.seen[-1]
     assert kept[0] == msgs[0] and kept[-1] == msgs[-1]  # the system message and the last user turn
     assert kept[1]["role"] == "user"  # whole turns went: an answer never loses its question
-    assert kept == [msgs[0], *msgs[len(msgs) - len(kept) + 1:]]  # the newest turns stayed, in order
+    assert kept == [msgs[0], *msgs[len(msgs) - len(kept) + 1 :]]  # the newest turns stayed, in order
     assert int(resp.headers["X-Router-Trimmed"]) == len(msgs) - len(kept)
     assert len(b.seen) == 2  # the error said how much was too much: one retry dropped enough
     assert sum(len(m["content"]) for m in kept) > LIMIT / 2  # ... and not much more than that
@@ -145,8 +206,9 @@ async def test_ollama_without_numbers_halves_the_history_each_time():
     async with refusing("ollama", limit=700) as (b, url):
         async with run_router(config(url, "ollama", context_overflow="trim")) as r:
             async with httpx.AsyncClient(timeout=10) as c:
-                async with c.stream("POST", r.url + "/api/chat",
-                                    json={"model": "llama3", "messages": history(16)}) as resp:
+                async with c.stream(
+                    "POST", r.url + "/api/chat", json={"model": "llama3", "messages": history(16)}
+                ) as resp:
                     lines = [json.loads(x) async for x in resp.aiter_lines() if x.strip()]
     assert resp.status_code == 200 and lines[-1]["done"] is True
     assert [len(s) for s in b.seen] == [34, 18, 10, 6]  # 16 turns, then 8, 4, 2 (+ system + last)
@@ -186,11 +248,16 @@ async def test_when_nothing_more_can_go_the_refusal_stands():
 async def test_tool_results_go_with_the_turn_that_called_them():
     msgs = [{"role": "system", "content": "s"}]
     for i in range(6):
-        msgs += [{"role": "user", "content": f"q{i} " + "x" * 150},
-                 {"role": "assistant", "content": None, "tool_calls": [
-                     {"id": f"call{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-                 {"role": "tool", "tool_call_id": f"call{i}", "content": "r" * 150},
-                 {"role": "assistant", "content": "a" * 100}]
+        msgs += [
+            {"role": "user", "content": f"q{i} " + "x" * 150},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": f"call{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": f"call{i}", "content": "r" * 150},
+            {"role": "assistant", "content": "a" * 100},
+        ]
     msgs.append({"role": "user", "content": "last"})
     async with refusing("ollama", limit=900) as (b, url):
         async with run_router(config(url, "openai", context_overflow="trim")) as r:
@@ -201,31 +268,60 @@ async def test_tool_results_go_with_the_turn_that_called_them():
         assert sent[1]["role"] == "user" and (len(sent) - 2) % 4 == 0
 
 
-@pytest.mark.parametrize("body, limit, used", [
-    (b'{"error":{"message":"This model\'s maximum context length is 4096 tokens. However, you requested 5000 tokens '
-     b'(4000 in the messages, 1000 in the completion).","code":"context_length_exceeded"}}', 4096, 5000),
-    (b'{"object":"error","message":"This model\'s maximum context length is 2048 tokens. However, you requested 3000 '
-     b'tokens (3000 in the messages, 0 in the completion)."}', 2048, 3000),
-    (b'{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it",'
-     b'"type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":8192}}', 8192, 9000),
-    (b'{"error":{"code":400,"message":"request (9000 tokens) exceeds the available context size (8192 tokens), try '
-     b'increasing it","type":"exceed_context_size_error"}}', 8192, 9000),
-    (b'{"error":"the input length exceeds the context length"}', None, None),
-    (b'{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 215000 tokens > 200000 '
-     b'maximum"}}', None, None),
-])
+@pytest.mark.parametrize(
+    "body, limit, used",
+    [
+        (
+            b'{"error":{"message":"This model\'s maximum context length is 4096 tokens. However, you requested 5000 tokens '  # noqa: E501 (a backend's words, verbatim)
+            b'(4000 in the messages, 1000 in the completion).","code":"context_length_exceeded"}}',
+            4096,
+            5000,
+        ),
+        (
+            b'{"object":"error","message":"This model\'s maximum context length is 2048 tokens. However, you requested 3000 '  # noqa: E501 (a backend's words, verbatim)
+            b'tokens (3000 in the messages, 0 in the completion)."}',
+            2048,
+            3000,
+        ),
+        (
+            b'{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it",'
+            b'"type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":8192}}',
+            8192,
+            9000,
+        ),
+        (
+            b'{"error":{"code":400,"message":"request (9000 tokens) exceeds the available context size (8192 tokens), try '  # noqa: E501 (a backend's words, verbatim)
+            b'increasing it","type":"exceed_context_size_error"}}',
+            8192,
+            9000,
+        ),
+        (b'{"error":"the input length exceeds the context length"}', None, None),
+        (
+            b'{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 215000 tokens > 200000 '  # noqa: E501 (a backend's words, verbatim)
+            b'maximum"}}',
+            None,
+            None,
+        ),
+    ],
+)
 def test_every_server_s_overflow_is_recognised_and_its_numbers_read(body, limit, used):
     from nomyo_router.forward import overflow
+
     assert overflow.is_overflow(body)
     got_limit, got_used = overflow._LIMIT.search(body), overflow._USED.search(body)
     assert (int(got_limit.group(1)) if got_limit else None) == limit
     assert (int(got_used.group(1)) if got_used else None) == used
 
 
-@pytest.mark.parametrize("body", [
-    b'{"error":{"message":"temperature must be between 0 and 2","type":"invalid_request_error"}}',
-    b'{"error":"model \'x\' not found"}', b'{"error":{"message":"max_tokens must be at least 1"}}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"error":{"message":"temperature must be between 0 and 2","type":"invalid_request_error"}}',
+        b'{"error":"model \'x\' not found"}',
+        b'{"error":{"message":"max_tokens must be at least 1"}}',
+    ],
+)
 def test_other_refusals_are_not_overflows(body):
     from nomyo_router.forward import overflow
+
     assert not overflow.is_overflow(body)

@@ -24,12 +24,15 @@ def chat(tokens: int, **extra: Any) -> dict[str, Any]:
 
 
 def two(small: Any, big: Any, **extra: Any) -> list[dict[str, Any]]:
-    return [{"url": small.url, "name": "small", "max_concurrent": 4, **extra},
-            {"url": big.url, "name": "big", "max_concurrent": 4}]
+    return [
+        {"url": small.url, "name": "small", "max_concurrent": 4, **extra},
+        {"url": big.url, "name": "big", "max_concurrent": 4},
+    ]
 
 
-async def served_by(s: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any],
-                    headers: dict[str, str] | None = None) -> tuple[int, str | None, Any]:
+async def served_by(
+    s: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, str | None, Any]:
     async with s.post(url + path, json=body, headers=headers or {}) as resp:
         return resp.status, resp.headers.get("X-Router-Endpoint"), await resp.json()
 
@@ -38,8 +41,13 @@ def test_the_estimate():
     assert prompt_tokens({"model": "a-long-model-name", "messages": [{"role": "user", "content": "x" * 400}]}) == 101
     image = {"role": "user", "content": "look", "images": ["A" * 100_000]}
     assert prompt_tokens({"messages": [image]}) == 2  # "user" + "look": images are not text
-    parts = {"role": "user", "content": [{"type": "text", "text": "y" * 40},
-                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+    parts = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "y" * 40},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ],
+    }
     assert prompt_tokens({"messages": [parts]}) == 15  # role and part types count too: it errs long
     assert output_tokens("openai", {"max_tokens": 300}) == 300
     assert output_tokens("openai", {"max_completion_tokens": 50, "max_tokens": 300}) == 50
@@ -53,15 +61,23 @@ def test_the_estimate():
 
 async def test_a_long_request_goes_where_it_fits_before_affinity_and_load():
     async with run_mock(**FAST, context_length=1000) as small, run_mock(**FAST, context_length=8000) as big:
-        async with run_router({"endpoints": two(small, big), "routing": "least_busy"}) as r, \
-                aiohttp.ClientSession() as s:
+        async with (
+            run_router({"endpoints": two(small, big), "routing": "least_busy"}) as r,
+            aiohttp.ClientSession() as s,
+        ):
             await r.router.windows.learn()
             ws = r.router.windows
             ep_a, ep_b = r.router.endpoints[0], r.router.endpoints[1]
             assert (ws.window(ep_a, "llama3:latest"), ws.window(ep_b, "llama3:latest")) == (1000, 8000)
             # short ones go to both (load); a pinned conversation stays on the small one
-            seen = {(await served_by(s, r.url, "/api/chat", chat(50, messages=[
-                {"role": "user", "content": f"short {i}"}])))[1] for i in range(8)}
+            seen = {
+                (
+                    await served_by(
+                        s, r.url, "/api/chat", chat(50, messages=[{"role": "user", "content": f"short {i}"}])
+                    )
+                )[1]
+                for i in range(8)
+            }
             assert seen == {"small", "big"}
             sid = {"X-Session-ID": "conv-7"}
             first = None
@@ -117,8 +133,14 @@ async def test_off_routes_as_before():
         cfg = {"endpoints": two(small, big), "context_routing": "off", "routing": "least_busy"}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             assert r.router.windows is None
-            seen = {(await served_by(s, r.url, "/api/chat", chat(2000, messages=[
-                {"role": "user", "content": f"{i} " + WORDS * 8}])))[1] for i in range(10)}
+            seen = {
+                (
+                    await served_by(
+                        s, r.url, "/api/chat", chat(2000, messages=[{"role": "user", "content": f"{i} " + WORDS * 8}])
+                    )
+                )[1]
+                for i in range(10)
+            }
             assert "small" in seen
 
 
@@ -134,13 +156,16 @@ async def test_the_real_ollamas_window_is_learned_and_enforced(ollama_url):
             await r.router.windows.learn()
             real = next(ep for ep in r.router.endpoints if ep.name == "real")
             assert r.router.windows.window(real, "tiny:latest") == 2048  # the Modelfile's num_ctx, from /api/show
-            long = {"model": "tiny", "stream": False, "options": {"num_predict": 4},
-                    "messages": [{"role": "user", "content": WORDS * 10}]}  # 2700 tokens
+            long = {
+                "model": "tiny",
+                "stream": False,
+                "options": {"num_predict": 4},
+                "messages": [{"role": "user", "content": WORDS * 10}],
+            }  # 2700 tokens
             for _ in range(3):
                 status, ep, _ = await served_by(s, r.url, "/api/chat", long)
                 assert (status, ep) == (200, "roomy")
-        async with run_router({"endpoints": eps[:1], "context_routing": "reject"}) as r, \
-                aiohttp.ClientSession() as s:
+        async with run_router({"endpoints": eps[:1], "context_routing": "reject"}) as r, aiohttp.ClientSession() as s:
             await r.router.windows.learn()
             status, _, body = await served_by(s, r.url, "/api/chat", long)
             assert status == 400 and "maximum context length is 2048 tokens" in body["error"]

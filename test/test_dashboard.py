@@ -27,17 +27,21 @@ def endpoint_names(b) -> list[str]:
 
 
 def chart_points(b) -> int:
-    return sum(len((p.get_attribute("points") or "").split())
-               for p in b.find_elements(By.CSS_SELECTOR, "#chart-rps polyline.series"))
+    return sum(
+        len((p.get_attribute("points") or "").split())
+        for p in b.find_elements(By.CSS_SELECTOR, "#chart-rps polyline.series")
+    )
 
 
 async def test_dashboard_shows_endpoints_live_numbers_and_a_chart(mock, mock2, browser, tmp_path):
     cfg = {"endpoints": endpoints(mock, mock2), "usage_db": str(tmp_path / "u.db")}
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+
         async def traffic(n: int) -> None:
             for _ in range(n):
                 async with s.post(r.url + "/api/chat", json=CHAT) as resp:
                     assert resp.status == 200
+
         await traffic(5)
         await asyncio.to_thread(browser.get, r.url + "/dashboard")
         assert await wait_for(browser, lambda b: sorted(endpoint_names(b)) == ["m0", "m1"])
@@ -54,8 +58,11 @@ async def test_dashboard_shows_endpoints_live_numbers_and_a_chart(mock, mock2, b
 
 
 async def test_dashboard_data_need_the_key(mock, browser):
-    cfg = {"endpoints": endpoints(mock), "client_keys": [{"name": "team", "key": "team-key-12345678"}],
-           "metrics_key": "ops-key-12345678"}
+    cfg = {
+        "endpoints": endpoints(mock),
+        "client_keys": [{"name": "team", "key": "team-key-12345678"}],
+        "metrics_key": "ops-key-12345678",
+    }
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
         async with s.get(r.url + "/dashboard/data") as resp:
             assert resp.status == 401
@@ -70,6 +77,7 @@ async def test_dashboard_data_need_the_key(mock, browser):
         def enter_key(b) -> None:
             b.find_element(By.ID, "key").send_keys("ops-key-12345678")
             b.find_element(By.CSS_SELECTOR, "#keyform button").click()
+
         await asyncio.to_thread(enter_key, browser)
         assert await wait_for(browser, lambda b: endpoint_names(b) == ["m0"])
         await asyncio.to_thread(browser.execute_script, "sessionStorage.clear()")

@@ -28,6 +28,7 @@ def test_history_keeps_an_hour_fine_then_coarse_and_bounded():
     def read() -> dict:
         n[0] += 1
         return {"requests": {"m": n[0]}}
+
     h = History(read, interval=5.0)
     start = 1_700_000_000.0
     for k in range(2 * 3600 // 5):  # two hours at 5 s
@@ -51,7 +52,8 @@ CHAT = {"stream": False, "messages": [{"role": "user", "content": "hi"}]}
 
 def drawn(b, chart: str, name: str) -> list[tuple[float, float]]:
     """The (unix time, value) points the page drew for one series, read back from the SVG."""
-    return b.execute_script("""
+    return b.execute_script(
+        """
         const svg = document.getElementById(arguments[0]);
         const line = [...svg.querySelectorAll('polyline.series')].find((p) => p.dataset.name === arguments[1]);
         if (!line) return [];
@@ -60,7 +62,10 @@ def drawn(b, chart: str, name: str) -> list[tuple[float, float]]:
         return line.getAttribute('points').trim().split(/\\s+/).filter(Boolean).map((p) => {
           const [x, y] = p.split(',').map(Number);
           return [t0 + (x - L) / (R - L) * (t1 - t0), (B - y) / (B - T) * vmax];
-        });""", chart, name)
+        });""",
+        chart,
+        name,
+    )
 
 
 async def test_a_dashboard_opened_after_a_minute_of_traffic_draws_that_minute(mock, mock2, browser):
@@ -69,8 +74,11 @@ async def test_a_dashboard_opened_after_a_minute_of_traffic_draws_that_minute(mo
     stand-in for waiting a minute). The page, opened afterwards with the admin key, draws
     each 5 s interval's rate per model at its time, the same colour for a model in every
     chart, the errors by endpoint, status and class, and the endpoints' latencies."""
-    cfg = {"endpoints": endpoints(mock, mock2), "admin_key": "admin-key-12345678",
-           "client_keys": [{"name": "team", "key": "team-key-12345678"}]}
+    cfg = {
+        "endpoints": endpoints(mock, mock2),
+        "admin_key": "admin-key-12345678",
+        "client_keys": [{"name": "team", "key": "team-key-12345678"}],
+    }
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
         await r.router.history.stop()  # this test stamps the samples itself
         history = r.router.history = dashboard.history_for(r.router.metrics)
@@ -80,6 +88,7 @@ async def test_a_dashboard_opened_after_a_minute_of_traffic_draws_that_minute(mo
             for _ in range(n):
                 async with s.post(r.url + "/api/chat", json={"model": model, **CHAT}, headers=team) as resp:
                     assert resp.status == 200
+
         start = time.time() - 60
         sent = {}
         history.sample(at=start)
@@ -99,6 +108,7 @@ async def test_a_dashboard_opened_after_a_minute_of_traffic_draws_that_minute(mo
         def enter_key(b) -> None:
             b.find_element(By.ID, "key").send_keys("admin-key-12345678")
             b.find_element(By.CSS_SELECTOR, "#keyform button").click()
+
         opened = time.monotonic()
         await asyncio.to_thread(enter_key, browser)
         points = await wait_for(browser, lambda b: len(p := drawn(b, "chart-rps", "llama3")) >= 12 and p, 10)
@@ -110,21 +120,41 @@ async def test_a_dashboard_opened_after_a_minute_of_traffic_draws_that_minute(mo
         assert [v for t, v in qwen if abs(t - (start + 25)) < 0.5] == [pytest.approx(0.2, abs=0.02)]
 
         def look(b) -> dict:
-            stroke = {c: b.execute_script(
-                "return [...document.querySelectorAll('#' + arguments[0] + ' polyline.series')]"
-                ".find((p) => p.dataset.name === 'llama3').getAttribute('stroke')", c)
-                for c in ("chart-rps", "chart-tps")}
-            rows = {(e.get_attribute("data-endpoint"), e.get_attribute("data-status"), e.get_attribute("data-class")):
-                    e.text for e in b.find_elements(By.CSS_SELECTOR, "#errors tr.error")}
-            eps = {e.get_attribute("data-name"): [e.find_element(By.CSS_SELECTOR, f"td.{c}").text
-                                                  for c in ("ttft", "tps", "queue")]
-                   for e in b.find_elements(By.CSS_SELECTOR, "tr.endpoint")}
-            return {"stroke": stroke, "own": b.execute_script("return colour('llama3')"), "errors": rows,
-                    "endpoints": eps, "span": b.find_element(By.CSS_SELECTOR, "h2 .span").text,
-                    "legend": b.execute_script(  # as painted: the swatch's colour and the line's
-                        "return [getComputedStyle(document.querySelector(\"#legend-rps span[data-name='llama3'] i\"))"
-                        ".backgroundColor, getComputedStyle([...document.querySelectorAll('#chart-rps polyline')]"
-                        ".find((p) => p.dataset.name === 'llama3')).stroke]")}
+            stroke = {
+                c: b.execute_script(
+                    "return [...document.querySelectorAll('#' + arguments[0] + ' polyline.series')]"
+                    ".find((p) => p.dataset.name === 'llama3').getAttribute('stroke')",
+                    c,
+                )
+                for c in ("chart-rps", "chart-tps")
+            }
+            rows = {
+                (
+                    e.get_attribute("data-endpoint"),
+                    e.get_attribute("data-status"),
+                    e.get_attribute("data-class"),
+                ): e.text
+                for e in b.find_elements(By.CSS_SELECTOR, "#errors tr.error")
+            }
+            eps = {
+                e.get_attribute("data-name"): [
+                    e.find_element(By.CSS_SELECTOR, f"td.{c}").text for c in ("ttft", "tps", "queue")
+                ]
+                for e in b.find_elements(By.CSS_SELECTOR, "tr.endpoint")
+            }
+            return {
+                "stroke": stroke,
+                "own": b.execute_script("return colour('llama3')"),
+                "errors": rows,
+                "endpoints": eps,
+                "span": b.find_element(By.CSS_SELECTOR, "h2 .span").text,
+                "legend": b.execute_script(  # as painted: the swatch's colour and the line's
+                    "return [getComputedStyle(document.querySelector(\"#legend-rps span[data-name='llama3'] i\"))"
+                    ".backgroundColor, getComputedStyle([...document.querySelectorAll('#chart-rps polyline')]"
+                    ".find((p) => p.dataset.name === 'llama3')).stroke]"
+                ),
+            }
+
         seen = await asyncio.to_thread(look, browser)
         assert seen["stroke"]["chart-rps"] == seen["stroke"]["chart-tps"] == seen["own"]  # by name only
         assert seen["legend"][0] == seen["legend"][1]
@@ -145,10 +175,12 @@ async def test_every_worker_samples_the_merged_counters_on_its_timer(monkeypatch
         cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 8}]}
         with router_workers(cfg, 2) as (url, _):
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+
                 async def post() -> str | None:
                     async with s.post(url + "/api/chat", json={"model": "llama3", **CHAT}) as resp:
                         assert resp.status == 200
                         return resp.headers.get("X-Router-Worker")
+
                 workers: set = set()
                 sent = 0
                 while len(workers) < 2 and sent < 600:  # batches until both workers served some
@@ -159,6 +191,7 @@ async def test_every_worker_samples_the_merged_counters_on_its_timer(monkeypatch
                 async def data() -> dict:
                     async with s.get(url + "/dashboard/data") as resp:
                         return await resp.json()
+
                 answers = {}
                 for _ in range(10):
                     for d in await asyncio.gather(*[data() for _ in range(6)]):

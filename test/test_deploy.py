@@ -50,12 +50,14 @@ def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
 
 
 def check_config(path: Path, env: dict[str, str] | None = None) -> None:
-    out = run([sys.executable, "-m", "nomyo_router", "--config", str(path), "--check"],
-              env={**os.environ, **(env or {})})
+    out = run(
+        [sys.executable, "-m", "nomyo_router", "--config", str(path), "--check"], env={**os.environ, **(env or {})}
+    )
     assert out.returncode == 0, f"{path}: {out.stderr}"
 
 
 # ---------------------------------------------------------------- Dockerfile
+
 
 def dockerfile() -> list[tuple[str, str]]:
     """(instruction, arguments) of the Dockerfile, continuation lines joined."""
@@ -88,7 +90,7 @@ def test_dockerfile_shape():
     steps = dockerfile()
     stages = [a for i, a in steps if i == "FROM"]
     assert re.fullmatch(r"python:3\.\d+-slim", stages[-1]), stages  # the final stage: slim Python
-    final = steps[max(n for n, (i, _) in enumerate(steps) if i == "FROM"):]
+    final = steps[max(n for n, (i, _) in enumerate(steps) if i == "FROM") :]
     users = [a for i, a in final if i == "USER"]
     assert users and users[-1] not in ("root", "0"), "the router must not run as root"
     assert container_command() == ["nomyo-router", "--config", CONTAINER_CONFIG, "--host", "0.0.0.0"]
@@ -144,8 +146,10 @@ def compose_cli() -> list[str] | None:
 def test_compose_config_by_docker_compose():
     cli = compose_cli()
     if cli is None:
-        pytest.skip("neither `docker compose` (the compose plugin) nor `docker-compose` is installed; "
-                    "test_compose_structure checks the file without them")
+        pytest.skip(
+            "neither `docker compose` (the compose plugin) nor `docker-compose` is installed; "
+            "test_compose_structure checks the file without them"
+        )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOMYO_", "OLLAMA_", "COMPOSE_"))}
     out = run([*cli, "-f", str(COMPOSE.relative_to(ROOT)), "config"], env=env)  # from the root, as documented
     assert out.returncode == 0, out.stderr
@@ -165,8 +169,8 @@ def test_compose_structure():
     router = services["router"]
     assert router["build"]["context"] == ".." and router["ports"] == ["12434:12434"]
     command = ["nomyo-router", *router["command"]]
-    assert command[:len(container_command())] == container_command()  # the image's own command
-    assert command[len(container_command()):] == ["--workers", "2"]
+    assert command[: len(container_command())] == container_command()  # the image's own command
+    assert command[len(container_command()) :] == ["--workers", "2"]
     assert {"redis", "ollama"} <= set(router["depends_on"])
     mount = next(v for v in router["volumes"] if v.endswith(f":{CONTAINER_CONFIG}:ro"))
     default_file = re.fullmatch(r"\$\{NOMYO_ROUTER_CONFIG_FILE:-(.+)\}", mount.split(":" + CONTAINER_CONFIG)[0])
@@ -184,10 +188,10 @@ def test_compose_structure():
 
 # ---------------------------------------------------------------- Kubernetes
 
+
 def validate_manifests(docs: list[dict[str, Any]]) -> list[str]:
     """Validate every manifest against the Kubernetes schemas; the kinds they hold."""
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is absent "
-                                                           "(pip install '.[deploy]')")
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is absent (pip install '.[deploy]')")
     kinds = []
     for doc in docs:
         if doc["kind"] == "ServiceMonitor":  # a CRD: no schema in kubernetes-validate
@@ -233,8 +237,9 @@ def check_pod(docs: list[dict[str, Any]], tmp_path: Path) -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == os.path.dirname(CONTAINER_CONFIG))
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-    configmap = next(d for d in docs if d["kind"] == "ConfigMap"
-                     and d["metadata"]["name"] == volume["configMap"]["name"])
+    configmap = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"]
+    )
     config = tmp_path / "config.yaml"
     config.write_text(configmap["data"][os.path.basename(CONTAINER_CONFIG)])
     secret = next((d for d in docs if d["kind"] == "Secret"), None)
@@ -255,9 +260,16 @@ def kustomize(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
         target = tmp_path / "overlay"
         target.mkdir()
         base = os.path.relpath(KUBERNETES, target)
-        (target / "kustomization.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-            "resources": [base], "components": [f"{base}/{c}" for c in components]}))
+        (target / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [base],
+                    "components": [f"{base}/{c}" for c in components],
+                }
+            )
+        )
     out = run([kubectl, "kustomize", str(target)])
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
@@ -270,6 +282,7 @@ def router_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def router_config(docs: list[dict[str, Any]], tmp_path: Path) -> Any:
     """The config the router's ConfigMap holds, parsed by the router (defaults filled in)."""
     from nomyo_router.config import parse_config
+
     pod = router_pod(docs)["spec"]["template"]["spec"]
     name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
     configmap = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
@@ -301,8 +314,15 @@ def test_kubernetes_base_builds_and_validates(tmp_path):
 
 def test_kubernetes_with_redis(tmp_path):
     docs = kustomize(tmp_path, "redis")
-    assert sorted(validate_manifests(docs)) == ["ConfigMap", "Deployment", "Deployment", "NetworkPolicy",
-                                                "PodDisruptionBudget", "Service", "Service"]
+    assert sorted(validate_manifests(docs)) == [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "Service",
+        "Service",
+    ]
     check_pod(docs, tmp_path)
     assert router_pod(docs)["spec"]["replicas"] == 2
     redis = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "nomyo-router-redis")
@@ -315,8 +335,10 @@ def test_kubernetes_with_redis(tmp_path):
     assert redis["spec"]["selector"].items() <= labels.items()
     policy = next(d for d in docs if d["kind"] == "NetworkPolicy")  # only the router pods reach Redis
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    assert policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"].items() <= \
-        router_pod(docs)["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"].items()
+        <= router_pod(docs)["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 def test_kubernetes_with_a_service_monitor_and_redis(tmp_path):
@@ -338,8 +360,9 @@ def render_chart(values: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]
         assert out.returncode == 0, out.stderr
         text = out.stdout
     else:
-        helm_python = pytest.importorskip("helm_python", reason="neither a helm binary nor helm-python-sdk "
-                                                                "(pip install '.[deploy]') is installed")
+        helm_python = pytest.importorskip(
+            "helm_python", reason="neither a helm binary nor helm-python-sdk (pip install '.[deploy]') is installed"
+        )
         assert helm_python.lint(str(chart), values=values)["errors"] == []
         with helm_python.Chart.load(str(chart)) as loaded:
             rendered = loaded.render(values, name="nomyo", namespace="llm")
@@ -357,8 +380,11 @@ def test_helm_chart_with_keys_workers_and_a_service_monitor(tmp_path):
     values = {
         "workers": 2,
         "secrets": {"NOMYO_ADMIN_KEY": "admin-key-0123456789", "NOMYO_METRICS_KEY": "metrics-key-0123456789"},
-        "config": {"endpoints": [{"url": "http://ollama:11434", "name": "ollama", "max_concurrent": 2}],
-                   "admin_key": "${NOMYO_ADMIN_KEY}", "metrics_key": "${NOMYO_METRICS_KEY}"},
+        "config": {
+            "endpoints": [{"url": "http://ollama:11434", "name": "ollama", "max_concurrent": 2}],
+            "admin_key": "${NOMYO_ADMIN_KEY}",
+            "metrics_key": "${NOMYO_METRICS_KEY}",
+        },
         "serviceMonitor": {"enabled": True},
         "persistence": {"existingClaim": "router-data"},
     }
@@ -367,8 +393,10 @@ def test_helm_chart_with_keys_workers_and_a_service_monitor(tmp_path):
     check_pod(docs, tmp_path)
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
     assert pod["containers"][0]["args"][-2:] == ["--workers", "2"]
-    assert pod["containers"][0]["envFrom"][0]["secretRef"]["name"] == \
-        next(d for d in docs if d["kind"] == "Secret")["metadata"]["name"]
+    assert (
+        pod["containers"][0]["envFrom"][0]["secretRef"]["name"]
+        == next(d for d in docs if d["kind"] == "Secret")["metadata"]["name"]
+    )
     assert {"name": "data", "persistentVolumeClaim": {"claimName": "router-data"}} in pod["volumes"]
 
 
@@ -388,10 +416,19 @@ def unit_settings() -> dict[str, list[str]]:
 
 def test_systemd_unit_is_hardened():
     s = unit_settings()
-    for key, value in {"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
-                       "ProtectHome": "yes", "PrivateTmp": "yes", "PrivateDevices": "yes",
-                       "RestrictNamespaces": "yes", "UMask": "0077", "CapabilityBoundingSet": "",
-                       "MemoryDenyWriteExecute": "yes", "WorkingDirectory": "/var/lib/nomyo-router"}.items():
+    for key, value in {
+        "DynamicUser": "yes",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "PrivateDevices": "yes",
+        "RestrictNamespaces": "yes",
+        "UMask": "0077",
+        "CapabilityBoundingSet": "",
+        "MemoryDenyWriteExecute": "yes",
+        "WorkingDirectory": "/var/lib/nomyo-router",
+    }.items():
         assert s.get(key) == [value], key
     assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # SIGHUP reloads the config in place
     command = shlex.split(s["ExecStart"][0])
@@ -414,6 +451,7 @@ def test_systemd_unit_verifies(tmp_path):
 
 # ---------------------------------------------------------------- the command lines, run for real
 
+
 @pytest.fixture
 def backend() -> Iterator[MockProcess]:
     m = MockProcess(MockConfig(ttft_ms=0, tokens=4, tok_ms=0)).start()
@@ -434,8 +472,14 @@ def health(port: int) -> int:
 
 
 def serve(command: list[str], cwd: Path, env: dict[str, str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while health(port) != 200:
         if proc.poll() is not None:
@@ -469,8 +513,9 @@ def test_the_container_command_serves_health_outside_a_container(tmp_path, backe
     mock and a free port added (the last --port wins), from the image's working directory; then
     the HEALTHCHECK's own command."""
     config, port = write_config(tmp_path, backend), free_port()
-    command = [tool(a) if a == "nomyo-router" else str(config) if a == CONTAINER_CONFIG else a
-               for a in container_command()] + ["--port", str(port)]
+    command = [
+        tool(a) if a == "nomyo-router" else str(config) if a == CONTAINER_CONFIG else a for a in container_command()
+    ] + ["--port", str(port)]
     assert command[0], "nomyo-router is not on PATH nor in the venv"
     workdir = tmp_path / "var-lib"
     workdir.mkdir()
@@ -518,8 +563,16 @@ def test_the_kubernetes_liveness_probe_holds_through_a_backend_outage(tmp_path, 
     port = free_port()
     probe = [sys.executable if a == "python" else a.replace("12434", str(port)) for a in probe]
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"endpoints": [{"url": backend.url, "name": "mock", "max_concurrent": 2}],
-                                      "health_interval": 0.2, "probe_interval_down": 0.2, "eject_after": 1}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "endpoints": [{"url": backend.url, "name": "mock", "max_concurrent": 2}],
+                "health_interval": 0.2,
+                "probe_interval_down": 0.2,
+                "eject_after": 1,
+            }
+        )
+    )
     proc = serve([tool("nomyo-router") or "", "--config", str(config), "--port", str(port)], tmp_path, {}, port)
     try:
         assert run(probe).returncode == 0

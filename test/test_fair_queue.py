@@ -89,6 +89,7 @@ async def _flood_then(url: str, late: list[tuple[str, str]], flood: int = 12) ->
     `late` key: each key's latencies, in seconds."""
     out: dict[str, list[float]] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+
         async def one(name: str, key: str, delay: float) -> None:
             await asyncio.sleep(delay)
             t0 = time.perf_counter()
@@ -96,8 +97,10 @@ async def _flood_then(url: str, late: list[tuple[str, str]], flood: int = 12) ->
                 await r.read()
                 assert r.status == 200, await r.text()
             out.setdefault(name, []).append(time.perf_counter() - t0)
-        await asyncio.gather(*[one("flood", A, 0.0) for _ in range(flood)],
-                             *[one(name, key, SERVICE * 1.5) for name, key in late])
+
+        await asyncio.gather(
+            *[one("flood", A, 0.0) for _ in range(flood)], *[one(name, key, SERVICE * 1.5) for name, key in late]
+        )
     return out
 
 
@@ -107,8 +110,11 @@ def _mock() -> MockProcess:
 
 async def test_fair_and_strict_in_one_process():
     async with run_mock(ttft_ms=SERVICE * 1000, tok_ms=0.0, tokens=1, parallel=8) as m:
-        cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 1}], "queue_timeout": 30,
-               "client_keys": keys(urgent={"priority": 5})}
+        cfg = {
+            "endpoints": [{"url": m.url, "name": "one", "max_concurrent": 1}],
+            "queue_timeout": 30,
+            "client_keys": keys(urgent={"priority": 5}),
+        }
         async with run_router(cfg) as r:
             got = await _flood_then(r.url, [("light", B), ("urgent", C)])
     assert max(got["flood"]) > 10 * SERVICE
@@ -118,8 +124,11 @@ async def test_fair_and_strict_in_one_process():
 
 async def test_fair_and_strict_across_workers():
     with _mock() as m:
-        cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 1}], "queue_timeout": 30,
-               "client_keys": keys(urgent={"priority": 5})}
+        cfg = {
+            "endpoints": [{"url": m.url, "name": "one", "max_concurrent": 1}],
+            "queue_timeout": 30,
+            "client_keys": keys(urgent={"priority": 5}),
+        }
         with router_workers(cfg, 2) as (url, _):
             got = await _flood_then(url, [("light", B), ("urgent", C)])
     # alone, the flood's last waits ~12 service times; the late ones wait ~1-2 (urgent first)
@@ -131,19 +140,26 @@ async def test_fair_and_strict_across_workers():
 
 async def test_weights_across_instances_with_redis(redis_url):
     async with run_mock(ttft_ms=SERVICE * 1000, tok_ms=0.0, tokens=1, parallel=8) as m:
-        cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 1}], "state": redis_url,
-               "queue_timeout": 30, "client_keys": keys(flood={"weight": 3.0})}
+        cfg = {
+            "endpoints": [{"url": m.url, "name": "one", "max_concurrent": 1}],
+            "state": redis_url,
+            "queue_timeout": 30,
+            "client_keys": keys(flood={"weight": 3.0}),
+        }
         async with run_router(cfg) as r1, run_router(cfg) as r2:
             order: list[str] = []
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+
                 async def one(url: str, name: str, key: str) -> None:
-                    async with s.post(url + "/api/chat", json=CHAT,
-                                      headers={"Authorization": f"Bearer {key}"}) as resp:
+                    async with s.post(url + "/api/chat", json=CHAT, headers={"Authorization": f"Bearer {key}"}) as resp:
                         await resp.read()
                         assert resp.status == 200
                     order.append(name)
-                await asyncio.gather(*[one(r.url, "flood", A) for r in (r1, r2) for _ in range(8)],
-                                     *[one(r.url, "light", B) for r in (r1, r2) for _ in range(8)])
+
+                await asyncio.gather(
+                    *[one(r.url, "flood", A) for r in (r1, r2) for _ in range(8)],
+                    *[one(r.url, "light", B) for r in (r1, r2) for _ in range(8)],
+                )
             late = await _flood_then(r2.url, [("light", B)], flood=10)
     first = order[1:13]  # (the first served took the free slot before anyone waited)
     assert 7 <= first.count("flood") <= 11, order  # 3 : 1 of the slot while both wait

@@ -64,13 +64,18 @@ async def test_the_timer_slows_down_while_passes_find_little_garbage_and_not_aft
 async def test_requests_leave_no_cyclic_garbage():
     # What a request leaves behind must be freed by reference counting: the timed full pass
     # is rare only while it finds nothing (streams relayed natively or in Python, whole answers).
-    async with run_mock(tokens=20, tok_ms=1.0, ttft_ms=0.0) as m, \
-            run_router({"endpoints": endpoints(m)}) as r, aiohttp.ClientSession() as s:
+    async with (
+        run_mock(tokens=20, tok_ms=1.0, ttft_ms=0.0) as m,
+        run_router({"endpoints": endpoints(m)}) as r,
+        aiohttp.ClientSession() as s,
+    ):
+
         async def one(stream: bool, path: str = "/api/chat") -> None:
             body = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
             async with s.post(r.url + path, json=body) as resp:
                 assert resp.status == 200
                 await resp.read()
+
         for stream in (True, False):  # (first use: lazy imports, pools)
             await one(stream)
             await one(stream, "/v1/chat/completions")

@@ -18,8 +18,9 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[
 
 async def read_request(r: asyncio.StreamReader) -> bytes:
     head = await r.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length")), 0)  # a GET has none
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0
+    )  # a GET has none
     return head + await r.readexactly(length)
 
 
@@ -39,6 +40,7 @@ async def serve(handler: Handler) -> tuple[asyncio.Server, Endpoint, list[int]]:
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
             w.close()
+
     server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     ep = Endpoint(name="raw", url=f"http://127.0.0.1:{port}", slots=4)
@@ -55,6 +57,7 @@ async def test_a_kept_alive_connection_the_backend_dropped_is_replaced_transpare
             w.write(OK)
         else:
             w.close()  # the backend dropped the idle connection just as we reused it
+
     server, ep, conns = await serve(handler)
     up = h1.Upstream()
     for _ in range(3):
@@ -74,6 +77,7 @@ async def test_bodies_by_length_chunks_and_connection_close():
             w.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the end")
             await w.drain()
             w.close()
+
     server, ep, conns = await serve(handler)
     up = h1.Upstream()
     resp = await up.post(ep, "/x", b"{}", T)
@@ -92,12 +96,14 @@ async def test_a_cut_body_and_a_stalled_one_raise_what_the_proxy_handles():
 
     async def handler(r, w, n):
         calls.append(n)
-        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
-                b"3\r\nab\n\r\n")
+        w.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n3\r\nab\n\r\n"
+        )
         await w.drain()
         if len(calls) == 1:
             w.transport.abort()  # cut mid-stream
         # else: stall
+
     server, ep, _ = await serve(handler)
     up = h1.Upstream()
     resp = await up.post(ep, "/x", b"{}", T)
@@ -128,6 +134,7 @@ async def test_a_request_bound_covers_the_head_and_reads_until_unbound():
         await w.drain()
         await asyncio.sleep(0.6)
         w.write(b"3\r\ncd\n\r\n0\r\n\r\n")
+
     server, ep, _ = await serve(handler)
     up = h1.Upstream()
     loop = asyncio.get_running_loop()
@@ -171,12 +178,16 @@ async def test_fetch_gets_a_whole_answer_on_the_pooled_connection_within_a_total
                     w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nab")
         except (asyncio.IncompleteReadError, ConnectionError):
             w.close()
+
     server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
     ep = Endpoint(name="raw", url=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/base", slots=1)
     ep.headers = {"Content-Type": "application/json", "Authorization": "Bearer k"}
     up = h1.Upstream()
-    assert await up.fetch(ep, "/api/tags", total=2) == (200, {"content-type": "application/json",
-                                                               "content-length": "2"}, b"{}")
+    assert await up.fetch(ep, "/api/tags", total=2) == (
+        200,
+        {"content-type": "application/json", "content-length": "2"},
+        b"{}",
+    )
     status, _, body = await up.fetch(ep, "/api/show", b'{"model":"m"}', total=2)
     assert (status, body) == (200, b"{}")
     get = heads[0].decode().lower()

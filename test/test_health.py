@@ -26,6 +26,7 @@ async def _load(url: str, s: aiohttp.ClientSession, clients: int, each: int) -> 
             async with s.post(url + "/api/chat", json=body) as r:
                 out.append((r.status, r.headers.get("X-Router-Endpoint", ""), await r.read()))
         return out
+
     return [x for part in await asyncio.gather(*(one(i) for i in range(clients))) for x in part]
 
 
@@ -52,16 +53,19 @@ async def test_an_error_chunk_before_content_is_retried():
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             data = await reader.readuntil(b"\r\n\r\n")
             if data.startswith(b"GET"):  # discovery and probes: it looks alive, model loaded
-                body = (b'{"version":"0.24.0","models":[{"name":"llama3:latest","model":"llama3:latest"}]}')
+                body = b'{"version":"0.24.0","models":[{"name":"llama3:latest","model":"llama3:latest"}]}'
             else:
                 length = [ln for ln in data.split(b"\r\n") if ln.lower().startswith(b"content-length")]
                 await reader.readexactly(int(length[0].split(b":")[1]))
                 chats.append(1)
                 body = b'{"error":"an error was encountered while running the model: unexpected EOF"}\n'
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(body), body))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
             await writer.drain()
             writer.close()
+
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         bad = {"url": f"http://127.0.0.1:{port}", "name": "bad", "type": "ollama", "models": ["llama3"]}
@@ -79,8 +83,7 @@ async def test_an_error_chunk_before_content_is_retried():
 
 async def test_a_hung_backend_is_left_within_the_deadline_and_ejected():
     async with run_mock(**FAST) as good, run_mock(**FAST, hang_rate=1.0) as hung:
-        cfg = {"endpoints": endpoints(good, hung, slots=4), "first_byte_floor": 0.5,
-               "routing": "least_busy"}
+        cfg = {"endpoints": endpoints(good, hung, slots=4), "first_byte_floor": 0.5, "routing": "least_busy"}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             t0 = time.monotonic()
             results = await _load(r.url, s, 8, 4)
@@ -165,15 +168,20 @@ async def test_clients_leaving_mid_stream_never_eject_a_backend():
         async with run_router({"endpoints": endpoints(m, slots=64)}) as r:
             for _ in range(3):
                 async with aiohttp.ClientSession() as s:
+
                     async def leave() -> None:
                         async with s.post(r.url + "/api/chat", json=STREAM) as resp:
                             await resp.content.readline()
+
                     await asyncio.gather(*(leave() for _ in range(30)))
             await asyncio.sleep(0.3)
             snap = await r.router.store.snapshot()
             assert snap["in_flight"].get("m0", 0) == 0 and snap["queue_length"] == 0
-            assert r.router.health.snapshot()["m0"] == {**r.router.health.snapshot()["m0"],
-                                                        "state": "healthy", "ejections": 0}
+            assert r.router.health.snapshot()["m0"] == {
+                **r.router.health.snapshot()["m0"],
+                "state": "healthy",
+                "ejections": 0,
+            }
 
 
 def test_retry_budget_caps_retries_at_a_share_of_requests():
@@ -205,13 +213,19 @@ async def _stream_text(s: aiohttp.ClientSession, url: str, api: str, body: dict)
 
 async def test_a_stream_cut_mid_way_is_resumed_elsewhere_with_identical_text():
     # 120 tokens: ~12 KB per stream, so cuts also fall after what `Sent` keeps compressed
-    async with run_mock(ttft_ms=0, tok_ms=0, tokens=120) as good, \
-            run_mock(ttft_ms=0, tok_ms=0, tokens=120, drop_rate=1.0) as dropping:
+    async with (
+        run_mock(ttft_ms=0, tok_ms=0, tokens=120) as good,
+        run_mock(ttft_ms=0, tok_ms=0, tokens=120, drop_rate=1.0) as dropping,
+    ):
         cfg = {"endpoints": endpoints(dropping, good, slots=4), "routing": "least_busy", "eject_after": 1000}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             direct_ollama, _ = await _stream_text(s, good.url, "ollama", STREAM)
-            body_oa = {"model": "llama3", "stream": True, "stream_options": {"include_usage": True},
-                       "messages": [{"role": "user", "content": "hi"}]}
+            body_oa = {
+                "model": "llama3",
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "hi"}],
+            }
             direct_openai, _ = await _stream_text(s, good.url, "openai", body_oa)
             resumed = 0
             for _ in range(6):

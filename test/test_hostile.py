@@ -31,8 +31,11 @@ LIMIT = 64 * 1024
 BIG = 4 * 1024 * 1024
 HI = [{"role": "user", "content": "hi"}]
 # (the hostile backend's API, the path the client calls, the shape the client gets)
-STREAMS = [("ollama", "/api/chat", "ollama"), ("openai", "/v1/chat/completions", "openai"),
-           ("openai", "/api/chat", "ollama")]  # the last: translated (SSE in, NDJSON out)
+STREAMS = [
+    ("ollama", "/api/chat", "ollama"),
+    ("openai", "/v1/chat/completions", "openai"),
+    ("openai", "/api/chat", "ollama"),
+]  # the last: translated (SSE in, NDJSON out)
 PASSED = [("ollama", "/api/chat"), ("openai", "/v1/chat/completions")]
 
 
@@ -48,6 +51,7 @@ def pumped(monkeypatch):
         except h1.TooLarge:
             seen["long"] += 1
             raise
+
     monkeypatch.setattr(native, "relay", counting)
     return seen
 
@@ -65,8 +69,9 @@ class Others:
         async with aiohttp.ClientSession() as s:
             while not self.stop.is_set():
                 t0 = time.perf_counter()
-                async with s.post(self.url + "/api/chat", json={"model": "llama3", "stream": False,
-                                                                  "messages": HI}) as r:
+                async with s.post(
+                    self.url + "/api/chat", json={"model": "llama3", "stream": False, "messages": HI}
+                ) as r:
                     await r.read()
                 self.done.append((r.status, time.perf_counter() - t0))
                 await asyncio.sleep(0.005)
@@ -81,8 +86,13 @@ class Others:
 def _config(bad: Hostile, good, **extra) -> dict:
     # (context_routing off: learning the context windows would ask the hostile backend too,
     # and its answers are counted by what the tests send)
-    return {"endpoints": [bad.endpoint(), *endpoints(good)], "max_record_bytes": LIMIT,
-            "max_response_bytes": LIMIT, "context_routing": "off", **extra}
+    return {
+        "endpoints": [bad.endpoint(), *endpoints(good)],
+        "max_record_bytes": LIMIT,
+        "max_response_bytes": LIMIT,
+        "context_routing": "off",
+        **extra,
+    }
 
 
 def _body(path: str, stream: bool) -> dict:
@@ -108,8 +118,12 @@ async def _after(r, s: aiohttp.ClientSession) -> tuple[dict, dict]:
 @pytest.mark.parametrize("native_relay", [True, False])
 @pytest.mark.parametrize("backend,path,shape", STREAMS)
 async def test_a_record_longer_than_max_record_bytes_ends_the_stream(pumped, native_relay, backend, path, shape):
-    async with Hostile(backend, stream="long", size=BIG) as bad, run_mock(**FAST) as good, \
-            run_router(_config(bad, good, native_relay=native_relay)) as r, aiohttp.ClientSession() as s:
+    async with (
+        Hostile(backend, stream="long", size=BIG) as bad,
+        run_mock(**FAST) as good,
+        run_router(_config(bad, good, native_relay=native_relay)) as r,
+        aiohttp.ClientSession() as s,
+    ):
         done = []
         r.router.events.on_request_done(done.append)
         others = Others(r.url)
@@ -136,8 +150,12 @@ async def test_a_record_longer_than_max_record_bytes_ends_the_stream(pumped, nat
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("backend,path", PASSED)
 async def test_a_whole_answer_larger_than_the_router_holds_is_relayed_as_it_comes(backend, path, chunked):
-    async with Hostile(backend, whole="big", size=BIG, chunked=chunked) as bad, run_mock(**FAST) as good, \
-            run_router(_config(bad, good)) as r, aiohttp.ClientSession() as s:
+    async with (
+        Hostile(backend, whole="big", size=BIG, chunked=chunked) as bad,
+        run_mock(**FAST) as good,
+        run_router(_config(bad, good)) as r,
+        aiohttp.ClientSession() as s,
+    ):
         done = []
         r.router.events.on_request_done(done.append)
         others = Others(r.url)
@@ -155,8 +173,12 @@ async def test_a_whole_answer_larger_than_the_router_holds_is_relayed_as_it_come
 
 
 async def test_a_whole_answer_the_router_must_translate_beyond_max_response_bytes_is_a_502():
-    async with Hostile("openai", whole="big", size=BIG) as bad, run_mock(**FAST) as good, \
-            run_router(_config(bad, good)) as r, aiohttp.ClientSession() as s:
+    async with (
+        Hostile("openai", whole="big", size=BIG) as bad,
+        run_mock(**FAST) as good,
+        run_router(_config(bad, good)) as r,
+        aiohttp.ClientSession() as s,
+    ):
         others = Others(r.url)
         async with s.post(r.url + "/api/chat", json=_body("/api/chat", False)) as resp:
             status, body = resp.status, await resp.json()
@@ -166,15 +188,21 @@ async def test_a_whole_answer_the_router_must_translate_beyond_max_response_byte
             metrics = await m.text()
     assert status == 502
     assert body == {"error": f"the backend's answer is larger than max_response_bytes ({LIMIT} bytes)"}
-    assert any(line.startswith("nomyo_router_requests_total{") and 'model="evil"' in line
-               and 'status="502"' in line for line in metrics.splitlines())
+    assert any(
+        line.startswith("nomyo_router_requests_total{") and 'model="evil"' in line and 'status="502"' in line
+        for line in metrics.splitlines()
+    )
     assert health["consecutive_failures"] == 1 and entry["in_flight"] == 0
 
 
 @pytest.mark.parametrize("backend,path", PASSED)
 async def test_a_relayed_whole_answer_cut_midway_closes_the_clients_connection(backend, path):
-    async with Hostile(backend, whole="cut", size=BIG) as bad, run_mock(**FAST) as good, \
-            run_router(_config(bad, good)) as r, aiohttp.ClientSession() as s:
+    async with (
+        Hostile(backend, whole="cut", size=BIG) as bad,
+        run_mock(**FAST) as good,
+        run_router(_config(bad, good)) as r,
+        aiohttp.ClientSession() as s,
+    ):
         done = []
         r.router.events.on_request_done(done.append)
         async with s.post(r.url + path, json=_body(path, False)) as resp:
@@ -189,16 +217,23 @@ async def test_a_relayed_whole_answer_cut_midway_closes_the_clients_connection(b
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("backend,path,shape", STREAMS)
 async def test_interim_answers_before_the_real_one_are_skipped(backend, path, shape, stream):
-    async with Hostile(backend, stream="interim", whole="interim") as bad, run_mock(**FAST) as good, \
-            run_router(_config(bad, good)) as r, aiohttp.ClientSession() as s:
+    async with (
+        Hostile(backend, stream="interim", whole="interim") as bad,
+        run_mock(**FAST) as good,
+        run_router(_config(bad, good)) as r,
+        aiohttp.ClientSession() as s,
+    ):
         async with s.post(r.url + path, json=_body(path, stream)) as resp:
             assert resp.status == 200
             raw = await resp.read()
         entry, health = await _after(r, s)
     if stream:
         events = _events(raw, shape)
-        texts = [e["message"]["content"] for e in events] if shape == "ollama" else \
-            [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
+        texts = (
+            [e["message"]["content"] for e in events]
+            if shape == "ollama"
+            else [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
+        )
         assert "".join(t or "" for t in texts) == "hi there" and not any("error" in e for e in events)
     else:
         answer = json.loads(raw)
@@ -209,8 +244,12 @@ async def test_interim_answers_before_the_real_one_are_skipped(backend, path, sh
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("backend,path,shape", STREAMS[:2])
 async def test_a_protocol_switch_nobody_asked_for_is_a_backend_failure(backend, path, shape, stream):
-    async with Hostile(backend, stream="switch", whole="switch") as bad, run_mock(**FAST) as good, \
-            run_router(_config(bad, good)) as r, aiohttp.ClientSession() as s:
+    async with (
+        Hostile(backend, stream="switch", whole="switch") as bad,
+        run_mock(**FAST) as good,
+        run_router(_config(bad, good)) as r,
+        aiohttp.ClientSession() as s,
+    ):
         async with s.post(r.url + path, json=_body(path, stream)) as resp:
             status, body = resp.status, await resp.json()
         entry, health = await _after(r, s)
@@ -221,6 +260,7 @@ async def test_a_protocol_switch_nobody_asked_for_is_a_backend_failure(backend, 
 
 
 # ---- Records, without sockets ---------------------------------------------------------------
+
 
 def _split(data: bytes, rng: random.Random) -> list[bytes]:
     cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(1, 40))))
@@ -249,8 +289,10 @@ class Reference:
 def test_records_come_out_whole_however_the_reads_split_them(sep):
     rng = random.Random(7)
     for _ in range(500):
-        recs = [b"r%d" % i + b"x" * rng.randint(0, 30) + (b"\n" if sep == b"\n\n" and rng.random() < 0.3 else b"")
-                for i in range(rng.randint(1, 12))]
+        recs = [
+            b"r%d" % i + b"x" * rng.randint(0, 30) + (b"\n" if sep == b"\n\n" and rng.random() < 0.3 else b"")
+            for i in range(rng.randint(1, 12))
+        ]
         data = b"".join(r + sep for r in recs) + b"tail"
         whole, ref = Records(sep, None, Sent(), None), Reference(sep)
         for piece in _split(data, rng):

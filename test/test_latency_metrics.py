@@ -25,8 +25,11 @@ async def test_ttft_and_decode_speed_by_endpoint_and_model_and_queue_wait_by_cli
         cfg = {"endpoints": endpoints(m), "client_keys": [{"name": "team", "key": KEY}], "admin_key": ADMIN}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             for stream in (True, False):
-                async with s.post(r.url + "/api/chat", headers={"Authorization": f"Bearer {KEY}"}, json={
-                        "model": "llama3", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}) as resp:
+                async with s.post(
+                    r.url + "/api/chat",
+                    headers={"Authorization": f"Bearer {KEY}"},
+                    json={"model": "llama3", "stream": stream, "messages": [{"role": "user", "content": "hi"}]},
+                ) as resp:
                     assert resp.status == 200
                     await resp.read()
             r.router.metrics.flush()

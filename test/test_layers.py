@@ -58,7 +58,7 @@ def _imports(module: str, path: Path, runtime_only: bool) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -103,7 +103,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -121,8 +121,13 @@ def test_no_module_imports_itself_back_at_run_time():
         mods = _modules(tree)
         if tree == "bench":  # scripts importing each other by their plain names
             mods = {name.removeprefix("bench."): path for name, path in mods.items()}
-        graph = {m: {t for t in _imports(m, p, runtime_only=True) if t in mods and t != m and not
-                     (p.name == "__init__.py" and t.startswith(m + "."))}
-                 for m, p in mods.items()}
+        graph = {
+            m: {
+                t
+                for t in _imports(m, p, runtime_only=True)
+                if t in mods and t != m and not (p.name == "__init__.py" and t.startswith(m + "."))
+            }
+            for m, p in mods.items()
+        }
         found = _cycle(graph)
         assert found is None, f"{tree}: import cycle " + " -> ".join(found or [])

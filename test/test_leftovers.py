@@ -58,8 +58,14 @@ def test_sigterm_to_the_supervisor_removes_everything_it_created(tmp_path, xdg, 
         private = xdg / "nomyo-router"
         made = entries_of(private, proc.pid)
         tag = next(n for n in made if n.endswith(".lock")).split(".")[0]
-        assert {f"supervisor-{proc.pid}", f"metrics-{proc.pid}",
-                f"{tag}.lock", f"{tag}.sock", f"{tag}.slots", f"{tag}.pins"} <= set(made), made
+        assert {
+            f"supervisor-{proc.pid}",
+            f"metrics-{proc.pid}",
+            f"{tag}.lock",
+            f"{tag}.sock",
+            f"{tag}.slots",
+            f"{tag}.pins",
+        } <= set(made), made
         assert any((private / f"metrics-{proc.pid}").iterdir())  # the workers' prometheus files
         tree = descendants(proc.pid)
         os.kill(proc.pid, signal.SIGTERM)  # the supervisor alone
@@ -91,12 +97,19 @@ def test_what_dead_routers_left_is_removed_at_start_and_nothing_else(tmp_path, x
     sleeper = subprocess.Popen(["sleep", "60"])  # a living pid that is no router of ours
     me = os.getpid()  # a living pid without a record: may be a router of an older version
     try:
-        stale = [f"metrics-{dead}", f"{dead}-0a1b2c3d.lock", f"{dead}-0a1b2c3d.sock", f"{dead}-0a1b2c3d.slots",
-                 f"{dead}-0a1b2c3d.pins", f"supervisor-{dead}",
-                 # the pid was given to another process since: its record says another start time
-                 f"metrics-{sleeper.pid}", f"{sleeper.pid}-0a1b2c3d.lock", f"supervisor-{sleeper.pid}"]
-        kept = [f"metrics-{me}", f"{me}-0a1b2c3d.lock", "notes.txt", "metrics-abc", "0-0a1b2c3d.lock",
-                f"{dead}.lock"]
+        stale = [
+            f"metrics-{dead}",
+            f"{dead}-0a1b2c3d.lock",
+            f"{dead}-0a1b2c3d.sock",
+            f"{dead}-0a1b2c3d.slots",
+            f"{dead}-0a1b2c3d.pins",
+            f"supervisor-{dead}",
+            # the pid was given to another process since: its record says another start time
+            f"metrics-{sleeper.pid}",
+            f"{sleeper.pid}-0a1b2c3d.lock",
+            f"supervisor-{sleeper.pid}",
+        ]
+        kept = [f"metrics-{me}", f"{me}-0a1b2c3d.lock", "notes.txt", "metrics-abc", "0-0a1b2c3d.lock", f"{dead}.lock"]
         for name in stale + kept:
             if name.startswith("metrics-"):
                 (private / name).mkdir(mode=0o700)
@@ -160,6 +173,7 @@ def test_sweep_keeps_entries_it_cannot_prove_dead(tmp_path):
         assert {f"{dead_but_hosting}-aa.slots", f"metrics-{dead_but_hosting}"} <= left
         os.close(held)  # the last orphan is gone: now they go
         assert sorted(leftovers.sweep(str(tmp_path))) == sorted(
-            [f"{dead_but_hosting}-aa.lock", f"{dead_but_hosting}-aa.slots", f"metrics-{dead_but_hosting}"])
+            [f"{dead_but_hosting}-aa.lock", f"{dead_but_hosting}-aa.slots", f"metrics-{dead_but_hosting}"]
+        )
     finally:
         zombie.wait()

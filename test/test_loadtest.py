@@ -31,8 +31,7 @@ async def stage(url: str, spec: WorkloadSpec, **kw) -> dict:
 @pytest.mark.parametrize("api", ["ollama", "openai"])
 async def test_ttft_and_latency_match_the_mock(api):
     async with run_mock(ttft_ms=50.0, tok_ms=5.0, tokens=10) as m:
-        m_ = await stage(m.url, WorkloadSpec(api=api), mode="closed", load=1, duration=None,
-                         requests=8, warmup=0.0)
+        m_ = await stage(m.url, WorkloadSpec(api=api), mode="closed", load=1, duration=None, requests=8, warmup=0.0)
     assert m_["completed"] == 8 and m_["failed"] == 0
     assert abs(m_["median_ttft_ms"] - 50) <= 50 * 0.1 + 5  # first non-empty content, not the role chunk
     assert abs(m_["median_e2el_ms"] - 100) <= 100 * 0.1 + 5
@@ -40,14 +39,17 @@ async def test_ttft_and_latency_match_the_mock(api):
     assert m_["total_output_tokens"] == 80
 
 
-async def ramp_known_capacity(mode: str, loads: tuple[int, ...], warmup: float,
-                              service_ms: float = 200.0) -> list[dict]:
+async def ramp_known_capacity(
+    mode: str, loads: tuple[int, ...], warmup: float, service_ms: float = 200.0
+) -> list[dict]:
     """2 mocks x 4 slots x `service_ms` behind the router: 8 slots, 8000 / service_ms req/s."""
     knobs = dict(ttft_ms=service_ms, tok_ms=0.0, tokens=1, parallel=4)
     async with run_mock(**knobs) as a, run_mock(**knobs) as b:
         async with run_router({"endpoints": endpoints(a, b, slots=4)}) as r:
-            return [await stage(r.url, WorkloadSpec(stream=False), mode=mode, load=load,
-                                duration=2.0, warmup=warmup) for load in loads]
+            return [
+                await stage(r.url, WorkloadSpec(stream=False), mode=mode, load=load, duration=2.0, warmup=warmup)
+                for load in loads
+            ]
 
 
 async def test_knee_closed_loop_on_known_capacity():
@@ -70,6 +72,7 @@ async def test_knee_open_loop_on_known_capacity():
 def test_knee_definition_on_synthetic_stages():
     def s(load, thr, p99, err=0.0):
         return {"load": load, "request_throughput": thr, "p99_e2el_ms": p99, "error_rate": err, "completed": 10}
+
     assert find_knee([s(1, 10, 100), s(2, 19, 110), s(4, 30, 140), s(8, 31, 300)])["knee_load"] == 2
     assert find_knee([s(1, 10, 100), s(2, 20, 100), s(4, 40, 100, err=0.05)])["knee_load"] == 2
     assert find_knee([s(1, 10, 100), s(2, 20, 100), s(4, 40, 160)])["knee_load"] == 2
@@ -79,11 +82,14 @@ def test_knee_definition_on_synthetic_stages():
 async def test_open_loop_shows_a_500ms_server_stall():
     """Open loop counts from the intended send time, so a stall cannot hide (coordinated omission)."""
     with MockProcess(MockConfig(ttft_ms=2.0, tok_ms=0.0, tokens=1, parallel=256)) as m:
+
         async def stall():
             await asyncio.sleep(0.8)
             async with aiohttp.ClientSession() as s:
                 await s.post(m.url + "/mock/stall", json={"ms": 500})
+
         import asyncio
+
         stall_task = asyncio.create_task(stall())
         open_ = await stage(m.url, WorkloadSpec(stream=False), mode="open", load=50, duration=2.0, warmup=0.0)
         await stall_task
@@ -98,13 +104,23 @@ async def test_open_loop_shows_a_500ms_server_stall():
 
 
 def _doc(thr: float, p99: float, err: float = 0.0) -> dict:
-    stage_ = {"mode": "closed", "load": 8, "request_throughput": thr, "median_e2el_ms": p99 / 2,
-              "p99_e2el_ms": p99, "median_ttft_ms": 10.0, "p99_ttft_ms": 20.0, "error_rate": err}
+    stage_ = {
+        "mode": "closed",
+        "load": 8,
+        "request_throughput": thr,
+        "median_e2el_ms": p99 / 2,
+        "p99_e2el_ms": p99,
+        "median_ttft_ms": 10.0,
+        "p99_ttft_ms": 20.0,
+        "error_rate": err,
+    }
     return document({}, [stage_], {"max_request_throughput": thr}, None)
 
 
-@pytest.mark.parametrize("current,code", [(_doc(100, 50), 0), (_doc(95, 52), 0), (_doc(80, 50), 1),
-                                          (_doc(100, 70), 1), (_doc(100, 50, err=0.05), 1)])
+@pytest.mark.parametrize(
+    "current,code",
+    [(_doc(100, 50), 0), (_doc(95, 52), 0), (_doc(80, 50), 1), (_doc(100, 70), 1), (_doc(100, 50, err=0.05), 1)],
+)
 def test_compare_exit_codes(tmp_path, current, code):
     base, cur = tmp_path / "base.json", tmp_path / "cur.json"
     write_json(str(base), _doc(100, 50))
@@ -139,10 +155,32 @@ def _children_gone(ports: list[int]) -> bool:
 def test_cli_end_to_end_writes_json_and_html(tmp_path):
     out, page = tmp_path / "out.json", tmp_path / "out.html"
     mport, rport = free_port(), free_port()
-    p = subprocess.run([sys.executable, "loadtest.py", "--mock-backend", "--ramp", "2,4", "--duration", "1",
-                        "--warmup", "0.2", "--mock-port", str(mport), "--router-port", str(rport),
-                        "--direct", "--json", str(out), "--html", str(page), "--quiet"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "loadtest.py",
+            "--mock-backend",
+            "--ramp",
+            "2,4",
+            "--duration",
+            "1",
+            "--warmup",
+            "0.2",
+            "--mock-port",
+            str(mport),
+            "--router-port",
+            str(rport),
+            "--direct",
+            "--json",
+            str(out),
+            "--html",
+            str(page),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr + p.stdout
     assert "knee:" in p.stdout and "ttftP99" in p.stdout
     doc = json.loads(out.read_text())
@@ -150,10 +188,25 @@ def test_cli_end_to_end_writes_json_and_html(tmp_path):
     assert {"config", "environment", "stages", "knee", "direct", "overhead"} <= set(doc)
     assert doc["environment"]["cpu_count"] == os.cpu_count()
     for s in doc["stages"]:
-        for key in ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
-                    "median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms", "max_e2el_ms", "median_itl_ms",
-                    "mean_tpot_ms", "completed", "failed", "errors", "max_concurrency", "endpoints",
-                    "median_router_overhead_ms", "client"):
+        for key in (
+            "request_throughput",
+            "output_throughput",
+            "median_ttft_ms",
+            "p99_ttft_ms",
+            "median_e2el_ms",
+            "p90_e2el_ms",
+            "p99_e2el_ms",
+            "max_e2el_ms",
+            "median_itl_ms",
+            "mean_tpot_ms",
+            "completed",
+            "failed",
+            "errors",
+            "max_concurrency",
+            "endpoints",
+            "median_router_overhead_ms",
+            "client",
+        ):
             assert key in s, key
         assert s["completed"] > 0 and s["endpoints"] == {"mock0": s["completed"]}
     assert [o["load"] for o in doc["overhead"]] == [2, 4]
@@ -169,10 +222,26 @@ def _default_sigint() -> None:
 
 def test_ctrl_c_tears_everything_down():
     mport, rport = free_port(), free_port()
-    p = subprocess.Popen([sys.executable, "loadtest.py", "--mock-backend", "--concurrency", "4",
-                          "--duration", "60", "--mock-port", str(mport), "--router-port", str(rport),
-                          "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         preexec_fn=_default_sigint)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "loadtest.py",
+            "--mock-backend",
+            "--concurrency",
+            "4",
+            "--duration",
+            "60",
+            "--mock-port",
+            str(mport),
+            "--router-port",
+            str(rport),
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
     try:
         deadline = time.monotonic() + 30
         while _port_free(rport):  # wait until the router is up
@@ -189,18 +258,33 @@ def test_ctrl_c_tears_everything_down():
     assert _children_gone([mport, rport])
 
 
-@pytest.mark.parametrize("api,endpoint,stream", [("ollama", "generate", True), ("openai", "generate", False),
-                                                 ("ollama", "embed", False), ("openai", "embed", False)])
+@pytest.mark.parametrize(
+    "api,endpoint,stream",
+    [
+        ("ollama", "generate", True),
+        ("openai", "generate", False),
+        ("ollama", "embed", False),
+        ("openai", "embed", False),
+    ],
+)
 async def test_every_endpoint_kind_is_driven(api, endpoint, stream):
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=5) as m:
-        s = await stage(m.url, WorkloadSpec(api=api, endpoint=endpoint, stream=stream, max_tokens=3),
-                        mode="closed", load=2, duration=None, requests=10, warmup=0.0)
+        s = await stage(
+            m.url,
+            WorkloadSpec(api=api, endpoint=endpoint, stream=stream, max_tokens=3),
+            mode="closed",
+            load=2,
+            duration=None,
+            requests=10,
+            warmup=0.0,
+        )
     assert s["completed"] == 10 and s["failed"] == 0
     assert s["total_output_tokens"] == (0 if endpoint == "embed" else 30)
 
 
 def test_fast_chunk_check_agrees_with_a_full_parse():
     from loadtest.client import _content, _has_content
+
     lines = [
         (b'{"model":"m","message":{"role":"assistant","content":"lorem "},"done":false}', "ollama"),
         (b'{"model":"m","message":{"role":"assistant","content":""},"done":false}', "ollama"),
@@ -223,8 +307,22 @@ def test_fast_chunk_check_agrees_with_a_full_parse():
 def test_a_dead_target_exits_non_zero_with_the_reason_last(capsys):
     from loadtest.cli import main
     from mock import free_port
-    rc = main(["--url", f"http://127.0.0.1:{free_port()}", "--concurrency", "2", "--duration", "0.5",
-               "--warmup", "0", "--quiet", "--timeout", "2"])
+
+    rc = main(
+        [
+            "--url",
+            f"http://127.0.0.1:{free_port()}",
+            "--concurrency",
+            "2",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--quiet",
+            "--timeout",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out.strip().splitlines()
     assert rc == 1
     assert out[-1].startswith("FAILED:") and "no request completed" in out[-1]
@@ -234,6 +332,7 @@ def test_a_busy_router_port_is_refused(capsys):
     import socket
 
     from loadtest.cli import main
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -248,6 +347,7 @@ async def test_long_requests_are_counted_by_completions_in_the_window():
     from loadtest.metrics import summarize
     from loadtest.workload import WorkloadSpec
     from mock import run_mock
+
     async with run_mock(ttft_ms=200, tok_ms=50, tokens=20, parallel=4) as m:
         stage = Stage("closed", 4, duration=3.0, warmup=0.1)
         got = summarize(await run_stage(m.url, WorkloadSpec(stream=True, model="llama3"), stage, 30))

@@ -15,12 +15,29 @@ from mock import free_port
 
 
 def _stage(thr, p50, p99=None, ttft=10.0, err=0.0, load=8, reps=None, target="router"):
-    s = {"target": target, "mode": "closed", "load": load, "request_throughput": thr, "median_e2el_ms": p50,
-         "p99_e2el_ms": p99 if p99 is not None else p50 * 2, "median_ttft_ms": ttft, "p99_ttft_ms": ttft * 2,
-         "error_rate": err}
+    s = {
+        "target": target,
+        "mode": "closed",
+        "load": load,
+        "request_throughput": thr,
+        "median_e2el_ms": p50,
+        "p99_e2el_ms": p99 if p99 is not None else p50 * 2,
+        "median_ttft_ms": ttft,
+        "p99_ttft_ms": ttft * 2,
+        "error_rate": err,
+    }
     if reps:
-        s["repetitions"] = [{"request_throughput": t, "median_e2el_ms": p, "p99_e2el_ms": p * 2,
-                             "median_ttft_ms": ttft, "p99_ttft_ms": ttft * 2, "error_rate": err} for t, p in reps]
+        s["repetitions"] = [
+            {
+                "request_throughput": t,
+                "median_e2el_ms": p,
+                "p99_e2el_ms": p * 2,
+                "median_ttft_ms": ttft,
+                "p99_ttft_ms": ttft * 2,
+                "error_rate": err,
+            }
+            for t, p in reps
+        ]
     return s
 
 
@@ -61,12 +78,15 @@ def test_bare_numbers_and_unknown_metrics_are_rejected(tmp_path, capsys, bad):
     assert "%" in err or "unknown metric" in err
 
 
-@pytest.mark.parametrize("cur,why", [
-    (_doc(_stage(100, 50, load=16)), "different stages"),
-    (_doc(_stage(100, 50), _stage(100, 50, load=16)), "different stages"),
-    (_doc(_stage(100, 50), model="qwen2.5:7b"), "different model"),
-    (_doc(_stage(100, 50), api="openai"), "different api"),
-])
+@pytest.mark.parametrize(
+    "cur,why",
+    [
+        (_doc(_stage(100, 50, load=16)), "different stages"),
+        (_doc(_stage(100, 50), _stage(100, 50, load=16)), "different stages"),
+        (_doc(_stage(100, 50), model="qwen2.5:7b"), "different model"),
+        (_doc(_stage(100, 50), api="openai"), "different api"),
+    ],
+)
 def test_runs_that_cannot_be_compared_exit_2(tmp_path, capsys, cur, why):
     assert _compare(tmp_path, _doc(_stage(100, 50)), cur) == 2
     out = capsys.readouterr().out
@@ -87,6 +107,7 @@ def test_a_change_within_the_noise_of_repetitions_passes(tmp_path, capsys):
 
 def test_noise_interval_statistics():
     from loadtest.noise import change_interval, spread
+
     point, lo, hi = change_interval([100, 101, 99, 100, 102], [120, 119, 121, 122, 120])
     assert point == pytest.approx(0.2) and 0.15 < lo <= point <= hi < 0.25
     point, lo, hi = change_interval([100, 60, 140], [120, 70, 150])
@@ -96,9 +117,22 @@ def test_noise_interval_statistics():
 
 
 def _run(*args, timeout=180):
-    return subprocess.run([sys.executable, "loadtest.py", "--mock-backend", "--quiet",
-                           "--mock-port", str(free_port()), "--router-port", str(free_port()), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "loadtest.py",
+            "--mock-backend",
+            "--quiet",
+            "--mock-port",
+            str(free_port()),
+            "--router-port",
+            str(free_port()),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_repeat_records_repetitions_and_compare_reads_them(tmp_path):
@@ -106,8 +140,14 @@ def test_repeat_records_repetitions_and_compare_reads_them(tmp_path):
     p = _run("--ramp", "2,4", "--duration", "0.6", "--warmup", "0.1", "--repeat", "3", "--json", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
-    assert doc["config"]["workload"] == {"api": "ollama", "endpoint": "chat", "stream": True, "model": "llama3",
-                                         "dataset": None, "trace": None}
+    assert doc["config"]["workload"] == {
+        "api": "ollama",
+        "endpoint": "chat",
+        "stream": True,
+        "model": "llama3",
+        "dataset": None,
+        "trace": None,
+    }
     for s in doc["stages"]:
         assert len(s["repetitions"]) == 3
         assert all(r["request_throughput"] > 0 for r in s["repetitions"])
@@ -121,8 +161,9 @@ def test_slo_goodput_and_exit_code(tmp_path):
     """The mock answers in ~52 ms (20 ms TTFT + 32 x 1 ms): an SLO of 1 s is met by every
     request, one of 10 ms TTFT by none — exit 1 with the SLO named in the last line."""
     out = tmp_path / "slo.json"
-    p = _run("--concurrency", "2", "--duration", "0.8", "--warmup", "0.1", "--slo", "ttft=1s,e2el=2s",
-             "--json", str(out))
+    p = _run(
+        "--concurrency", "2", "--duration", "0.8", "--warmup", "0.1", "--slo", "ttft=1s,e2el=2s", "--json", str(out)
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads(out.read_text())["stages"][0]
     assert s["slo_met_share"] == 1.0 and s["goodput"] == s["request_throughput"] > 0
@@ -146,12 +187,34 @@ def test_find_max_rate_finds_the_slo_limited_rate_within_one_step(tmp_path):
     r <= 20 / (1 - 0.3 / (0.95 * 2)) = 23.75 req/s: the SLO-limited rate. The search must
     bracket it and answer within one bisection step."""
     from mock import MockConfig, MockProcess
+
     out = tmp_path / "search.json"
     with MockProcess(MockConfig(ttft_ms=400.0, tokens=1, tok_ms=0.0, parallel=8, max_queue=10_000)) as m:
-        p = subprocess.run([sys.executable, "loadtest.py", "--url", m.url, "--no-stream", "--quiet",
-                            "--slo", "e2el=700ms", "--find-max-rate", "10,40", "--search-stages", "6",
-                            "--duration", "2", "--warmup", "0", "--json", str(out)],
-                           capture_output=True, text=True, timeout=180)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "loadtest.py",
+                "--url",
+                m.url,
+                "--no-stream",
+                "--quiet",
+                "--slo",
+                "e2el=700ms",
+                "--find-max-rate",
+                "10,40",
+                "--search-stages",
+                "6",
+                "--duration",
+                "2",
+                "--warmup",
+                "0",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(out.read_text())["max_rate"]
     truth = 20 / (1 - 0.3 / (0.95 * 2))

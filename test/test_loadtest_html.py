@@ -16,14 +16,42 @@ from mock import free_port
 
 def test_report_renders_in_chromium(tmp_path, browser):
     page, out = tmp_path / "r.html", tmp_path / "r.json"
-    p = subprocess.run([sys.executable, "loadtest.py", "--mock-backend", "--ramp", "2,4", "--duration", "0.8",
-                        "--warmup", "0.2", "--repeat", "2", "--direct", "--slo", "e2el=5s", "--timeslice", "0.4",
-                        "--mock-port", str(free_port()), "--router-port", str(free_port()), "--quiet",
-                        "--html", str(page), "--json", str(out)], capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "loadtest.py",
+            "--mock-backend",
+            "--ramp",
+            "2,4",
+            "--duration",
+            "0.8",
+            "--warmup",
+            "0.2",
+            "--repeat",
+            "2",
+            "--direct",
+            "--slo",
+            "e2el=5s",
+            "--timeslice",
+            "0.4",
+            "--mock-port",
+            str(free_port()),
+            "--router-port",
+            str(free_port()),
+            "--quiet",
+            "--html",
+            str(page),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     text = page.read_text()
     # self-contained: no script, stylesheet or image fetched from anywhere
-    assert not re.search(r'(src|href)\s*=', text) and "<script" not in text
+    assert not re.search(r"(src|href)\s*=", text) and "<script" not in text
     browser.get(page.as_uri())
     charts = {c.get_attribute("data-title"): c for c in browser.find_elements(By.CSS_SELECTOR, "svg.chart")}
     stages = json.loads(out.read_text())["stages"]
@@ -47,22 +75,32 @@ def test_report_renders_in_chromium(tmp_path, browser):
     # distributions: 41 quantiles per stage, drawn as lines of real length, on a log axis
     assert points("Latency CDF (ms)") == 41 * len(stages) and points("TTFT CDF (ms)") == 41 * len(stages)
     width = browser.execute_script(
-        "return document.querySelector('svg.chart[data-title=\"Latency CDF (ms)\"] polyline').getBBox().width")
+        "return document.querySelector('svg.chart[data-title=\"Latency CDF (ms)\"] polyline').getBBox().width"
+    )
     assert width > 50
     assert "log scale" in charts["Latency CDF (ms)"].text
     assert_no_overlap(browser)
     body = browser.find_element(By.TAG_NAME, "body").text
-    for section in ("knee:", "SLO:", "Goodput per stage", "Per endpoint", "mock0", "Router overhead (--direct)",
-                    "Configuration (what differs from the defaults)", "MACHINE-BUSY" if any(
-                        s["client"].get("machine_bound") for s in stages) else "Stages"):
+    for section in (
+        "knee:",
+        "SLO:",
+        "Goodput per stage",
+        "Per endpoint",
+        "mock0",
+        "Router overhead (--direct)",
+        "Configuration (what differs from the defaults)",
+        "MACHINE-BUSY" if any(s["client"].get("machine_bound") for s in stages) else "Stages",
+    ):
         assert section in body, section
     config = browser.find_element(By.CSS_SELECTOR, "pre").text
     assert '"repeat": 2' in config and '"ramp"' in config and "mock_host" not in config  # defaults left out
     # a stage the client limited is flagged with its reason, in the summary and the table
     from loadtest.report_html import render
+
     doc = json.loads(out.read_text())
-    doc["stages"][0]["client"].update(verdict="client", bottleneck=True, machine_bound=False,
-                                      reason="the client used 97% of a core")
+    doc["stages"][0]["client"].update(
+        verdict="client", bottleneck=True, machine_bound=False, reason="the client used 97% of a core"
+    )
     again = render(doc)
     assert "<b>CLIENT-BOUND</b> at router load 2: the client used 97% of a core" in again
     assert again.count("CLIENT-BOUND") == 2
@@ -90,20 +128,26 @@ def assert_no_overlap(browser) -> None:
     boxes = text_boxes(browser)
 
     def hit(a, b, slack=1.0):
-        return (a["l"] < b["r"] - slack and b["l"] < a["r"] - slack
-                and a["t"] < b["b"] - slack and b["t"] < a["b"] - slack)
+        return (
+            a["l"] < b["r"] - slack and b["l"] < a["r"] - slack and a["t"] < b["b"] - slack and b["t"] < a["b"] - slack
+        )
+
     charts = [b for b in boxes if b["kind"] == "chart"]
     texts = [b for b in boxes if b["kind"] != "chart"]
     assert len(texts) > 50
     for i, a in enumerate(texts):
         frame = charts[a["chart"]]
-        assert frame["l"] - 1 <= a["l"] and a["r"] <= frame["r"] + 1 and frame["t"] - 1 <= a["t"] \
-            and a["b"] <= frame["b"] + 1, (a, frame)
-        for b in texts[i + 1:]:
+        assert (
+            frame["l"] - 1 <= a["l"]
+            and a["r"] <= frame["r"] + 1
+            and frame["t"] - 1 <= a["t"]
+            and a["b"] <= frame["b"] + 1
+        ), (a, frame)
+        for b in texts[i + 1 :]:
             if b["chart"] == a["chart"]:
                 assert not hit(a, b), (a, b)
     for i, a in enumerate(charts):
-        for b in charts[i + 1:]:
+        for b in charts[i + 1 :]:
             assert not hit(a, b, 0.0), (a["text"], b["text"])
 
 
@@ -111,26 +155,59 @@ def test_a_crowded_report_has_no_overlapping_text(tmp_path, browser):
     """Ten stages from 1 to 512 (crowded on a linear axis), latencies over four decades,
     long names, the knee at the first stage and at the last: every text stays legible."""
     from loadtest.report_html import render
+
     page, out = tmp_path / "r.html", tmp_path / "r.json"
-    p = subprocess.run([sys.executable, "loadtest.py", "--mock-backend", "--ramp", "1,2", "--duration", "0.5",
-                        "--warmup", "0.1", "--mock-port", str(free_port()), "--router-port", str(free_port()),
-                        "--quiet", "--timeslice", "0.1", "--json", str(out)], capture_output=True, text=True,
-                       timeout=180)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "loadtest.py",
+            "--mock-backend",
+            "--ramp",
+            "1,2",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0.1",
+            "--mock-port",
+            str(free_port()),
+            "--router-port",
+            str(free_port()),
+            "--quiet",
+            "--timeslice",
+            "0.1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
     base = doc["stages"][0]
     stages = []
     for k, load in enumerate([1, 2, 4, 8, 16, 32, 64, 128, 256, 512]):
         s = json.loads(json.dumps(base))
-        grow = 2.2 ** k  # latencies from ~50 ms to ~60 s
-        s.update(load=load, max_concurrency=load, request_throughput=min(load, 40) * 19.5,
-                 median_e2el_ms=50 * grow, p99_e2el_ms=90 * grow, median_ttft_ms=20 * grow)
+        grow = 2.2**k  # latencies from ~50 ms to ~60 s
+        s.update(
+            load=load,
+            max_concurrency=load,
+            request_throughput=min(load, 40) * 19.5,
+            median_e2el_ms=50 * grow,
+            p99_e2el_ms=90 * grow,
+            median_ttft_ms=20 * grow,
+        )
         s["cdf"] = {key: [v * grow for v in vals] for key, vals in s["cdf"].items()}
         stages.append(s)
     doc["stages"] = stages
     for knee in (0, 9):
-        doc["knee"].update(knee_stage=knee, knee_load=stages[knee]["load"], max_throughput_load=512,
-                           max_request_throughput=780.0, saturation_load=64)
+        doc["knee"].update(
+            knee_stage=knee,
+            knee_load=stages[knee]["load"],
+            max_throughput_load=512,
+            max_request_throughput=780.0,
+            saturation_load=64,
+        )
         page.write_text(render(doc))
         browser.get(page.as_uri())
         assert_no_overlap(browser)
@@ -138,5 +215,6 @@ def test_a_crowded_report_has_no_overlapping_text(tmp_path, browser):
             "const s = document.querySelector('svg.chart[data-title=\"Throughput (req/s)\"]');"
             "const m = s.querySelector('line.mark').getBoundingClientRect();"
             "const axis = s.querySelector('line.yaxis').getBoundingClientRect();"
-            "return [m.left, axis.left, s.querySelector('text.marklabel').textContent];")
+            "return [m.left, axis.left, s.querySelector('text.marklabel').textContent];"
+        )
         assert mark[0] > mark[1] + 5 and mark[2] == f"knee {stages[knee]['load']}"  # off the axis, named

@@ -20,16 +20,19 @@ BUSY = {"total": 1000.0, "idle": 20.0, "steal": 0.0, "load1": 4.0}
 STOLEN = {"total": 1000.0, "idle": 400.0, "steal": 300.0, "load1": 0.5}
 
 
-@pytest.mark.parametrize("cpu,lag,send,machine,verdict", [
-    (0.95, 1.0, 0.0, IDLE, "client"),     # its own core is full
-    (0.95, 30.0, 0.0, BUSY, "client"),    # full core: still the client, whatever else runs
-    (0.015, 40.0, 0.0, BUSY, "machine"),  # late at 1.5% CPU on a busy box: not the client
-    (0.015, 40.0, 0.0, STOLEN, "machine"),  # the hypervisor took the time
-    (0.30, 40.0, 0.0, IDLE, "client"),    # late with idle CPU around: the client (e.g. GC)
-    (0.30, 1.0, 25.0, IDLE, None),        # send lag only counts in open loop
-    (0.10, 2.0, 0.0, BUSY, "machine"),    # saturated machine, punctual client: still the machine's numbers
-    (0.10, 2.0, 0.0, IDLE, None),         # idle machine, punctual client: nothing to flag
-])
+@pytest.mark.parametrize(
+    "cpu,lag,send,machine,verdict",
+    [
+        (0.95, 1.0, 0.0, IDLE, "client"),  # its own core is full
+        (0.95, 30.0, 0.0, BUSY, "client"),  # full core: still the client, whatever else runs
+        (0.015, 40.0, 0.0, BUSY, "machine"),  # late at 1.5% CPU on a busy box: not the client
+        (0.015, 40.0, 0.0, STOLEN, "machine"),  # the hypervisor took the time
+        (0.30, 40.0, 0.0, IDLE, "client"),  # late with idle CPU around: the client (e.g. GC)
+        (0.30, 1.0, 25.0, IDLE, None),  # send lag only counts in open loop
+        (0.10, 2.0, 0.0, BUSY, "machine"),  # saturated machine, punctual client: still the machine's numbers
+        (0.10, 2.0, 0.0, IDLE, None),  # idle machine, punctual client: nothing to flag
+    ],
+)
 def test_verdicts(cpu, lag, send, machine, verdict):
     c = assess(cpu_s=cpu * 10, wall_s=10, lag_ms=lag, send_lag_ms=send, open_loop=False, machine=machine)
     assert c["verdict"] == verdict, c
@@ -73,11 +76,13 @@ async def test_a_saturated_client_cpu_is_flagged_client_bound():
     """A thread of the load tester's own process spinning for the whole stage takes its
     core (and the event loop's turns): the client's CPU is saturated and flagged."""
     import threading
+
     stop = threading.Event()
 
     def spin() -> None:
         while not stop.is_set():
             sum(range(1000))
+
     burner = threading.Thread(target=spin, daemon=True)
     async with run_mock(ttft_ms=20.0, tok_ms=1.0, tokens=8) as m:
         burner.start()

@@ -49,10 +49,10 @@ def test_blocks_are_fixed_by_their_id():
 
 MOONCAKE = [  # (ms, input_length, hash_ids): what each request shares with the earlier ones
     (0, 1400, [1, 2, 3]),
-    (150, 1500, [1, 2, 4]),     # blocks 1, 2: 1024 tokens
-    (300, 700, [1, 5]),         # block 1: 512 tokens
-    (450, 1024, [6, 7]),        # nothing
-    (600, 1400, [1, 2, 3]),     # the whole first prompt: 1400 tokens
+    (150, 1500, [1, 2, 4]),  # blocks 1, 2: 1024 tokens
+    (300, 700, [1, 5]),  # block 1: 512 tokens
+    (450, 1024, [6, 7]),  # nothing
+    (600, 1400, [1, 2, 3]),  # the whole first prompt: 1400 tokens
 ]
 SHARED = [0, 1024, 512, 0, 1400]
 
@@ -61,12 +61,17 @@ async def test_mooncake_hash_ids_give_the_backend_the_traces_prefix_reuse(tmp_pa
     """The mock caches whole blocks of 64 tokens of its chat text ("<user>" + content + "\\n"),
     so a request finds the shared tokens of the trace rounded down to 64: 1024 + 512 + 0 +
     1344 tokens, and every prompt has its trace length (+2 tokens of role markup)."""
-    path = _jsonl(tmp_path / "mooncake.jsonl", [{"timestamp": t, "input_length": n, "output_length": 2,
-                                                 "hash_ids": ids} for t, n, ids in MOONCAKE])
+    path = _jsonl(
+        tmp_path / "mooncake.jsonl",
+        [{"timestamp": t, "input_length": n, "output_length": 2, "hash_ids": ids} for t, n, ids in MOONCAKE],
+    )
     trace = Trace(path)
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=8) as m:
-        s = summarize(await run_stage(m.url, WorkloadSpec(trace=trace),
-                                      Stage("trace", trace.mean_rate, duration=None, warmup=0.0), 30))
+        s = summarize(
+            await run_stage(
+                m.url, WorkloadSpec(trace=trace), Stage("trace", trace.mean_rate, duration=None, warmup=0.0), 30
+            )
+        )
         kv = await _kv(m.url)
     assert s["completed"] == 5 and s["total_output_tokens"] == 10
     assert kv["hit_tokens"] == sum(n // 64 * 64 for n in SHARED)
@@ -77,13 +82,20 @@ async def test_mooncake_hash_ids_give_the_backend_the_traces_prefix_reuse(tmp_pa
 
 def test_mooncake_block_size_from_the_command_line(tmp_path):
     """--trace-block-tokens 128: two ids shared are 256 tokens shared."""
-    path = _jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 512, "output_length": 1,
-                                          "hash_ids": [1, 2, 3, 4]},
-                                         {"timestamp": 200, "input_length": 512, "output_length": 1,
-                                          "hash_ids": [1, 2, 8, 9]}])
+    path = _jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1, 2, 3, 4]},
+            {"timestamp": 200, "input_length": 512, "output_length": 1, "hash_ids": [1, 2, 8, 9]},
+        ],
+    )
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=2)) as m:
-        p = subprocess.run([sys.executable, "loadtest.py", "--url", m.url, "--trace", path,
-                            "--trace-block-tokens", "128", "--quiet"], capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            [sys.executable, "loadtest.py", "--url", m.url, "--trace", path, "--trace-block-tokens", "128", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         with __import__("urllib.request").request.urlopen(m.url + "/mock/stats") as r:
             kv = json.load(r)["kv_cache"]
     assert p.returncode == 0, p.stdout + p.stderr
@@ -110,8 +122,12 @@ async def test_burstgpt_replays_every_row_at_its_time(tmp_path):
     assert [e.at for e in trace.entries] == pytest.approx([0, 0.1, 0.35, 0.4, 0.9, 1.3])
     assert [e.input_tokens for e in trace.entries] == [120, 40, 300, 80, 64, 10]
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=9) as m:
-        run = await run_stage(m.url, WorkloadSpec(trace=trace, model="llama3"),
-                              Stage("trace", trace.mean_rate, duration=None, warmup=0.0), 30)
+        run = await run_stage(
+            m.url,
+            WorkloadSpec(trace=trace, model="llama3"),
+            Stage("trace", trace.mean_rate, duration=None, warmup=0.0),
+            30,
+        )
     s = summarize(run)
     assert s["completed"] == 6 and s["total_output_tokens"] == 3 + 1 + 5 + 2 + 4 + 1
     sent = sorted(r.start + r.send_lag - run.t0 for r in run.results)
@@ -125,9 +141,24 @@ def test_burstgpt_from_the_command_line_by_its_header(tmp_path):
     path.write_text(BURST)
     out = tmp_path / "o.json"
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=9)) as m:
-        p = subprocess.run([sys.executable, "loadtest.py", "--url", m.url, "--trace", str(path),
-                            "--trace-speed", "4", "--quiet", "--json", str(out)],
-                           capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "loadtest.py",
+                "--url",
+                m.url,
+                "--trace",
+                str(path),
+                "--trace-speed",
+                "4",
+                "--quiet",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads(out.read_text())["stages"][0]
     assert s["mode"] == "trace" and s["completed"] == 6 and s["failed"] == 0
@@ -141,7 +172,7 @@ def test_gamma_gaps_have_the_rate_and_a_cv_of_one_over_root_b(burstiness):
     mean = statistics.fmean(gaps)
     cv = statistics.pstdev(gaps) / mean
     assert mean == pytest.approx(1 / 50, rel=0.03)
-    assert cv == pytest.approx(1 / burstiness ** 0.5, rel=0.05)
+    assert cv == pytest.approx(1 / burstiness**0.5, rel=0.05)
 
 
 async def test_gamma_arrivals_on_the_wire_are_bursty():
@@ -149,8 +180,12 @@ async def test_gamma_arrivals_on_the_wire_are_bursty():
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=1) as m:
         cvs = {}
         for b in (0.25, 4.0):
-            run = await run_stage(m.url, WorkloadSpec(stream=False), Stage(
-                "open", 150.0, duration=2.0, warmup=0.0, arrival="gamma", burstiness=b, seed=3), 30)
+            run = await run_stage(
+                m.url,
+                WorkloadSpec(stream=False),
+                Stage("open", 150.0, duration=2.0, warmup=0.0, arrival="gamma", burstiness=b, seed=3),
+                30,
+            )
             sent = sorted(r.start + r.send_lag for r in run.results)
             gaps = [y - x for x, y in itertools.pairwise(sent)]
             cvs[b] = statistics.pstdev(gaps) / statistics.fmean(gaps)
@@ -158,8 +193,12 @@ async def test_gamma_arrivals_on_the_wire_are_bursty():
 
 
 def test_burstiness_needs_gamma_arrivals():
-    p = subprocess.run([sys.executable, "loadtest.py", "--rate", "5", "--burstiness", "0.5"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "loadtest.py", "--rate", "5", "--burstiness", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "--arrival gamma" in p.stdout
 
 
@@ -169,9 +208,32 @@ def test_timeslices_add_up_to_the_stage(tmp_path):
     to the stage's."""
     out = tmp_path / "o.json"
     with MockProcess(MockConfig(ttft_ms=10.0, tok_ms=1.0, tokens=4, busy_rate=0.2)) as m:
-        p = subprocess.run([sys.executable, "loadtest.py", "--url", m.url, "--concurrency", "4", "--duration", "1",
-                            "--warmup", "0.2", "--repeat", "2", "--timeslice", "0.3", "--max-error-rate", "1",
-                            "--quiet", "--json", str(out)], capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "loadtest.py",
+                "--url",
+                m.url,
+                "--concurrency",
+                "4",
+                "--duration",
+                "1",
+                "--warmup",
+                "0.2",
+                "--repeat",
+                "2",
+                "--timeslice",
+                "0.3",
+                "--max-error-rate",
+                "1",
+                "--quiet",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads(out.read_text())["stages"][0]
     slices = s["timeslices"]
@@ -180,8 +242,15 @@ def test_timeslices_add_up_to_the_stage(tmp_path):
     assert sum(t["completed"] for t in slices) == s["completed"]
     assert sum(t["errors"] for t in slices) == s["failed"] > 0
     for t in slices:
-        assert set(t) >= {"count", "throughput", "errors", "ttft_p50_ms", "ttft_p99_ms",
-                          "latency_p50_ms", "latency_p99_ms"}
+        assert set(t) >= {
+            "count",
+            "throughput",
+            "errors",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "latency_p50_ms",
+            "latency_p99_ms",
+        }
         assert t["throughput"] == pytest.approx(t["completed"] / t["duration_s"], rel=1e-2)
     assert [t["duration_s"] for t in slices[:4]] == pytest.approx([0.3, 0.3, 0.3, 0.1], abs=0.02)
 
@@ -190,8 +259,12 @@ def test_timeslices_add_up_to_the_stage(tmp_path):
 def test_an_unknown_model_exits_2_within_seconds_naming_it_and_the_served_ones(api, listing):
     with MockProcess(MockConfig(models=["llama3", "qwen2.5:7b"])) as m:
         t = time.monotonic()
-        p = subprocess.run([sys.executable, "loadtest.py", "--url", m.url, "--api", api, "--model", "lama3",
-                            "--duration", "30"], capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            [sys.executable, "loadtest.py", "--url", m.url, "--api", api, "--model", "lama3", "--duration", "30"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         took = time.monotonic() - t
     assert p.returncode == 2, p.stdout + p.stderr
     assert took < 8  # interpreter start included; the 30 s stage never ran
@@ -203,4 +276,5 @@ def test_an_unknown_model_exits_2_within_seconds_naming_it_and_the_served_ones(a
 
 def test_llama3_is_llama3_latest():
     from loadtest.models import same_model
+
     assert same_model("llama3", "llama3:latest") and not same_model("llama3", "llama3:8b")

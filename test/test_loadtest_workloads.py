@@ -28,12 +28,17 @@ def _write(path, rows):
 
 
 async def test_dataset_prompts_histories_and_output_lengths(tmp_path):
-    path = _write(tmp_path / "d.jsonl", [
-        {"prompt": "Why is the sky blue?", "output_tokens": 3},
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-         "output_tokens": 5},
-        {"prompt": "No length given"},
-    ])
+    path = _write(
+        tmp_path / "d.jsonl",
+        [
+            {"prompt": "Why is the sky blue?", "output_tokens": 3},
+            {
+                "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                "output_tokens": 5,
+            },
+            {"prompt": "No length given"},
+        ],
+    )
     ds = Dataset(path)
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=7) as m:
         for api in ("ollama", "openai"):
@@ -54,11 +59,14 @@ async def test_dataset_opens_conversations_with_turns(tmp_path):
     assert kv["hit_tokens"] > 0  # turns 2 and 3 carry the dataset's history: a prefix the mock has seen
 
 
-@pytest.mark.parametrize("rows,msg", [
-    ([{"output_tokens": 3}], "needs \"prompt\""),
-    ([{"prompt": "a", "output_tokens": -1}], "output_tokens must be"),
-    ([{"messages": "hello"}], "\"messages\" must be"),
-])
+@pytest.mark.parametrize(
+    "rows,msg",
+    [
+        ([{"output_tokens": 3}], 'needs "prompt"'),
+        ([{"prompt": "a", "output_tokens": -1}], "output_tokens must be"),
+        ([{"messages": "hello"}], '"messages" must be'),
+    ],
+)
 def test_bad_dataset_lines_name_file_and_line(tmp_path, rows, msg):
     path = _write(tmp_path / "bad.jsonl", [{"prompt": "fine"}] + rows)
     with pytest.raises(ValueError, match=msg) as e:
@@ -67,12 +75,15 @@ def test_bad_dataset_lines_name_file_and_line(tmp_path, rows, msg):
 
 
 async def test_trace_replay_keeps_sessions_and_sizes(tmp_path):
-    path = _write(tmp_path / "t.jsonl", [
-        {"timestamp": 0, "input_tokens": 300, "output_tokens": 2, "session_id": "a"},
-        {"timestamp": 400, "input_tokens": 500, "output_tokens": 3, "session_id": "a"},
-        {"timestamp": 100, "input_tokens": 200, "output_tokens": 4, "session_id": "b"},
-        {"arrival": 0.6, "input_length": 100, "output_length": 5},
-    ])
+    path = _write(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": 0, "input_tokens": 300, "output_tokens": 2, "session_id": "a"},
+            {"timestamp": 400, "input_tokens": 500, "output_tokens": 3, "session_id": "a"},
+            {"timestamp": 100, "input_tokens": 200, "output_tokens": 4, "session_id": "b"},
+            {"arrival": 0.6, "input_length": 100, "output_length": 5},
+        ],
+    )
     trace = Trace(path, speed=2.0)
     assert [e.at for e in trace.entries] == [0.0, 0.1, 0.4, 0.6] and trace.span == pytest.approx(0.3)
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=9) as m:
@@ -89,21 +100,45 @@ async def test_trace_replay_keeps_sessions_and_sizes(tmp_path):
 
 
 def test_trace_with_turns_from_the_command_line(tmp_path):
-    path = _write(tmp_path / "t.jsonl", [{"timestamp": t, "input_tokens": 50, "output_tokens": 2, "session_id": f"s{t}"}
-                                         for t in (0, 50, 100)])
+    path = _write(
+        tmp_path / "t.jsonl",
+        [{"timestamp": t, "input_tokens": 50, "output_tokens": 2, "session_id": f"s{t}"} for t in (0, 50, 100)],
+    )
     out = tmp_path / "o.json"
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=4)) as m:
-        p = subprocess.run([sys.executable, "loadtest.py", "--url", m.url, "--trace", path, "--turns", "2",
-                            "--trace-speed", "4", "--quiet", "--json", str(out)],
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "loadtest.py",
+                "--url",
+                m.url,
+                "--trace",
+                path,
+                "--turns",
+                "2",
+                "--trace-speed",
+                "4",
+                "--quiet",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads(out.read_text())["stages"][0]
     assert s["mode"] == "trace" and s["completed"] == 6 and s["total_output_tokens"] == 12
     assert set(s["turns"]) == {"1", "2"}
 
 
-@pytest.mark.parametrize("args,msg", [(["--dataset", "/nonexistent.jsonl"], "No such file"),
-                                      (["--trace", "T", "--ramp", "1,2"], "leave out --rate and --ramp")])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--dataset", "/nonexistent.jsonl"], "No such file"),
+        (["--trace", "T", "--ramp", "1,2"], "leave out --rate and --ramp"),
+    ],
+)
 def test_file_workload_errors_exit_2(tmp_path, args, msg):
     args = [a if a != "T" else _write(tmp_path / "t.jsonl", [{"arrival": 0}]) for a in args]
     p = subprocess.run([sys.executable, "loadtest.py", "--quiet", *args], capture_output=True, text=True, timeout=60)
@@ -112,8 +147,10 @@ def test_file_workload_errors_exit_2(tmp_path, args, msg):
 
 def test_request_options_go_where_each_api_reads_them():
     from loadtest.cli import build_parser
-    args = build_parser().parse_args(["--request-option", "temperature=0", "--request-option", "seed=7",
-                                      "--max-tokens", "5"])
+
+    args = build_parser().parse_args(
+        ["--request-option", "temperature=0", "--request-option", "seed=7", "--max-tokens", "5"]
+    )
     opts = dict(args.request_option)
     assert opts == {"temperature": 0, "seed": 7}
     ollama = json.loads(WorkloadSpec(options=opts, max_tokens=5).body())

@@ -174,8 +174,9 @@ async def test_management_needs_the_admin_key_when_one_is_set(mock):
         assert "kept:latest" in await _models(mock)
     limited = {"endpoints": endpoints(mock), "client_keys": [{"name": "app", "key": user, "models": ["llama3"]}]}
     async with run_router(limited) as r, aiohttp.ClientSession() as s:
-        async with s.delete(r.url + "/api/delete", json={"model": "kept"},
-                            headers={"Authorization": f"Bearer {user}"}) as resp:
+        async with s.delete(
+            r.url + "/api/delete", json={"model": "kept"}, headers={"Authorization": f"Bearer {user}"}
+        ) as resp:
             assert resp.status == 403 and "limited" in (await resp.json())["error"]
         assert "kept:latest" in await _models(mock)
 
@@ -184,15 +185,18 @@ async def test_the_real_ollama_cli_reads_the_merged_pull_stream(two):
     """`ollama pull` (the real CLI) through the router over two mocks: it draws the merged
     progress and exits 0 only on the final success; a failure on one endpoint is its error."""
     import os
+
     a, b, r = two
     cli = await asyncio.to_thread(real_backends.ollama_cli)  # (may unpack it: ~2 s off the loop)
     env = {**os.environ, "OLLAMA_HOST": r.url.removeprefix("http://"), "HOME": "/tmp"}
 
     async def run(*args: str) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(str(cli), *args, env=env, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
+        proc = await asyncio.create_subprocess_exec(
+            str(cli), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
         return proc.returncode, out.decode(errors="replace")
+
     code, out = await run("pull", "clipulled")
     assert code == 0 and "success" in out and "m0: pulling manifest" in out, out[-500:]
     assert "clipulled:latest" in await _models(a) and "clipulled:latest" in await _models(b)

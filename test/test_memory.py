@@ -25,9 +25,13 @@ async def test_a_worker_loads_aiohttp_only_for_model_management():
             await ready(url)
             chat = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}
             async with aiohttp.ClientSession() as s:
-                for path, body in (("/api/chat", {**chat, "stream": False}), ("/api/chat", chat),
-                                   ("/v1/chat/completions", chat), ("/api/show", {"model": "llama3"}),
-                                   ("/api/generate", {"model": "llama3", "keep_alive": 0})):
+                for path, body in (
+                    ("/api/chat", {**chat, "stream": False}),
+                    ("/api/chat", chat),
+                    ("/v1/chat/completions", chat),
+                    ("/api/show", {"model": "llama3"}),
+                    ("/api/generate", {"model": "llama3", "keep_alive": 0}),
+                ):
                     async with s.post(url + path, json=body) as r:
                         assert r.status == 200, (path, await r.text())
                         await r.read()

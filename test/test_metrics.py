@@ -53,6 +53,7 @@ async def test_one_scrape_counts_every_worker_and_survives_a_killed_worker():
                         await resp.read()
                         assert resp.status == 200
                         pids.add(resp.headers["X-Router-Worker"])
+
                 sent = 0
                 while sent < 100 or (len(pids) < 2 and sent < 400):  # until both workers served some
                     await asyncio.gather(*(one(sent + i) for i in range(10)))
@@ -78,9 +79,12 @@ async def test_one_scrape_counts_every_worker_and_survives_a_killed_worker():
 async def test_access_lines_and_request_ids(mock, caplog):
     import json as _json
     import logging
+
     secret = {**CHAT, "messages": [{"role": "user", "content": "zebra-secret-prompt"}]}
-    async with run_router({"endpoints": endpoints(mock), "access_log": True, "log_format": "json"}) as r, \
-            aiohttp.ClientSession() as s:
+    async with (
+        run_router({"endpoints": endpoints(mock), "access_log": True, "log_format": "json"}) as r,
+        aiohttp.ClientSession() as s,
+    ):
         with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
             async with s.post(r.url + "/api/chat", json=secret, headers={"X-Request-ID": "abc-123"}) as resp:
                 assert resp.headers["X-Request-ID"] == "abc-123"
@@ -99,8 +103,12 @@ async def test_token_counts_come_from_the_backends_answers(mock):
         for stream in (False, True):
             async with s.post(r.url + "/api/chat", json={**CHAT, "stream": stream}) as resp:
                 await resp.read()
-        body = {"model": "llama3", "stream": True, "stream_options": {"include_usage": True},
-                "messages": [{"role": "user", "content": "hi"}]}
+        body = {
+            "model": "llama3",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         async with s.post(r.url + "/v1/chat/completions", json=body) as resp:
             await resp.read()
         async with s.get(r.url + "/metrics") as resp:

@@ -8,15 +8,21 @@ import pytest
 MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
 
 
-
-
 async def test_ollama_chat_stream_equals_nonstream(mock, clients):
     c = clients.ollama(mock.url)
     full = await c.chat(model="llama3", messages=MSGS, stream=False)
     parts = [p async for p in await c.chat(model="llama3", messages=MSGS, stream=True)]
     assert full.message.content == "".join(p.message.content for p in parts)
-    assert full.message.content.split() == ["lorem", "ipsum", "dolor", "sit", "amet",
-                                            "consectetur", "adipiscing", "elit"]
+    assert full.message.content.split() == [
+        "lorem",
+        "ipsum",
+        "dolor",
+        "sit",
+        "amet",
+        "consectetur",
+        "adipiscing",
+        "elit",
+    ]
     last = parts[-1]
     assert last.done and last.done_reason == "stop" and last.eval_count == 8
     assert last.prompt_eval_count == full.prompt_eval_count > 0
@@ -27,8 +33,7 @@ async def test_ollama_chat_stream_equals_nonstream(mock, clients):
 async def test_ollama_generate_and_num_predict(mock, clients):
     c = clients.ollama(mock.url)
     full = await c.generate(model="llama3", prompt="hi", options={"num_predict": 3})
-    parts = [p async for p in await c.generate(model="llama3", prompt="hi", stream=True,
-                                               options={"num_predict": 3})]
+    parts = [p async for p in await c.generate(model="llama3", prompt="hi", stream=True, options={"num_predict": 3})]
     assert full.response == "".join(p.response for p in parts) == "lorem ipsum dolor "
     assert full.done_reason == parts[-1].done_reason == "length"
     assert full.eval_count == 3
@@ -60,8 +65,9 @@ async def test_ollama_unknown_model_is_404(mock, clients):
 async def test_openai_chat_stream_equals_nonstream(mock, clients):
     c = clients.openai(mock.url)
     full = await c.chat.completions.create(model="llama3", messages=MSGS)
-    stream = await c.chat.completions.create(model="llama3", messages=MSGS, stream=True,
-                                             stream_options={"include_usage": True})
+    stream = await c.chat.completions.create(
+        model="llama3", messages=MSGS, stream=True, stream_options={"include_usage": True}
+    )
     chunks = [ch async for ch in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert not chunks[0].choices[0].delta.content
@@ -75,8 +81,7 @@ async def test_openai_chat_stream_equals_nonstream(mock, clients):
 async def test_openai_completions_max_tokens(mock, clients):
     c = clients.openai(mock.url)
     full = await c.completions.create(model="llama3", prompt="hi", max_tokens=2)
-    parts = [ch async for ch in await c.completions.create(model="llama3", prompt="hi",
-                                                           max_tokens=2, stream=True)]
+    parts = [ch async for ch in await c.completions.create(model="llama3", prompt="hi", max_tokens=2, stream=True)]
     assert full.choices[0].text == "".join(p.choices[0].text for p in parts) == "lorem ipsum "
     assert full.choices[0].finish_reason == "length"
 

@@ -11,17 +11,37 @@ import pytest
 
 from test.helpers import endpoints, run_router
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "weather in a city",
-    "parameters": {"type": "object", "required": ["city", "days"],
-                   "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1},
-                                  "unit": {"type": "string", "enum": ["C", "F"]}}}}}
-SCHEMA = {"type": "object", "required": ["name", "age", "tags", "address"],
-          "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                         "tags": {"type": "array", "items": {"type": "string"}},
-                         "address": {"type": "object", "required": ["zip"],
-                                     "properties": {"zip": {"type": "string"}, "n": {"type": "number"}}},
-                         "ok": {"type": "boolean"}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "weather in a city",
+        "parameters": {
+            "type": "object",
+            "required": ["city", "days"],
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1},
+                "unit": {"type": "string", "enum": ["C", "F"]},
+            },
+        },
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "required": ["name", "age", "tags", "address"],
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {
+            "type": "object",
+            "required": ["zip"],
+            "properties": {"zip": {"type": "string"}, "n": {"type": "number"}},
+        },
+        "ok": {"type": "boolean"},
+    },
+}
 
 
 def _satisfies(doc, schema=SCHEMA) -> None:
@@ -81,8 +101,10 @@ async def test_openai_tool_call_stream_and_not(router, clients):
             finish = c.finish_reason or finish
     assert (name, json.loads(arguments), finish) == ("get_weather", args, "tool_calls")
     # after the tool's result: a plain answer again
-    follow = ask["messages"] + [choice.message.model_dump(exclude_none=True),
-                                {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id, "content": "sunny"}]
+    follow = ask["messages"] + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id, "content": "sunny"},
+    ]
     final = await client.chat.completions.create(**{**ask, "messages": follow})
     assert final.choices[0].finish_reason == "stop" and final.choices[0].message.content
     none = await client.chat.completions.create(**ask, tool_choice="none")
@@ -104,12 +126,17 @@ async def test_ollama_tool_call_has_object_arguments(router, clients):
 async def test_json_schema_output(router, clients):
     oa = clients.openai(router.url)
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
-    out = await oa.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}],
-                                           response_format=fmt)
+    out = await oa.chat.completions.create(
+        model="llama3", messages=[{"role": "user", "content": "x"}], response_format=fmt
+    )
     _satisfies(json.loads(out.choices[0].message.content))
     text = ""
-    async for chunk in await oa.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}],
-                                                        response_format={"type": "json_object"}, stream=True):
+    async for chunk in await oa.chat.completions.create(
+        model="llama3",
+        messages=[{"role": "user", "content": "x"}],
+        response_format={"type": "json_object"},
+        stream=True,
+    ):
         text += "".join(c.delta.content or "" for c in chunk.choices)
     assert isinstance(json.loads(text), dict)
     ol = clients.ollama(router.url)
@@ -122,8 +149,9 @@ async def test_json_schema_output(router, clients):
 async def test_base64_embeddings(router, clients):
     client = clients.openai(router.url)
     floats = await client.embeddings.create(model="llama3", input=["a", "b"], encoding_format="float")
-    packed = await client.embeddings.with_raw_response.create(model="llama3", input=["a", "b"],
-                                                              encoding_format="base64")
+    packed = await client.embeddings.with_raw_response.create(
+        model="llama3", input=["a", "b"], encoding_format="base64"
+    )
     raw = json.loads(packed.text)["data"][0]["embedding"]
     assert isinstance(raw, str)
     vec = struct.unpack(f"<{len(floats.data[0].embedding)}f", base64.b64decode(raw))

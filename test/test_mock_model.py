@@ -39,11 +39,12 @@ async def test_ttft_and_total_time_follow_the_model():
 
 
 async def test_parallel_two_runs_six_requests_in_three_waves():
-    async with run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=5, parallel=2) as m, \
-            aiohttp.ClientSession() as s:
+    async with run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=5, parallel=2) as m, aiohttp.ClientSession() as s:
+
         async def timed():
             await post(s, m.url, {**CHAT, "stream": False})
             return time.perf_counter() - t0
+
         t0 = time.perf_counter()
         ends = sorted(await asyncio.gather(*[timed() for _ in range(6)]))
         # two at a time: a request of 5 tokens x 20 ms takes >= 100 ms, and the 3rd and 5th
@@ -56,28 +57,31 @@ async def test_parallel_two_runs_six_requests_in_three_waves():
 
 
 async def test_queue_limit_answers_the_real_503():
-    async with run_mock(ttft_ms=200.0, tok_ms=0.0, tokens=1, parallel=1, max_queue=1) as m, \
-            aiohttp.ClientSession() as s:
+    async with (
+        run_mock(ttft_ms=200.0, tok_ms=0.0, tokens=1, parallel=1, max_queue=1) as m,
+        aiohttp.ClientSession() as s,
+    ):
         results = await asyncio.gather(*[post(s, m.url, {**CHAT, "stream": False}) for _ in range(3)])
         busy = [b for st, b in results if st == 503]
         assert [st for st, _ in results].count(200) == 2 and len(busy) == 1
         assert json.loads(busy[0]) == {"error": OLLAMA_BUSY}
         openai_chat = {"model": "llama3", "messages": [], "stream": False}
-        results = await asyncio.gather(
-            *[post(s, m.url, openai_chat, "/v1/chat/completions") for _ in range(3)])
+        results = await asyncio.gather(*[post(s, m.url, openai_chat, "/v1/chat/completions") for _ in range(3)])
         busy = [b for st, b in results if st == 503]
         assert len(busy) == 1 and json.loads(busy[0])["error"]["type"] == "server_error"
 
 
 async def test_warm_follow_up_beats_cold_instance_by_prefill_cost():
     knobs = dict(ttft_ms=10.0, tok_ms=0.0, tokens=4, prefill_ms_per_1k_tokens=100.0)
-    history = [{"role": "system", "content": "s" * 2000},
-               {"role": "user", "content": "u" * 6000}]  # ~2000 tokens
+    history = [{"role": "system", "content": "s" * 2000}, {"role": "user", "content": "u" * 6000}]  # ~2000 tokens
     async with run_mock(**knobs) as a, run_mock(**knobs) as b, aiohttp.ClientSession() as s:
         st, raw = await post(s, a.url, {"model": "llama3", "messages": history, "stream": False})
         answer = json.loads(raw)["message"]
-        turn2 = {"model": "llama3", "stream": True,
-                 "messages": history + [answer, {"role": "user", "content": "and then?"}]}
+        turn2 = {
+            "model": "llama3",
+            "stream": True,
+            "messages": history + [answer, {"role": "user", "content": "and then?"}],
+        }
         warm, _ = await first_content_time(s, a.url, turn2)
         cold, _ = await first_content_time(s, b.url, turn2)
         # cold pays ~2000 tokens x 0.1 ms = ~200 ms; warm only the last partial block
@@ -89,11 +93,9 @@ async def test_warm_follow_up_beats_cold_instance_by_prefill_cost():
 
 
 async def test_kv_cache_is_lru_bounded():
-    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=1, kv_cache_tokens=1024) as m, \
-            aiohttp.ClientSession() as s:
+    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=1, kv_cache_tokens=1024) as m, aiohttp.ClientSession() as s:
         for i in range(3):
-            await post(s, m.url, {"model": "llama3", "prompt": str(i) * 2048, "stream": False},
-                       "/api/generate")
+            await post(s, m.url, {"model": "llama3", "prompt": str(i) * 2048, "stream": False}, "/api/generate")
         assert m.stats()["kv_cache"]["cached_tokens"] <= 1024
         await post(s, m.url, {"model": "llama3", "prompt": "0" * 2048, "stream": False}, "/api/generate")
         assert m.stats()["kv_cache"]["hits"] == 0  # the first prompt was evicted
@@ -112,8 +114,7 @@ async def test_status_faults_switch_live(knob, expect):
 
 
 async def test_drop_cuts_the_stream_midway():
-    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=10, drop_rate=1.0) as m, \
-            aiohttp.ClientSession() as s:
+    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=10, drop_rate=1.0) as m, aiohttp.ClientSession() as s:
         lines = []
         with pytest.raises(aiohttp.ClientPayloadError):
             async with s.post(m.url + "/api/chat", json=CHAT) as r:
@@ -126,11 +127,9 @@ async def test_drop_cuts_the_stream_midway():
 
 
 async def test_hang_never_answers_and_first_byte_delay_delays_headers():
-    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=1, hang_rate=1.0) as m, \
-            aiohttp.ClientSession() as s:
+    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=1, hang_rate=1.0) as m, aiohttp.ClientSession() as s:
         with pytest.raises(asyncio.TimeoutError):
-            async with s.post(m.url + "/api/chat", json=CHAT,
-                              timeout=aiohttp.ClientTimeout(total=0.3)) as r:
+            async with s.post(m.url + "/api/chat", json=CHAT, timeout=aiohttp.ClientTimeout(total=0.3)) as r:
                 await r.read()
         m.update(hang_rate=0.0, first_byte_delay_ms=150.0)
         t0 = time.perf_counter()
@@ -142,16 +141,22 @@ async def test_hang_never_answers_and_first_byte_delay_delays_headers():
 
 async def test_faults_are_deterministic_under_a_seed():
     async def pattern():
-        async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=1, fail_rate=0.5, seed=7) as m, \
-                aiohttp.ClientSession() as s:
+        async with (
+            run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=1, fail_rate=0.5, seed=7) as m,
+            aiohttp.ClientSession() as s,
+        ):
             return [(await post(s, m.url, {**CHAT, "stream": False}))[0] for _ in range(20)]
+
     first, second = await pattern(), await pattern()
     assert first == second and 500 in first and 200 in first
 
 
 async def test_stats_count_routes_and_config_rejects_bad_knobs(mock):
-    long_chat = {"model": "llama3", "stream": False,
-                 "messages": [{"role": "user", "content": "hello " * 100}]}  # > one KV block
+    long_chat = {
+        "model": "llama3",
+        "stream": False,
+        "messages": [{"role": "user", "content": "hello " * 100}],
+    }  # > one KV block
     async with aiohttp.ClientSession() as s:
         for _ in range(3):
             await post(s, mock.url, long_chat)
@@ -169,8 +174,10 @@ async def test_stats_count_routes_and_config_rejects_bad_knobs(mock):
 
 
 async def test_batch_slowdown_bends_throughput():
-    async with run_mock(ttft_ms=0.0, tok_ms=10.0, tokens=10, parallel=4, batch_slowdown=1.0) as m, \
-            aiohttp.ClientSession() as s:
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=10.0, tokens=10, parallel=4, batch_slowdown=1.0) as m,
+        aiohttp.ClientSession() as s,
+    ):
         t0 = time.perf_counter()
         await post(s, m.url, {**CHAT, "stream": False})
         alone = time.perf_counter() - t0
@@ -183,14 +190,17 @@ async def test_batch_slowdown_bends_throughput():
 
 async def test_jitter_is_seeded():
     async def ttfts(seed: int) -> list[float]:
-        async with run_mock(ttft_ms=40.0, tok_ms=0.0, tokens=1, jitter=0.5, jitter_dist="uniform",
-                            seed=seed) as m, aiohttp.ClientSession() as s:
+        async with (
+            run_mock(ttft_ms=40.0, tok_ms=0.0, tokens=1, jitter=0.5, jitter_dist="uniform", seed=seed) as m,
+            aiohttp.ClientSession() as s,
+        ):
             out = []
             for _ in range(6):
                 t0 = time.perf_counter()
                 await post(s, m.url, {**CHAT, "stream": False})
                 out.append(time.perf_counter() - t0)
             return out
+
     a, b = await ttfts(3), await ttfts(3)
     assert max(a) - min(a) > 0.010  # it varies
     assert all(abs(x - y) < 0.008 for x, y in zip(a, b, strict=True))  # and the same seed replays it
@@ -218,21 +228,33 @@ def _without_clock(lines: list[bytes]) -> list[dict]:
 
 def _content(d: dict) -> str:
     c = (d.get("choices") or [{}])[0]
-    return (d.get("message") or {}).get("content") or d.get("response") or (c.get("delta") or {}).get("content") \
-        or c.get("text") or ""
+    return (
+        (d.get("message") or {}).get("content")
+        or d.get("response")
+        or (c.get("delta") or {}).get("content")
+        or c.get("text")
+        or ""
+    )
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/api/chat", CHAT), ("/api/generate", {"model": "llama3", "prompt": "hi", "options": {"num_predict": 5}}),
-    ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}),
-    ("/v1/completions", {"model": "llama3", "prompt": "hi", "max_tokens": 0})])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/api/chat", CHAT),
+        ("/api/generate", {"model": "llama3", "prompt": "hi", "options": {"num_predict": 5}}),
+        ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}),
+        ("/v1/completions", {"model": "llama3", "prompt": "hi", "max_tokens": 0}),
+    ],
+)
 async def test_stream_tick_writes_the_same_chunks(path, body):
     """`stream_tick_ms` (one shared timer for every stream) changes when chunks are written,
     never what is written; no chunk comes before its deadline."""
     body = {**body, "stream": True}
-    async with run_mock(ttft_ms=30.0, tok_ms=4.0, tokens=12) as plain, \
-            run_mock(ttft_ms=30.0, tok_ms=4.0, tokens=12, stream_tick_ms=5.0) as ticked, \
-            aiohttp.ClientSession() as s:
+    async with (
+        run_mock(ttft_ms=30.0, tok_ms=4.0, tokens=12) as plain,
+        run_mock(ttft_ms=30.0, tok_ms=4.0, tokens=12, stream_tick_ms=5.0) as ticked,
+        aiohttp.ClientSession() as s,
+    ):
         want = _without_clock(await _stream_lines(s, plain.url, body, path))
         t0 = time.perf_counter()
         got = await asyncio.gather(*(_stream_lines(s, ticked.url, body, path) for _ in range(20)))
@@ -245,8 +267,7 @@ async def test_stream_tick_writes_the_same_chunks(path, body):
 
 
 async def test_stream_tick_client_leaving_frees_the_slot():
-    async with run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=100, stream_tick_ms=5.0) as m, \
-            aiohttp.ClientSession() as s:
+    async with run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=100, stream_tick_ms=5.0) as m, aiohttp.ClientSession() as s:
         async with s.post(m.url + "/api/chat", json=CHAT) as r:
             first = await r.content.readline()
             assert json.loads(first)["message"]["content"]

@@ -45,8 +45,13 @@ async def probe(url: str, name: str, base: str) -> dict[str, Any]:
         async with s.post(url + "/api/generate", json={**gen, "model": base}) as r:
             await r.read()
             worker = r.headers.get("X-Router-Worker")
-    return {"listed": f"{name}:latest" in tags, "v1": name in ids or f"{name}:latest" in ids,
-            "show": show, "generate": generated, "worker": worker}
+    return {
+        "listed": f"{name}:latest" in tags,
+        "v1": name in ids or f"{name}:latest" in ids,
+        "show": show,
+        "generate": generated,
+        "worker": worker,
+    }
 
 
 def stale(answers: list[dict[str, Any]], present: bool) -> list[dict[str, Any]]:
@@ -79,8 +84,10 @@ async def copy_then_delete(url: str, base: str, rounds: int) -> tuple[int, int, 
 
 async def test_a_copy_and_a_delete_are_seen_by_every_worker_mock():
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=1, parallel=64, models=["tiny"])) as m:
-        cfg = {"endpoints": [{"url": m.url, "name": "mock", "max_concurrent": 64}],
-               "model_refresh_interval": 3600}  # only the change itself may spread the news
+        cfg = {
+            "endpoints": [{"url": m.url, "name": "mock", "max_concurrent": 64}],
+            "model_refresh_interval": 3600,
+        }  # only the change itself may spread the news
         with router_workers(cfg, WORKERS) as (url, _):
             bad, total, workers = await copy_then_delete(url, "tiny", 5)
     assert len(workers) >= 2, workers  # the probes really spread over workers
@@ -91,8 +98,7 @@ async def test_a_worker_killed_is_not_waited_for(tmp_path):
     """kill -9 of a worker (not the state host): the next change answers at once (the pid
     is gone: no acknowledgement awaited from it) and the survivors all see it."""
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=1, parallel=64, models=["tiny"])) as m:
-        cfg = {"endpoints": [{"url": m.url, "name": "mock", "max_concurrent": 64}],
-               "model_refresh_interval": 3600}
+        cfg = {"endpoints": [{"url": m.url, "name": "mock", "max_concurrent": 64}], "model_refresh_interval": 3600}
         base = str(tmp_path / "state")
         with router_workers(cfg, 3, state_path=base) as (url, _):
             host = int(open(base + ".lock").read())
@@ -118,8 +124,11 @@ async def test_a_worker_killed_is_not_waited_for(tmp_path):
 async def test_the_same_through_redis(redis_url):
     """Workers that share state through Redis (as instances on several hosts would)."""
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=1, parallel=64, models=["tiny"])) as m:
-        cfg = {"endpoints": [{"url": m.url, "name": "mock", "max_concurrent": 64}],
-               "model_refresh_interval": 3600, "state": redis_url}
+        cfg = {
+            "endpoints": [{"url": m.url, "name": "mock", "max_concurrent": 64}],
+            "model_refresh_interval": 3600,
+            "state": redis_url,
+        }
         with router_workers(cfg, WORKERS) as (url, _):
             await asyncio.sleep(1.5)  # (each worker's Redis subscription starts in the background)
             bad, total, workers = await copy_then_delete(url, "tiny", 3)
@@ -132,6 +141,7 @@ async def test_one_worker_polls_for_all_and_all_apply_it():
     all (not one per worker), and a model that appears at the backend (not through the
     router) is then listed by every worker."""
     from aiohttp import web
+
     polls: list[float] = []
     models = ["tiny:latest"]
 
@@ -155,8 +165,7 @@ async def test_one_worker_polls_for_all_and_all_apply_it():
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        cfg = {"endpoints": [{"url": f"http://127.0.0.1:{port}", "name": "counted"}],
-               "model_refresh_interval": 0.5}
+        cfg = {"endpoints": [{"url": f"http://127.0.0.1:{port}", "name": "counted"}], "model_refresh_interval": 0.5}
         with router_workers(cfg, WORKERS, wait=False) as (url, _):  # (this loop serves the backend)
             await ready(url)
             await asyncio.sleep(1.5)
@@ -183,8 +192,7 @@ def ollama_url() -> Iterator[str]:
 
 
 async def test_a_copy_and_a_delete_are_seen_by_every_worker_real_ollama(ollama_url):
-    cfg = {"endpoints": [{"url": ollama_url, "name": "real", "max_concurrent": 4}],
-           "model_refresh_interval": 3600}
+    cfg = {"endpoints": [{"url": ollama_url, "name": "real", "max_concurrent": 4}], "model_refresh_interval": 3600}
     with router_workers(cfg, WORKERS) as (url, _):
         bad, total, workers = await copy_then_delete(url, "tiny", 2)
     assert len(workers) >= 2, workers

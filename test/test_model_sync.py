@@ -47,8 +47,7 @@ class BusStore:
 
 
 def snap(at: float, *models: str) -> Snapshot:
-    return {"at": at, "type": "ollama", "version": "0.1",
-            "tags": [{"name": m, "model": m} for m in models], "ps": []}
+    return {"at": at, "type": "ollama", "version": "0.1", "tags": [{"name": m, "model": m} for m in models], "ps": []}
 
 
 class Worker:

@@ -26,21 +26,26 @@ def spy(m: Any, path: str, seen: list[tuple[str, dict[str, Any]]], name: str) ->
     async def spying(request: Any) -> Any:
         seen.append((name, json.loads(await request.read())))
         return await route(request)
+
     m.backend.routes[("POST", path)] = spying
 
 
 def step(body: dict[str, Any]) -> str:
     text = json.dumps(body)
-    return "review" if "Several assistants answered" in text else "final" if "best possible answer" in text \
-        else "sample"
+    return (
+        "review" if "Several assistants answered" in text else "final" if "best possible answer" in text else "sample"
+    )
 
 
 @pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
 @pytest.mark.parametrize("stream", [False, True])
 async def test_samples_go_to_distinct_endpoints_then_a_review_and_the_final_answer(path, stream):
     seen: list[tuple[str, dict[str, Any]]] = []
-    async with run_mock(ttft_ms=150, tok_ms=0, tokens=8) as a, run_mock(ttft_ms=150, tok_ms=0, tokens=8) as b, \
-            run_mock(ttft_ms=150, tok_ms=0, tokens=8) as c:
+    async with (
+        run_mock(ttft_ms=150, tok_ms=0, tokens=8) as a,
+        run_mock(ttft_ms=150, tok_ms=0, tokens=8) as b,
+        run_mock(ttft_ms=150, tok_ms=0, tokens=8) as c,
+    ):
         for name, m in (("a", a), ("b", b), ("c", c)):
             spy(m, path, seen, name)
         async with run_router({"endpoints": endpoints(a, b, c)}) as r:
@@ -80,8 +85,9 @@ async def test_with_fewer_endpoints_than_samples_one_serves_several_and_clients_
         spy(a, "/api/generate", seen, "a")
         async with run_router({"endpoints": endpoints(a), "moe": {"samples": 2}}) as r:
             oa = clients.openai(r.url)
-            parts = [ch async for ch in await oa.chat.completions.create(model="moe-llama3", messages=MSGS,
-                                                                          stream=True)]
+            parts = [
+                ch async for ch in await oa.chat.completions.create(model="moe-llama3", messages=MSGS, stream=True)
+            ]
             text = "".join(ch.choices[0].delta.content or "" for ch in parts if ch.choices)
             gen = await clients.ollama(r.url).generate(model="moe-llama3", prompt="Why?", stream=False)
     assert text.strip() and gen.response.strip() and gen.done
@@ -100,8 +106,10 @@ async def test_nobody_serving_the_model_is_a_404_in_the_api_s_shape(mock):
 
 
 async def test_keys_limits_and_the_cache_apply_to_the_model_behind_the_prefix(mock):
-    keys = [{"name": "tiny", "key": "tiny-key-123", "models": ["llama3"], "max_concurrent": 1},
-            {"name": "other", "key": "other-key-12", "models": ["qwen2.5:7b"]}]
+    keys = [
+        {"name": "tiny", "key": "tiny-key-123", "models": ["llama3"], "max_concurrent": 1},
+        {"name": "other", "key": "other-key-12", "models": ["qwen2.5:7b"]},
+    ]
     async with run_router({"endpoints": endpoints(mock), "client_keys": keys, "cache": {"enabled": True}}) as r:
         async with aiohttp.ClientSession() as s:
             body = {"model": "moe-llama3", "messages": MSGS, "stream": False, "nomyo": {"cache": True}}
@@ -122,8 +130,9 @@ async def test_failed_samples_are_left_out(mock2):
         async with run_router({"endpoints": endpoints(a, mock2)}) as r:
             mock2.update(fail_rate=1.0)
             async with aiohttp.ClientSession() as s:
-                async with s.post(r.url + "/api/chat", json={"model": "moe-llama3", "messages": MSGS,
-                                                             "stream": False}) as resp:
+                async with s.post(
+                    r.url + "/api/chat", json={"model": "moe-llama3", "messages": MSGS, "stream": False}
+                ) as resp:
                     assert resp.status == 200
                     used = int(resp.headers["X-Router-Moe"])
     assert used == 2  # a and a again; mock2's sample failed

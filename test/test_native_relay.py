@@ -37,6 +37,7 @@ def taken(monkeypatch):
             raise
         seen["streams"] += out is not None
         return out
+
     monkeypatch.setattr(native, "relay", counting)
     return seen
 
@@ -55,9 +56,13 @@ async def test_a_stream_comes_through_whole_counted_and_its_connection_is_reused
     async def counting(self, *args):
         made.append(1)
         return await connect(self, *args)
+
     monkeypatch.setattr(h1.Pool, "_connect", counting)
-    async with run_mock(ttft_ms=0.0, tok_ms=1.0, tokens=300) as m, \
-            run_router({"endpoints": endpoints(m), "resume_streams": resume}) as r, aiohttp.ClientSession() as s:
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=1.0, tokens=300) as m,
+        run_router({"endpoints": endpoints(m), "resume_streams": resume}) as r,
+        aiohttp.ClientSession() as s,
+    ):
         records = []
         r.router.events.on_request_done(records.append)
         direct = _text(await _chat(s, m.url))
@@ -92,8 +97,10 @@ async def test_a_paused_client_gets_every_byte_in_order(taken):
 
 
 async def test_a_client_leaving_mid_stream_frees_its_slot_and_stops_the_backend(taken):
-    async with run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=500) as m, \
-            run_router({"endpoints": endpoints(m, slots=1)}) as r:
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=500) as m,
+        run_router({"endpoints": endpoints(m, slots=1)}) as r,
+    ):
         c = await RawClient.post(r.url, "/api/chat", CHAT)
         for _ in range(5):
             assert await c.frame()
@@ -113,8 +120,10 @@ async def test_a_client_leaving_mid_stream_frees_its_slot_and_stops_the_backend(
 
 
 async def test_a_stream_cut_mid_way_resumes_elsewhere(taken):
-    async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80) as good, \
-            run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80, drop_rate=1.0) as dropping:
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80) as good,
+        run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80, drop_rate=1.0) as dropping,
+    ):
         cfg = {"endpoints": endpoints(dropping, good, slots=4), "routing": "least_busy", "eject_after": 1000}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             direct = _text(await _chat(s, good.url))
@@ -128,20 +137,28 @@ async def test_a_stream_cut_mid_way_resumes_elsewhere(taken):
 async def _raw_backend(after_first: bytes, stall: bool = False):
     """An Ollama-shaped backend on a free port: GETs get `{}`; /api/chat gets a chunked head
     and one good record, then `after_first` (and then nothing, if `stall`; else it closes)."""
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(h.split(b":")[1]) for h in head.lower().split(b"\r\n")
-                               if h.startswith(b"content-length:")), 0)
+                length = next(
+                    (int(h.split(b":")[1]) for h in head.lower().split(b"\r\n") if h.startswith(b"content-length:")), 0
+                )
                 await reader.readexactly(length)
                 if not head.startswith(b"POST /api/chat"):
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
                     continue
-                first = json.dumps({"model": "llama3", "message": {"role": "assistant", "content": "hi"},
-                                    "done": False}).encode() + b"\n"
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
-                             b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n" % (len(first), first))
+                first = (
+                    json.dumps(
+                        {"model": "llama3", "message": {"role": "assistant", "content": "hi"}, "done": False}
+                    ).encode()
+                    + b"\n"
+                )
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n" % (len(first), first)
+                )
                 await writer.drain()
                 await asyncio.sleep(0.1)  # the router has relayed the first chunk: the pump has the socket
                 writer.write(after_first)
@@ -152,22 +169,31 @@ async def _raw_backend(after_first: bytes, stall: bool = False):
                 return
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
+
     return await asyncio.start_server(serve, "127.0.0.1", 0)
 
 
 @pytest.mark.parametrize("case", ["malformed", "stalled", "closed"])
 async def test_a_broken_body_ends_the_stream_with_an_error_record_and_frees_the_slot(taken, case):
-    good = json.dumps({"model": "llama3", "message": {"role": "assistant", "content": " there"},
-                       "done": False}).encode() + b"\n"
-    after = {"malformed": b"zz\r\n", "stalled": b"%x\r\n%b\r\n" % (len(good), good),
-             "closed": b"%x\r\n%b\r\n" % (len(good), good)}[case]
+    good = (
+        json.dumps({"model": "llama3", "message": {"role": "assistant", "content": " there"}, "done": False}).encode()
+        + b"\n"
+    )
+    after = {
+        "malformed": b"zz\r\n",
+        "stalled": b"%x\r\n%b\r\n" % (len(good), good),
+        "closed": b"%x\r\n%b\r\n" % (len(good), good),
+    }[case]
     server = await _raw_backend(after, stall=case == "stalled")
     port = server.sockets[0].getsockname()[1]
-    eps = [{"url": f"http://127.0.0.1:{port}", "name": "raw", "type": "ollama", "models": ["llama3"],
-            "max_concurrent": 1}]
+    eps = [
+        {"url": f"http://127.0.0.1:{port}", "name": "raw", "type": "ollama", "models": ["llama3"], "max_concurrent": 1}
+    ]
     try:
-        async with run_router({"endpoints": eps, "stream_idle_timeout": 0.5, "resume_streams": False}) as r, \
-                aiohttp.ClientSession() as s:
+        async with (
+            run_router({"endpoints": eps, "stream_idle_timeout": 0.5, "resume_streams": False}) as r,
+            aiohttp.ClientSession() as s,
+        ):
             lines = await asyncio.wait_for(_chat(s, r.url), 10)
             snap = await r.router.store.snapshot()
     finally:
@@ -181,8 +207,11 @@ async def test_a_broken_body_ends_the_stream_with_an_error_record_and_frees_the_
 
 
 async def test_native_relay_false_keeps_the_python_relay(taken):
-    async with run_mock(ttft_ms=0.0, tok_ms=1.0, tokens=50) as m, \
-            run_router({"endpoints": endpoints(m), "native_relay": False}) as r, aiohttp.ClientSession() as s:
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=1.0, tokens=50) as m,
+        run_router({"endpoints": endpoints(m), "native_relay": False}) as r,
+        aiohttp.ClientSession() as s,
+    ):
         lines = await _chat(s, r.url)
     assert _text(lines) == [WORDS[i % 16] for i in range(50)] and lines[-1]["done"] is True
     assert taken["streams"] == 0

@@ -49,8 +49,9 @@ async def test_responses_conversations_keep_their_endpoint(mock, mock2):
             items = [{"role": "user", "content": f"conversation {n}"}]
             seen = []
             for turn in range(4):
-                async with s.post(r.url + "/v1/responses", json={"model": "llama3", "input": items,
-                                                                "instructions": "be brief"}) as resp:
+                async with s.post(
+                    r.url + "/v1/responses", json={"model": "llama3", "input": items, "instructions": "be brief"}
+                ) as resp:
                     body = await resp.json()
                     seen.append((resp.headers["X-Router-Endpoint"], resp.headers.get("X-Router-Affinity")))
                 items = items + body["output"] + [{"role": "user", "content": f"more {turn}"}]
@@ -128,16 +129,22 @@ async def test_previous_response_id_goes_where_the_response_was_made(mock, mock2
 
         async def start(n: int) -> None:
             stream = n % 2 == 1
-            async with s.post(r.url + "/v1/responses", json={"model": "llama3", "input": f"start {n}",
-                                                            "stream": stream}) as resp:
+            async with s.post(
+                r.url + "/v1/responses", json={"model": "llama3", "input": f"start {n}", "stream": stream}
+            ) as resp:
                 text = await resp.text()
-                rid = json.loads(text)["id"] if not stream else \
-                    json.loads(text.split("data: ", 2)[1].split("\n")[0])["response"]["id"]
+                rid = (
+                    json.loads(text)["id"]
+                    if not stream
+                    else json.loads(text.split("data: ", 2)[1].split("\n")[0])["response"]["id"]
+                )
                 made[rid] = resp.headers["X-Router-Endpoint"]
+
         await asyncio.gather(*(start(n) for n in range(6)))
         assert len(set(made.values())) == 2
         for rid, ep in made.items():
-            async with s.post(r.url + "/v1/responses", json={"model": "llama3", "input": "go on",
-                                                            "previous_response_id": rid}) as resp:
+            async with s.post(
+                r.url + "/v1/responses", json={"model": "llama3", "input": "go on", "previous_response_id": rid}
+            ) as resp:
                 assert resp.status == 200
                 assert (resp.headers["X-Router-Endpoint"], resp.headers["X-Router-Affinity"]) == (ep, "hit")

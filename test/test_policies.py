@@ -12,8 +12,9 @@ CTX = RouteContext(model="llama3:latest", api="ollama", kind="chat")
 
 
 def ep(name: str, slots: int = 4, loaded: bool = True) -> Endpoint:
-    return Endpoint(name=name, url=f"http://{name}", slots=slots,
-                    loaded=frozenset({"llama3:latest"}) if loaded else frozenset())
+    return Endpoint(
+        name=name, url=f"http://{name}", slots=slots, loaded=frozenset({"llama3:latest"}) if loaded else frozenset()
+    )
 
 
 def test_lowest_in_flight_ratio_wins():

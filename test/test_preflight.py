@@ -23,9 +23,14 @@ def run(tmp_path: Path, usage_db: str, *args: str) -> tuple[subprocess.Completed
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"endpoints": ["http://127.0.0.1:9"], "usage_db": usage_db}))
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--log-level", "warning", *args],
-                       capture_output=True, text=True, timeout=30, cwd=tmp_path,
-                       env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)})
+    r = subprocess.run(
+        [sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--log-level", "warning", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)},
+    )
     return r, time.monotonic() - t0
 
 
@@ -65,16 +70,31 @@ IDS = ["check", "one-worker", "two-workers"]
 
 
 @pytest.mark.parametrize("args", MODES, ids=IDS)
-@pytest.mark.parametrize("make, reason", [
-    pytest.param(lambda t: "/nonexistent/dir/u.db", "No such file or directory (the directory does not exist)",
-                 id="missing-dir"),
-    pytest.param(lambda t: str(t), "Is a directory (usage_db names the database file, e.g. DIR/nomyo-usage.db)",
-                 id="a-directory"),
-    pytest.param(lambda t: planted(t / "f", "", str(t / "f" / "u.db")),
-                 "Not a directory (a part of the path is not a directory)", id="file-on-the-way"),
-    pytest.param(lambda t: planted(t / "x.db", "x" * 200, "x.db"), "file is not a database",  # (relative)
-                 id="not-a-database"),
-])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        pytest.param(
+            lambda t: "/nonexistent/dir/u.db",
+            "No such file or directory (the directory does not exist)",
+            id="missing-dir",
+        ),
+        pytest.param(
+            lambda t: str(t),
+            "Is a directory (usage_db names the database file, e.g. DIR/nomyo-usage.db)",
+            id="a-directory",
+        ),
+        pytest.param(
+            lambda t: planted(t / "f", "", str(t / "f" / "u.db")),
+            "Not a directory (a part of the path is not a directory)",
+            id="file-on-the-way",
+        ),
+        pytest.param(
+            lambda t: planted(t / "x.db", "x" * 200, "x.db"),
+            "file is not a database",  # (relative)
+            id="not-a-database",
+        ),
+    ],
+)
 def test_an_unusable_usage_db_stops_check_and_start_up(tmp_path, args, make: Callable[[Path], str], reason):
     path = make(tmp_path)
     extra = () if args == ("--check",) else ("--port", str(free_port()))
@@ -116,6 +136,10 @@ def test_no_usage_db_and_redis_state_are_not_checked(tmp_path):
     cfg = tmp_path / "c.yaml"
     for extra in ({"usage_db": None}, {"usage_db": "/nonexistent/u.db", "state": "redis://127.0.0.1:9/0"}):
         cfg.write_text(yaml.safe_dump({"endpoints": ["http://127.0.0.1:9"], **extra}))
-        r = subprocess.run([sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--check"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--check"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert r.returncode == 0, r.stderr

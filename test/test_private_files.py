@@ -66,7 +66,8 @@ async def test_an_older_readable_usage_database_is_made_private(tmp_path, umask)
     await usage.start()
     try:
         assert {p.name: mode(p) for p in tmp_path.iterdir()} == dict.fromkeys(
-            ("usage.db", "usage.db-wal", "usage.db-shm"), 0o600)
+            ("usage.db", "usage.db-wal", "usage.db-shm"), 0o600
+        )
     finally:
         await usage.close()
 
@@ -119,6 +120,7 @@ async def test_every_file_of_two_workers_is_0600_in_a_0700_directory(mock, tmp_p
     cfg = {"endpoints": [{"url": mock.url, "name": "m"}], "usage_db": str(db)}
     with router_workers(cfg, 2, wait=False) as (url, _):
         from test.router_proc import ready
+
         await ready(url)
         for _ in range(4):  # both workers, most likely: each writes its own metrics files
             await asyncio.to_thread(_get, url + "/api/chat", CHAT)
@@ -134,7 +136,8 @@ async def test_every_file_of_two_workers_is_0600_in_a_0700_directory(mock, tmp_p
 
 
 def _get(url: str, body: dict | None = None) -> bytes:
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode() if body is not None else None, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.read()

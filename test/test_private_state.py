@@ -20,8 +20,9 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 def as_nobody(code: str) -> subprocess.CompletedProcess:
     # a Python the other user can run (the venv may live in root's private home)
     python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-    return subprocess.run([python, "-c", code], preexec_fn=lambda: os.setuid(NOBODY), cwd="/",
-                          capture_output=True, text=True, timeout=20)
+    return subprocess.run(
+        [python, "-c", code], preexec_fn=lambda: os.setuid(NOBODY), cwd="/", capture_output=True, text=True, timeout=20
+    )
 
 
 @needs_root
@@ -60,8 +61,13 @@ def test_a_planted_state_directory_stops_start_up(tmp_path, kind):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"endpoints": ["http://127.0.0.1:9"]}))
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--workers", "2"],
-                       capture_output=True, text=True, timeout=30, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert r.returncode == 2
     assert {"symlink": "symlink", "foreign": "belongs to uid", "world-writable": "writable by group"}[kind] in r.stderr
 
@@ -69,5 +75,6 @@ def test_a_planted_state_directory_stops_start_up(tmp_path, kind):
 @pytest.fixture
 def mock_process_url():
     from mock import MockConfig, MockProcess
+
     with MockProcess(MockConfig(ttft_ms=0, tok_ms=0, tokens=4)) as m:
         yield m.url

@@ -106,12 +106,10 @@ async def test_an_admitted_request_answered_with_an_error_carries_the_headers():
     async with run_mock(**FAST) as m:
         cfg = {"endpoints": endpoints(m), "client_keys": keys(rpm=5)}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
-            async with s.post(r.url + "/v1/chat/completions", json={**CHAT, "model": "nope"},
-                              headers=auth()) as resp:
+            async with s.post(r.url + "/v1/chat/completions", json={**CHAT, "model": "nope"}, headers=auth()) as resp:
                 assert resp.status == 404
                 assert resp.headers["x-ratelimit-remaining-requests"] == "4"
-            async with s.post(r.url + "/v1/chat/completions", json={**CHAT, "stream": True},
-                              headers=auth()) as resp:
+            async with s.post(r.url + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth()) as resp:
                 assert resp.status == 200
                 await resp.read()
                 assert resp.headers["x-ratelimit-remaining-requests"] == "3"
@@ -161,19 +159,23 @@ async def test_tpm_and_the_daily_budget_count_the_backends_tokens():
 async def _spread(url: str, n: int, gap: float = 0.0, key: str = KEY) -> list[tuple[int, str | None]]:
     """n requests `gap` apart, each on its own connection (so they spread over workers)."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+
         async def one(i: int) -> tuple[int, str | None]:
             await asyncio.sleep(i * gap)
             async with s.post(url + "/api/chat", json=CHAT, headers=auth(key)) as resp:
                 await resp.read()
                 return resp.status, resp.headers.get("X-Router-Worker")
+
         return await asyncio.gather(*[one(i) for i in range(n)])
 
 
 async def test_limits_are_exact_across_workers():
     rounds = [f"limited-key-{i}-0123456789" for i in range(4)]  # a fresh key (and count) per round
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=8, parallel=64)) as m:
-        cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 64}],
-               "client_keys": [{"name": f"k{i}", "key": key, "rpm": 10} for i, key in enumerate(rounds)]}
+        cfg = {
+            "endpoints": [{"url": m.url, "name": "one", "max_concurrent": 64}],
+            "client_keys": [{"name": f"k{i}", "key": key, "rpm": 10} for i, key in enumerate(rounds)],
+        }
         with router_workers(cfg, 2) as (url, _):
             spread = False
             for i, key in enumerate(rounds):  # until a round's admitted requests came through both workers

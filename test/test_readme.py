@@ -41,8 +41,14 @@ def test_readme_is_short_and_opens_with_what_and_for_whom():
 def test_readme_has_the_picture_the_quick_starts_the_clients_and_the_docs():
     text = README.read_text()
     assert "```text" in text and "nomyo-router :12434" in text  # the architecture picture
-    for must in ("examples/ollama-hosts.yaml", "examples/openai-compatible.yaml",
-                 "OLLAMA_HOST=", "from openai import OpenAI", "import anthropic", "docs/"):
+    for must in (
+        "examples/ollama-hosts.yaml",
+        "examples/openai-compatible.yaml",
+        "OLLAMA_HOST=",
+        "from openai import OpenAI",
+        "import anthropic",
+        "docs/",
+    ):
         assert must in text, must
 
 
@@ -90,8 +96,9 @@ def test_every_example_is_checked_and_linked():
 
 
 def check(config: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([*router(), "--config", config, "--check"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*router(), "--config", config, "--check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("config", [*EXAMPLES, "config.yaml"])
@@ -110,14 +117,26 @@ def test_example_configs_pass_check(config):
 def test_the_docs_site_lists_pages_that_exist():
     class Loader(yaml.SafeLoader):  # mkdocs.yml may use !!python tags; none are needed here
         pass
+
     site = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
     assert site["strict"] is True and site["theme"]["name"] == "material"
     pages = [next(iter(entry.values())) for entry in site["nav"]]
     for page in pages:
         assert (ROOT / "docs" / page).exists(), page
-    for page in ("configuration.md", "security.md", "getting-started.md", "apis.md", "routing.md",
-                 "deployment.md", "operations.md", "loadtest.md", "mock.md", "benchmarks.md",
-                 "architecture.md", "cli-reference.md"):
+    for page in (
+        "configuration.md",
+        "security.md",
+        "getting-started.md",
+        "apis.md",
+        "routing.md",
+        "deployment.md",
+        "operations.md",
+        "loadtest.md",
+        "mock.md",
+        "benchmarks.md",
+        "architecture.md",
+        "cli-reference.md",
+    ):
         assert page in pages, page
 
 
@@ -127,16 +146,22 @@ def test_the_cli_reference_is_current():
         import cli_reference
     finally:
         sys.path.remove(str(ROOT / "docs"))
-    assert (ROOT / "docs" / "cli-reference.md").read_text() == cli_reference.render(), \
+    assert (ROOT / "docs" / "cli-reference.md").read_text() == cli_reference.render(), (
         "docs/cli-reference.md is stale: run `python docs/cli_reference.py` (make docs does)"
+    )
 
 
 def test_make_docs_builds_the_site_strictly(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
     if mkdocs is None:
         pytest.skip("mkdocs is absent (pip install '.[docs]')")
-    out = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
-                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").exists() and (tmp_path / "site" / "deployment.html").exists()

@@ -42,8 +42,9 @@ def two_ollamas() -> Iterator[list[str]]:
 async def _cli_run(router_url: str, *args: str, cwd: str | None = None) -> str:
     env = {**os.environ, "OLLAMA_HOST": router_url.removeprefix("http://"), "HOME": tempfile.gettempdir()}
     cli = await asyncio.to_thread(real_backends.ollama_cli)  # (may unpack it: ~2 s off the loop)
-    proc = await asyncio.create_subprocess_exec(str(cli), *args, cwd=cwd, env=env,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(
+        str(cli), *args, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     text = out.decode(errors="replace")
     assert proc.returncode == 0, f"ollama {' '.join(args)} failed: {text[-800:]}"
@@ -57,8 +58,10 @@ async def _tags(url: str) -> set[str]:
 
 async def test_cli_cp_rm_create_change_both_servers(two_ollamas, tmp_path):
     a, b = two_ollamas
-    cfg = {"endpoints": [{"url": a, "name": "a"}, {"url": b, "name": "b"}],
-           "model_refresh_interval": 3600}  # only the router's own refresh can make new names known
+    cfg = {
+        "endpoints": [{"url": a, "name": "a"}, {"url": b, "name": "b"}],
+        "model_refresh_interval": 3600,
+    }  # only the router's own refresh can make new names known
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
         await _cli_run(r.url, "cp", "tiny", "tiny-copy")
         assert "tiny-copy:latest" in await _tags(a) and "tiny-copy:latest" in await _tags(b)
@@ -86,8 +89,9 @@ async def test_cli_cp_rm_create_change_both_servers(two_ollamas, tmp_path):
         assert "made-here:latest" in names
 
         # only one of them, by header
-        async with s.post(r.url + "/api/copy", json={"source": "tiny", "destination": "only-b"},
-                          headers={"X-Router-Endpoints": "b"}) as resp:
+        async with s.post(
+            r.url + "/api/copy", json={"source": "tiny", "destination": "only-b"}, headers={"X-Router-Endpoints": "b"}
+        ) as resp:
             assert resp.status == 200
         assert "only-b:latest" in await _tags(b) and "only-b:latest" not in await _tags(a)
         async with s.delete(r.url + "/api/delete", json={"model": "only-b"}) as resp:
@@ -127,8 +131,12 @@ async def test_open_webui_calls_through_the_router(two_ollamas):
             assert resp.status == 200
         assert "webui-copy:latest" not in await _tags(a) and "webui-copy:latest" not in await _tags(b)
         for ep in (a, b):  # load it on both, then one unload through the router
-            await (await s.post(ep + "/api/generate", json={"model": "tiny", "prompt": "x",
-                                                            "options": {"num_predict": 1}, "stream": False})).read()
+            await (
+                await s.post(
+                    ep + "/api/generate",
+                    json={"model": "tiny", "prompt": "x", "options": {"num_predict": 1}, "stream": False},
+                )
+            ).read()
         async with s.post(r.url + "/api/generate", json={"model": "tiny", "keep_alive": 0}) as resp:
             assert resp.status == 200
         for ep in (a, b):

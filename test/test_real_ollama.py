@@ -25,8 +25,12 @@ async def test_anthropic_messages_through_the_router_with_a_key(ollama_url):
         direct = anthropic.AsyncAnthropic(base_url=ollama_url, api_key="unused", max_retries=0)
         routed = anthropic.AsyncAnthropic(base_url=r.url, api_key=KEY, max_retries=0)
         try:
-            ask = dict(model="tiny", max_tokens=8, extra_body={"temperature": 0},  # the same tokens both ways
-                       messages=[{"role": "user", "content": "hi"}])
+            ask = dict(
+                model="tiny",
+                max_tokens=8,
+                extra_body={"temperature": 0},  # the same tokens both ways
+                messages=[{"role": "user", "content": "hi"}],
+            )
             a, b = await direct.messages.create(**ask), await routed.messages.create(**ask)
             assert (a.type, a.role, a.model, a.stop_reason) == (b.type, b.role, b.model, b.stop_reason)
             assert b.content and b.usage.output_tokens == a.usage.output_tokens
@@ -51,14 +55,19 @@ async def test_newer_routes_direct_and_through_the_router(ollama_url):
     which Ollama does not serve, is a 501 in OpenAI's shape instead of Ollama's 404."""
     import aiohttp
     import openai
+
     async with run_router({"endpoints": [{"url": ollama_url, "name": "real"}]}) as r:
         direct = openai.AsyncOpenAI(base_url=ollama_url + "/v1", api_key="unused", max_retries=0)
         routed = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0)
         try:
             ask = dict(model="tiny", input="hi", max_output_tokens=4, temperature=0)  # the same tokens both ways
             a, b = await direct.responses.create(**ask), await routed.responses.create(**ask)
-            assert (a.object, a.model, a.status, [o.type for o in a.output]) == \
-                   (b.object, b.model, b.status, [o.type for o in b.output])
+            assert (a.object, a.model, a.status, [o.type for o in a.output]) == (
+                b.object,
+                b.model,
+                b.status,
+                [o.type for o in b.output],
+            )
             assert b.usage.output_tokens == a.usage.output_tokens
             kinds_a = [e.type async for e in await direct.responses.create(**ask, stream=True)]
             kinds_b = [e.type async for e in await routed.responses.create(**ask, stream=True)]

@@ -50,9 +50,11 @@ FOLDED = {  # keys that Go folds onto another field: the long s (ſ -> s), the K
     "openai": ['"max_to\u212aens": 5', '"ſtream": true'],
     "anthropic": ['"max_to\\u212aens": 5', '"ſtream": true'],
 }
-CHATS = {"/api/chat": '"meſſages": [{"role": "user", "content": "other"}]',
-         "/v1/chat/completions": '"meſſages": [{"role": "user", "content": "other"}]',
-         "/v1/messages": '"me\\u017f\\u017fages": [{"role": "user", "content": "other"}]'}
+CHATS = {
+    "/api/chat": '"meſſages": [{"role": "user", "content": "other"}]',
+    "/v1/chat/completions": '"meſſages": [{"role": "user", "content": "other"}]',
+    "/v1/messages": '"me\\u017f\\u017fages": [{"role": "user", "content": "other"}]',
+}
 SHOW_BYPASSES = ['"name": "tiny2"', '"Name": "tiny2"', '"NAME": "tiny2"', '"\\u004eame": "tiny2"']
 
 
@@ -70,8 +72,9 @@ def api_of(path: str) -> str:
     return ("anthropic" if path.startswith("/v1/messages") else "openai") if path.startswith("/v1/") else "ollama"
 
 
-async def post(s: aiohttp.ClientSession, url: str, raw: bytes, ctype: str = "application/json",
-               auth: bool = True) -> tuple[int, bytes]:
+async def post(
+    s: aiohttp.ClientSession, url: str, raw: bytes, ctype: str = "application/json", auth: bool = True
+) -> tuple[int, bytes]:
     async with s.post(url, data=raw, headers={"Content-Type": ctype, **(AUTH if auth else {})}) as resp:
         return resp.status, await resp.read()
 
@@ -79,8 +82,10 @@ async def post(s: aiohttp.ClientSession, url: str, raw: bytes, ctype: str = "app
 def form(*fields: tuple[bytes, bytes], boundary: bytes = b"b0undaryR3aLsEc") -> bytes:
     """A transcription's multipart body: (Content-Disposition parameters, value) per text field, then a file."""
     parts = [b"Content-Disposition: form-data; " + spelt + b"\r\n\r\n" + value for spelt, value in fields]
-    parts.append(b'Content-Disposition: form-data; name="file"; filename="talk.wav"\r\nContent-Type: audio/wav'
-                 b"\r\n\r\nRIFF\x00\x00\x00\x00WAVE")
+    parts.append(
+        b'Content-Disposition: form-data; name="file"; filename="talk.wav"\r\nContent-Type: audio/wav'
+        b"\r\n\r\nRIFF\x00\x00\x00\x00WAVE"
+    )
     return b"".join(b"--" + boundary + b"\r\n" + p + b"\r\n" for p in parts) + b"--" + boundary + b"--\r\n"
 
 
@@ -93,7 +98,7 @@ MULTIPART_BYPASSES = [
     [(b'Name="model"', b"tiny2"), (b'name="model"', b"tiny")],
     [(b'name="Model"', b"tiny2"), (b'name="model"', b"tiny")],
     [(b'name="model"; filename=""', b"tiny2"), (b'name="model"', b"tiny")],  # an empty filename: a value to Go
-    [(b'name="prompt"; name*=utf-8\'\'model', b"tiny2"), (b'name="model"', b"tiny")],  # RFC 2231 name
+    [(b"name=\"prompt\"; name*=utf-8''model", b"tiny2"), (b'name="model"', b"tiny")],  # RFC 2231 name
 ]
 
 
@@ -105,29 +110,39 @@ async def test_ollama_itself_serves_tiny2_for_these_bodies(ollama_url):
             status, body = await post(s, ollama_url + "/api/generate", with_member(gen, member), auth=False)
             assert status == 200 and json.loads(body)["model"] == "tiny2", (member, body)
         # folding: the long s and the Kelvin sign name other fields to Go
-        status, body = await post(s, ollama_url + "/api/generate",
-                                  with_member({**gen, "options": {"num_predict": 2}}, '"optionſ": {"num_predict": 4}'),
-                                  auth=False)
+        status, body = await post(
+            s,
+            ollama_url + "/api/generate",
+            with_member({**gen, "options": {"num_predict": 2}}, '"optionſ": {"num_predict": 4}'),
+            auth=False,
+        )
         assert status == 200 and json.loads(body)["eval_count"] == 4
         chat = {"model": "tiny", "messages": MSGS, "max_tokens": 1}
-        status, body = await post(s, ollama_url + "/v1/chat/completions", with_member(chat, '"max_to\u212aens": 3'),
-                                  auth=False)
+        status, body = await post(
+            s, ollama_url + "/v1/chat/completions", with_member(chat, '"max_to\u212aens": 3'), auth=False
+        )
         assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
         # multipart: the first model field, its name spelt any way Go's mime package accepts
         for first in (b'name="model"', b"NAME=model"):
-            status, body = await post(s, ollama_url + "/v1/audio/transcriptions",
-                                      form((first, b"no-such-model"), (b'name="model"', b"tiny")), MULTIPART,
-                                      auth=False)
+            status, body = await post(
+                s,
+                ollama_url + "/v1/audio/transcriptions",
+                form((first, b"no-such-model"), (b'name="model"', b"tiny")),
+                MULTIPART,
+                auth=False,
+            )
             assert status == 404 and b"no-such-model" in body, body
 
 
 async def test_no_bypass_gets_tiny2_through_the_router(ollama_url):
-    cfg = {"endpoints": [{"url": ollama_url, "name": "real"}],
-           "client_keys": [{"name": "app", "key": KEY, "models": ["tiny"]}]}
+    cfg = {
+        "endpoints": [{"url": ollama_url, "name": "real"}],
+        "client_keys": [{"name": "app", "key": KEY, "models": ["tiny"]}],
+    }
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
         tried = 0
         for path, base in BASE.items():
-            for stream in ((True, False) if path in STREAMS else (None,)):
+            for stream in (True, False) if path in STREAMS else (None,):
                 body = base if stream is None else {**base, "stream": stream}
                 # the key works for tiny and not for tiny2 on this path
                 status, answer = await post(s, r.url + path, json.dumps(body).encode())
@@ -155,16 +170,22 @@ async def test_no_bypass_gets_tiny2_through_the_router(ollama_url):
 async def test_a_limited_key_learns_nothing_of_tiny2(ollama_url):
     """Listings, /api/ps, /v1/models/{id} and /api/show, against the real Ollama: tiny2 is
     invisible to a key limited to tiny, and answers as an absent model would."""
-    cfg = {"endpoints": [{"url": ollama_url, "name": "real"}],
-           "client_keys": [{"name": "app", "key": KEY, "models": ["tiny"]},
-                           {"name": "all", "key": "all-key-0123456789"}]}
+    cfg = {
+        "endpoints": [{"url": ollama_url, "name": "real"}],
+        "client_keys": [{"name": "app", "key": KEY, "models": ["tiny"]}, {"name": "all", "key": "all-key-0123456789"}],
+    }
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
-        async with s.post(r.url + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False,
-                                                         "options": {"num_predict": 2}}, headers=AUTH) as resp:
+        async with s.post(
+            r.url + "/api/generate",
+            json={"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}},
+            headers=AUTH,
+        ) as resp:
             assert resp.status == 200  # tiny is loaded: /api/ps has something to show
-        async with s.post(r.url + "/api/generate", json={"model": "tiny2", "prompt": "hi", "stream": False,
-                                                         "options": {"num_predict": 2}},
-                          headers={"Authorization": "Bearer all-key-0123456789"}) as resp:
+        async with s.post(
+            r.url + "/api/generate",
+            json={"model": "tiny2", "prompt": "hi", "stream": False, "options": {"num_predict": 2}},
+            headers={"Authorization": "Bearer all-key-0123456789"},
+        ) as resp:
             assert resp.status == 200  # and so is tiny2, by a key that may
         for path in ("/api/tags", "/api/ps", "/v1/models"):
             async with s.get(r.url + path, headers=AUTH) as resp:

@@ -34,6 +34,7 @@ async def test_two_instances_share_slots_and_one_fifo_queue(redis_url):
                 async with s.post(url + "/api/chat", json=CHAT) as r:
                     await r.read()
                     return r.status, i, time.perf_counter() - t0
+
             results = await asyncio.gather(*[one(i) for i in range(40)])
             await asyncio.sleep(1.2)  # usage is flushed to Redis with the next sweep
             async with s.get(r1.url + "/health") as h:
@@ -54,8 +55,9 @@ async def test_a_conversation_keeps_its_backend_across_instances(redis_url):
             msgs = [{"role": "user", "content": "across instances"}]
             seen = []
             for i in range(10):
-                async with s.post((r1, r2)[i % 2].url + "/api/chat",
-                                  json={"model": "llama3", "stream": False, "messages": msgs}) as r:
+                async with s.post(
+                    (r1, r2)[i % 2].url + "/api/chat", json={"model": "llama3", "stream": False, "messages": msgs}
+                ) as r:
                     body = await r.json()
                     seen.append((r.headers["X-Router-Endpoint"], r.headers["X-Router-Affinity"]))
                 msgs = msgs + [body["message"], {"role": "user", "content": f"turn {i}"}]
@@ -65,8 +67,7 @@ async def test_a_conversation_keeps_its_backend_across_instances(redis_url):
 
 async def test_sigkill_of_a_worker_holding_slots_returns_them_within_the_lease(redis_url):
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=50.0, tokens=200, parallel=64)) as m:
-        cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 1}], "state": redis_url,
-               "lease_ttl": 1.5}
+        cfg = {"endpoints": [{"url": m.url, "name": "one", "max_concurrent": 1}], "state": redis_url, "lease_ttl": 1.5}
         with router_workers(cfg, 2) as (url, _):
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
                 held = await s.post(url + "/api/chat", json={**CHAT, "stream": True})
@@ -95,6 +96,7 @@ async def test_redis_restart_mid_load_loses_nothing_and_sharing_resumes():
                             await r.read()
                             out.append(r.status)
                     return out
+
                 load = [asyncio.create_task(client(r.url)) for r in (r1, r2, r1, r2)]
                 await asyncio.sleep(0.5)
                 redis.stop()
@@ -117,11 +119,13 @@ async def test_waiters_queued_in_redis_are_served_locally_when_redis_vanishes():
         async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=2, first_byte_delay_ms=250, parallel=64) as m:
             cfg = {"endpoints": endpoints(m, slots=1), "state": redis.url, "queue_timeout": 60}
             async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+
                 async def one() -> tuple[int, float]:
                     t0 = time.monotonic()
                     async with s.post(r.url + "/api/chat", json=CHAT) as resp:
                         await resp.read()
                         return resp.status, time.monotonic() - t0
+
                 load = [asyncio.create_task(one()) for _ in range(12)]
                 await asyncio.sleep(0.4)  # one in flight, the rest queued in Redis
                 redis.stop()

@@ -20,8 +20,24 @@ from mock import MockConfig, MockProcess, run_mock
 from nomyo_router.protocol import BodyWriter
 from test.helpers import endpoints, post_stream_raw, run_router
 
-WORDS = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed",
-         "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et"]
+WORDS = [
+    "lorem",
+    "ipsum",
+    "dolor",
+    "sit",
+    "amet",
+    "consectetur",
+    "adipiscing",
+    "elit",
+    "sed",
+    "do",
+    "eiusmod",
+    "tempor",
+    "incididunt",
+    "ut",
+    "labore",
+    "et",
+]
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 
@@ -39,6 +55,7 @@ def spy(monkeypatch):
         ok = ready(self)
         seen["refused"] += not ok
         return ok
+
     monkeypatch.setattr(BodyWriter, "write", counting_write)
     monkeypatch.setattr(BodyWriter, "ready", counting_ready)
     return seen
@@ -109,15 +126,18 @@ async def test_pieces_read_together_go_to_the_client_as_one_chunk(spy):
     assert spy["writes"] >= 2  # the direct path wrote them
 
 
-@pytest.mark.parametrize("path,body", [("/api/chat", CHAT),
-                                       ("/api/generate", {"model": "llama3", "prompt": "hi", "stream": True})])
+@pytest.mark.parametrize(
+    "path,body", [("/api/chat", CHAT), ("/api/generate", {"model": "llama3", "prompt": "hi", "stream": True})]
+)
 async def test_a_paused_client_gets_every_byte_in_order(spy, path, body):
     # 40,000 tokens (~5 MB) to a client with a 4 KiB receive buffer that stalls for a second:
     # the router's transport pauses, the direct writer refuses, the ASGI path waits for the
     # drain, then the direct path takes over again.
     tokens = 40_000
-    async with (run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=tokens) as m,
-                run_router({"native_relay": False, "endpoints": endpoints(m)}) as r):
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=tokens) as m,
+        run_router({"native_relay": False, "endpoints": endpoints(m)}) as r,
+    ):
         out = await read_with_a_stall(await RawClient.post(r.url, path, body, rcvbuf=4096))
     lines = _ollama_lines(out)
     assert _text(lines) == [WORDS[i % 16] for i in range(tokens)]
@@ -126,8 +146,10 @@ async def test_a_paused_client_gets_every_byte_in_order(spy, path, body):
 
 
 async def test_a_client_leaving_mid_stream_frees_its_slot_and_stops_the_backend(spy):
-    async with run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=500) as m, \
-            run_router({"native_relay": False, "endpoints": endpoints(m, slots=1)}) as r:
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=500) as m,
+        run_router({"native_relay": False, "endpoints": endpoints(m, slots=1)}) as r,
+    ):
         c = await RawClient.post(r.url, "/api/chat", CHAT)
         for _ in range(5):
             assert await c.frame()
@@ -152,10 +174,16 @@ async def test_a_client_leaving_mid_stream_frees_its_slot_and_stops_the_backend(
 
 async def test_a_stream_cut_mid_way_resumes_elsewhere_through_the_direct_path(spy):
     # Slow enough (2 ms a token) that the pieces go through the direct writer before and after the cut.
-    async with run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80) as good, \
-            run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80, drop_rate=1.0) as dropping:
-        cfg = {"native_relay": False, "endpoints": endpoints(dropping, good, slots=4), "routing": "least_busy",
-               "eject_after": 1000}
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80) as good,
+        run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=80, drop_rate=1.0) as dropping,
+    ):
+        cfg = {
+            "native_relay": False,
+            "endpoints": endpoints(dropping, good, slots=4),
+            "routing": "least_busy",
+            "eject_after": 1000,
+        }
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             async with s.post(good.url + "/api/chat", json=CHAT) as resp:
                 direct = _text(_ollama_lines(await resp.read()))
@@ -164,6 +192,7 @@ async def test_a_stream_cut_mid_way_resumes_elsewhere_through_the_direct_path(sp
                 async with s.post(r.url + "/api/chat", json=CHAT) as resp:
                     assert resp.status == 200
                     return _ollama_lines(await resp.read())
+
             for lines in await asyncio.gather(*(one() for _ in range(6))):  # least_busy: both backends
                 assert _text(lines) == direct and not any("error" in x for x in lines)
                 assert sum(1 for x in lines if x.get("done")) == 1 and lines[-1]["eval_count"] == 80
@@ -174,8 +203,10 @@ async def test_a_stream_cut_mid_way_resumes_elsewhere_through_the_direct_path(sp
 async def test_openai_stream_without_usage_is_stripped_and_counted_on_the_direct_path(spy):
     # The router asks for usage on the client's behalf, takes the usage event out and counts it.
     body = {"model": "llama3", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    async with (run_mock(ttft_ms=0.0, tok_ms=3.0, tokens=40) as m,
-                run_router({"native_relay": False, "endpoints": endpoints(m)}) as r):
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=3.0, tokens=40) as m,
+        run_router({"native_relay": False, "endpoints": endpoints(m)}) as r,
+    ):
         records = []
         r.router.events.on_request_done(records.append)
         async with aiohttp.ClientSession() as s:

@@ -36,8 +36,7 @@ async def test_admin_reload_adds_removes_and_rejects(mock, mock2, tmp_path, monk
     async with run_router(load_config(path)) as r, aiohttp.ClientSession() as s:
         async with s.post(r.url + "/admin/reload") as resp:
             assert resp.status == 403  # the router is open, but reloading needs the admin key
-        write(path, {**base, "endpoints": [{"url": mock2.url, "name": "b", "max_concurrent": 3}],
-                     "max_queue": 7})
+        write(path, {**base, "endpoints": [{"url": mock2.url, "name": "b", "max_concurrent": 3}], "max_queue": 7})
         async with s.post(r.url + "/admin/reload", headers=ADMIN) as resp:
             body = await resp.json()
             assert resp.status == 200, body
@@ -72,9 +71,10 @@ async def stream_until(url: str, stop: asyncio.Event, log: list[tuple[float, str
 async def test_sighup_under_streaming_load_drops_nothing(workers, tmp_path):
     slow = MockConfig(ttft_ms=20, tok_ms=10, tokens=20, parallel=64)
     with MockProcess(slow) as a, MockProcess(slow) as b, MockProcess(slow) as c:
+
         def cfg(*eps: tuple[str, MockProcess]) -> dict:
-            return {"endpoints": [{"url": m.url, "name": n, "max_concurrent": 16} for n, m in eps],
-                    "usage_db": None}
+            return {"endpoints": [{"url": m.url, "name": n, "max_concurrent": 16} for n, m in eps], "usage_db": None}
+
         with router_workers(cfg(("a", a), ("b", b)), workers) as (url, proc):
             path = proc.args[proc.args.index("--config") + 1]
             stop, log = asyncio.Event(), []
@@ -96,8 +96,10 @@ async def test_sighup_under_streaming_load_drops_nothing(workers, tmp_path):
     failed = [x for x in log if not x[2]]
     assert not failed, f"{len(failed)} of {len(log)} requests failed"
     first_c = min(t for t, ep, _ in log if ep == "c")
-    print(f"workers={workers}: {len(log)} requests, {len(failed)} failed; the new endpoint answered a request "
-          f"sent {first_c - hup:.3f} s after SIGHUP")
+    print(
+        f"workers={workers}: {len(log)} requests, {len(failed)} failed; the new endpoint answered a request "
+        f"sent {first_c - hup:.3f} s after SIGHUP"
+    )
     assert first_c - hup <= 2.0
     assert not [x for x in log if x[1] == "a" and x[0] > hup + 2.0]  # removed: nothing new goes there
     assert {ep for t, ep, _ in log if t < hup} == {"a", "b"}

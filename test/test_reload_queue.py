@@ -42,10 +42,14 @@ def chat(api: str, i: int, model: str = "llama3") -> tuple[str, dict[str, Any]]:
 async def send(s: aiohttp.ClientSession, url: str, i: int, api: str = "ollama") -> dict[str, Any]:
     path, body = chat(api, i)
     async with s.post(url + path, json=body) as resp:
-        return {"i": i, "status": resp.status, "ep": resp.headers.get("X-Router-Endpoint"),
-                "worker": resp.headers.get("X-Router-Worker"),
-                "body": await resp.json(content_type=None),
-                "done": time.monotonic()}
+        return {
+            "i": i,
+            "status": resp.status,
+            "ep": resp.headers.get("X-Router-Endpoint"),
+            "worker": resp.headers.get("X-Router-Worker"),
+            "body": await resp.json(content_type=None),
+            "done": time.monotonic(),
+        }
 
 
 async def until(check: Any, what: str, timeout: float = 10.0) -> None:
@@ -79,8 +83,11 @@ def served_in_order(results: list[dict[str, Any]], t0: float, by: str = "b") -> 
 
 
 def config(state: str | None, *eps: tuple[str, str, int], **extra: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = {"endpoints": [{"url": u, "name": n, "max_concurrent": c} for n, u, c in eps],
-                           "queue_timeout": 30, **extra}
+    cfg: dict[str, Any] = {
+        "endpoints": [{"url": u, "name": n, "max_concurrent": c} for n, u, c in eps],
+        "queue_timeout": 30,
+        **extra,
+    }
     if state:
         cfg["state"] = state
     return cfg
@@ -97,6 +104,7 @@ def in_process_queued(r: Any) -> Any:
         if held:
             return sum(store.in_flight(e) for e in r.router.endpoints) == held
         return store.queue_length() == n
+
     return queued
 
 
@@ -110,8 +118,9 @@ async def test_reload_moves_queued_requests_to_the_new_endpoint_in_order(state):
         async with run_router(config(state, ("a", a.url, 1))) as r, aiohttp.ClientSession() as s:
             hold, *tasks = await queue_up(s, r.url, in_process_queued(r), ["ollama", "openai"] * (N // 2))
             t0 = time.monotonic()
-            done = await reload.apply(r.router, parse_config({"usage_db": TEST_USAGE_DB,
-                                                              **config(state, ("b", b.url, 1))}))
+            done = await reload.apply(
+                r.router, parse_config({"usage_db": TEST_USAGE_DB, **config(state, ("b", b.url, 1))})
+            )
             assert done["removed"] == ["a"] and done["added"] == ["b"]
             results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
             served_in_order(results, t0)
@@ -125,8 +134,9 @@ async def test_queued_requests_may_use_an_endpoint_the_reload_adds(state):
         async with run_router(config(state, ("a", a.url, 1))) as r, aiohttp.ClientSession() as s:
             hold, *tasks = await queue_up(s, r.url, in_process_queued(r), ["ollama"] * N)
             t0 = time.monotonic()
-            await reload.apply(r.router, parse_config({"usage_db": TEST_USAGE_DB,
-                                                       **config(state, ("a", a.url, 1), ("b", b.url, 1))}))
+            await reload.apply(
+                r.router, parse_config({"usage_db": TEST_USAGE_DB, **config(state, ("a", a.url, 1), ("b", b.url, 1))})
+            )
             served_in_order(await asyncio.wait_for(asyncio.gather(*tasks), 5), t0)
             await finish(hold)
 
@@ -136,8 +146,7 @@ async def test_reload_removing_the_last_endpoint_of_a_model_answers_503_at_once(
         async with run_router(config(state, ("a", a.url, 1))) as r, aiohttp.ClientSession() as s:
             hold, *tasks = await queue_up(s, r.url, in_process_queued(r), ["ollama", "openai"])
             t0 = time.monotonic()
-            await reload.apply(r.router, parse_config({"usage_db": TEST_USAGE_DB,
-                                                       **config(state, ("c", c.url, 1))}))
+            await reload.apply(r.router, parse_config({"usage_db": TEST_USAGE_DB, **config(state, ("c", c.url, 1))}))
             ollama, openai = await asyncio.wait_for(asyncio.gather(*tasks), 5)
             print("answered 503 after the reload (s):", [round(x["done"] - t0, 3) for x in (ollama, openai)])
             assert max(ollama["done"], openai["done"]) - t0 < 0.5

@@ -21,9 +21,13 @@ ON = {"enabled": True}
 USE = {"nomyo": {"cache": True}}
 MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
 BODIES: dict[str, dict[str, Any]] = {
-    "/api/chat": {"messages": MSGS}, "/api/generate": {"prompt": "hi"},
-    "/v1/chat/completions": {"messages": MSGS}, "/v1/completions": {"prompt": "hi"},
-    "/api/embed": {"input": "hi"}, "/api/embeddings": {"prompt": "hi"}, "/v1/embeddings": {"input": "hi"},
+    "/api/chat": {"messages": MSGS},
+    "/api/generate": {"prompt": "hi"},
+    "/v1/chat/completions": {"messages": MSGS},
+    "/v1/completions": {"prompt": "hi"},
+    "/api/embed": {"input": "hi"},
+    "/api/embeddings": {"prompt": "hi"},
+    "/v1/embeddings": {"input": "hi"},
 }
 
 
@@ -31,8 +35,9 @@ def calls(m: Any, path: str) -> int:
     return m.stats()["requests"].get(path, 0)
 
 
-async def post(s: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any],
-               headers: dict[str, str] | None = None) -> tuple[int, str | None, bytes]:
+async def post(
+    s: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, str | None, bytes]:
     async with s.post(url + path, json=body, headers=headers or {}) as r:
         return r.status, r.headers.get("X-Router-Response-Cache"), await r.read()
 
@@ -77,7 +82,7 @@ async def test_a_hit_is_answered_without_a_backend_in_both_shapes(cached, path):
     assert (status, header) == (200, "miss")
     want = text_of(path, first_stream, data)
     assert calls(m, path) == 1
-    for stream in ((False, True) if not embed else (False,)):  # stored from a stream, served both ways
+    for stream in (False, True) if not embed else (False,):  # stored from a stream, served both ways
         status, header, data = await post(s, r.url, path, {**body, "stream": stream} if not embed else body)
         assert (status, header) == (200, "hit")
         assert text_of(path, stream, data) == want
@@ -101,6 +106,7 @@ def spy(m: Any, path: str) -> list[dict[str, Any]]:
     async def spying(request: Any) -> Any:
         seen.append(json.loads(await request.read()))
         return await route(request)
+
     m.backend.routes[("POST", path)] = spying
     return seen
 
@@ -117,15 +123,27 @@ async def test_the_header_opts_in_and_the_body_field_never_reaches_the_backend(c
 
 async def test_the_key_is_the_whole_canonical_request(cached):
     m, r, s = cached
-    raw = (b'{"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "temperature": 1, '
-           b'"nomyo": {"cache": true}}')
+    raw = (
+        b'{"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "temperature": 1, '
+        b'"nomyo": {"cache": true}}'
+    )
     async with s.post(r.url + "/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"}) as resp:
         assert resp.headers["X-Router-Response-Cache"] == "miss"
-    same = {"temperature": 1.0, "nomyo": {"cache": True}, "messages": [{"content": "hi", "role": "user"}],
-            "model": "llama3:latest", "stream": False}  # other order, spacing, 1.0, the full model name
+    same = {
+        "temperature": 1.0,
+        "nomyo": {"cache": True},
+        "messages": [{"content": "hi", "role": "user"}],
+        "model": "llama3:latest",
+        "stream": False,
+    }  # other order, spacing, 1.0, the full model name
     assert (await post(s, r.url, "/v1/chat/completions", same))[1] == "hit"
-    for change in ({"temperature": 0.5}, {"seed": 3}, {"max_tokens": 4}, {"tools": [{"type": "function",
-                   "function": {"name": "f", "parameters": {}}}]}, {"messages": [{"role": "user", "content": "hi!"}]}):
+    for change in (
+        {"temperature": 0.5},
+        {"seed": 3},
+        {"max_tokens": 4},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        {"messages": [{"role": "user", "content": "hi!"}]},
+    ):
         assert (await post(s, r.url, "/v1/chat/completions", {**same, **change}))[1] == "miss", change
     assert calls(m, "/v1/chat/completions") == 6
     # another route with the same body is another question
@@ -150,9 +168,12 @@ async def test_streams_from_the_cache_read_by_the_official_clients(cached, clien
     m, r, _ = cached
     oa = clients.openai(r.url)
     want = (await oa.chat.completions.create(model="llama3", messages=MSGS, extra_body=USE)).choices[0].message.content
-    parts = [c async for c in await oa.chat.completions.create(model="llama3", messages=MSGS, stream=True,
-                                                                stream_options={"include_usage": True},
-                                                                extra_body=USE)]
+    parts = [
+        c
+        async for c in await oa.chat.completions.create(
+            model="llama3", messages=MSGS, stream=True, stream_options={"include_usage": True}, extra_body=USE
+        )
+    ]
     assert "".join(c.choices[0].delta.content or "" for c in parts if c.choices) == want
     assert parts[-1].usage is not None and parts[-1].usage.completion_tokens == 8
     resp = await oa.chat.completions.with_raw_response.create(model="llama3", messages=MSGS, extra_body=USE)
@@ -214,8 +235,10 @@ async def test_redis_shares_answers_between_two_routers(redis_url):
     cache = {**ON, "backend": "redis", "url": redis_url}
     body = {"model": "llama3", "messages": MSGS, **USE}
     async with run_mock(**FAST) as m:
-        async with run_router({"endpoints": endpoints(m), "cache": cache}) as a, \
-                run_router({"endpoints": endpoints(m), "cache": cache}) as b:
+        async with (
+            run_router({"endpoints": endpoints(m), "cache": cache}) as a,
+            run_router({"endpoints": endpoints(m), "cache": cache}) as b,
+        ):
             async with aiohttp.ClientSession() as s:
                 status, header, data = await post(s, a.url, "/v1/chat/completions", body)
                 assert header == "miss"
@@ -235,8 +258,10 @@ async def test_ttl_and_max_entries_bound_the_cache():
     async with run_mock(**FAST) as m:
         async with run_router({"endpoints": endpoints(m), "cache": {**ON, "ttl": 0.3, "max_entries": 2}}) as r:
             async with aiohttp.ClientSession() as s:
+
                 def ask(n: int) -> dict[str, Any]:
                     return {"model": "llama3", "prompt": f"q{n}", "stream": False, **USE}
+
                 for n in range(3):
                     assert (await post(s, r.url, "/api/generate", ask(n)))[1] == "miss"
                 assert (await post(s, r.url, "/api/generate", ask(2)))[1] == "hit"
@@ -249,8 +274,13 @@ async def test_ttl_and_max_entries_bound_the_cache():
 
 
 async def test_the_operator_routes_need_the_admin_key_and_usage_counts_hits_apart(tmp_path):
-    cfg = {"endpoints": [], "cache": ON, "admin_key": "admin-key-123", "usage_db": str(tmp_path / "u.db"),
-           "client_keys": [{"name": "app", "key": "app-key-1234"}]}
+    cfg = {
+        "endpoints": [],
+        "cache": ON,
+        "admin_key": "admin-key-123",
+        "usage_db": str(tmp_path / "u.db"),
+        "client_keys": [{"name": "app", "key": "app-key-1234"}],
+    }
     admin, app = {"Authorization": "Bearer admin-key-123"}, {"Authorization": "Bearer app-key-1234"}
     async with run_mock(**FAST) as m:
         cfg["endpoints"] = endpoints(m)
@@ -280,8 +310,9 @@ async def test_when_the_cache_is_off_the_field_is_still_taken_out(mock):
     seen = spy(mock, "/api/chat")
     async with run_router({"endpoints": endpoints(mock)}) as r:
         async with aiohttp.ClientSession() as s:
-            status, header, _ = await post(s, r.url, "/api/chat", {"model": "llama3", "messages": MSGS,
-                                                                    "stream": False, **USE})
+            status, header, _ = await post(
+                s, r.url, "/api/chat", {"model": "llama3", "messages": MSGS, "stream": False, **USE}
+            )
             assert status == 200 and header is None
             async with s.get(r.url + "/api/cache/stats") as resp:
                 assert resp.status == 404

@@ -20,6 +20,7 @@ async def test_sigkill_one_of_two_backends_mid_load_loses_nothing():
     with MockProcess(cfg) as a, MockProcess(cfg) as b:
         router_cfg = {"endpoints": endpoints(a, b, slots=16), "health_interval": 0.5}
         async with run_router(router_cfg) as r, aiohttp.ClientSession() as s:
+
             async def worker(n: int) -> list[int]:
                 out = []
                 for _ in range(n):
@@ -27,6 +28,7 @@ async def test_sigkill_one_of_two_backends_mid_load_loses_nothing():
                         await resp.read()
                         out.append(resp.status)
                 return out
+
             load = [asyncio.create_task(worker(15)) for _ in range(16)]
             await asyncio.sleep(0.3)
             b.kill()
@@ -57,8 +59,11 @@ async def test_health_is_truthful_and_an_endpoint_comes_back():
     port = free_port()
     async with run_mock(**FAST) as alive:
         dead_url = f"http://127.0.0.1:{port}"
-        cfg = {"endpoints": [{"url": alive.url, "name": "alive"}, {"url": dead_url, "name": "dead"}],
-               "health_interval": 0.1, "connect_timeout": 0.5}
+        cfg = {
+            "endpoints": [{"url": alive.url, "name": "alive"}, {"url": dead_url, "name": "dead"}],
+            "health_interval": 0.1,
+            "connect_timeout": 0.5,
+        }
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             async with s.get(r.url + "/health") as h:
                 body = await h.json()
@@ -70,6 +75,7 @@ async def test_health_is_truthful_and_an_endpoint_comes_back():
             async with s.get(r.url + "/health") as h:
                 assert h.status == 503
             from mock import start_mock
+
             back = await start_mock(alive.backend.config, port=port)  # a backend appears on "dead"
             try:
                 await asyncio.sleep(0.4)
@@ -102,8 +108,13 @@ BAD_INPUTS = [
     ("POST", "/v1/chat/completions", b'{"model": "llama3", "messages": []}', 400, "must not be empty"),
     ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user"}]}', 400, "model is required"),
     ("POST", "/v1/chat/completions", b'{"model": "llama3", "messages": [1]}', 400, "messages[0]"),
-    ("POST", "/v1/chat/completions", b'{"model": "llama3", "messages": [{"role": "user"}], "max_tokens": "x"}',
-     400, "max_tokens"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        b'{"model": "llama3", "messages": [{"role": "user"}], "max_tokens": "x"}',
+        400,
+        "max_tokens",
+    ),
     ("POST", "/v1/completions", b'{"model": "llama3"}', 400, "prompt is required"),
     ("POST", "/v1/embeddings", b'{"model": "llama3", "input": {"a": 1}}', 400, "input must be"),
     ("POST", "/v1/chat/completions", b'{"model": "gone", "messages": [{"role": "user"}]}', 404, "does not exist"),
@@ -116,8 +127,7 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("method,path,body,status,fragment", BAD_INPUTS)
 async def test_bad_input_gets_a_4xx_in_the_api_shape(method, path, body, status, fragment):
     async with run_mock(**FAST) as m:
-        async with run_router({"endpoints": endpoints(m), "max_body_bytes": 1024}) as r, \
-                aiohttp.ClientSession() as s:
+        async with run_router({"endpoints": endpoints(m), "max_body_bytes": 1024}) as r, aiohttp.ClientSession() as s:
             async with s.request(method, r.url + path, data=body) as resp:
                 assert resp.status == status
                 err = (await resp.json())["error"]
@@ -149,19 +159,25 @@ def test_uvicorn_entry_point_reads_the_config_from_the_environment(tmp_path):
     import sys
 
     from mock.runner import wait_http
+
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=2)) as m:
         cfg = tmp_path / "config.yaml"
         cfg.write_text(f"endpoints:\n  - url: {m.url}\n    name: via-uvicorn\n")
         port = free_port()
         env = {**os.environ, "NOMYO_ROUTER_CONFIG": str(cfg)}
-        p = subprocess.Popen([sys.executable, "-m", "uvicorn", "nomyo_router.app:app", "--port", str(port),
-                              "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "nomyo_router.app:app", "--port", str(port), "--log-level", "warning"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             wait_http(f"http://127.0.0.1:{port}/health", 20, p)
             import urllib.request
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/api/chat", method="POST",
-                                         data=json.dumps({**CHAT}).encode())
+
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/api/chat", method="POST", data=json.dumps({**CHAT}).encode()
+            )
             with urllib.request.urlopen(req, timeout=10) as resp:
                 assert resp.headers["X-Router-Endpoint"] == "via-uvicorn"
                 assert json.loads(resp.read())["done"] is True

@@ -24,12 +24,12 @@ async def setup(request):
             yield r.url, m.url, request.param
 
 
-
-
 async def test_ollama_chat_and_generate(setup, clients):
     router, direct, kind = setup
-    for fn, kwargs, field in (("chat", {"messages": MSGS}, "message"),
-                              ("generate", {"prompt": "hi", "options": {"num_predict": 3}}, "response")):
+    for fn, kwargs, field in (
+        ("chat", {"messages": MSGS}, "message"),
+        ("generate", {"prompt": "hi", "options": {"num_predict": 3}}, "response"),
+    ):
         want = await getattr(clients.ollama(direct), fn)(model="llama3", stream=False, **kwargs)
         c = clients.ollama(router)
         got = await getattr(c, fn)(model="llama3", stream=False, **kwargs)
@@ -65,10 +65,13 @@ async def test_openai_routes(setup, clients):
     want = await d.chat.completions.create(model="llama3", messages=MSGS)
     got = await c.chat.completions.create(model="llama3", messages=MSGS)
     assert got.choices[0].message.content == want.choices[0].message.content
-    chunks = [ch async for ch in await c.chat.completions.create(
-        model="llama3", messages=MSGS, stream=True, stream_options={"include_usage": True})]
-    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \
-        want.choices[0].message.content
+    chunks = [
+        ch
+        async for ch in await c.chat.completions.create(
+            model="llama3", messages=MSGS, stream=True, stream_options={"include_usage": True}
+        )
+    ]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == want.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == 8
     comp = await c.completions.create(model="llama3", prompt="hi", max_tokens=2)
     parts = [p async for p in await c.completions.create(model="llama3", prompt="hi", max_tokens=2, stream=True)]
@@ -130,8 +133,10 @@ async def test_models_are_described_by_their_backends_and_retrievable(mock, clie
 
 
 async def test_a_model_added_on_a_backend_is_served_at_once(mock):
-    async with (run_router({"endpoints": endpoints(mock), "model_refresh_interval": 3600}) as r,
-                aiohttp.ClientSession() as s):
+    async with (
+        run_router({"endpoints": endpoints(mock), "model_refresh_interval": 3600}) as r,
+        aiohttp.ClientSession() as s,
+    ):
         mock.update(models=["llama3", "qwen2.5:7b", "fresh"])
         body = {"model": "fresh", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
         async with s.post(r.url + "/api/chat", json=body) as resp:
@@ -140,6 +145,7 @@ async def test_a_model_added_on_a_backend_is_served_at_once(mock):
 
 async def test_every_backend_down_is_503_not_404():
     from mock import free_port
+
     dead = {"url": f"http://127.0.0.1:{free_port()}", "name": "dead"}
     async with run_router({"endpoints": [dead], "connect_timeout": 0.5}) as r, aiohttp.ClientSession() as s:
         async with s.post(r.url + "/api/chat", json={"model": "llama3", "messages": []}) as resp:

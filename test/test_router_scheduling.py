@@ -54,16 +54,21 @@ async def test_queue_is_fifo(state):
                 await asyncio.sleep(i * 0.025)  # arrive in order 0..5, well apart
                 assert (await post(s, r.url))[0] == 200
                 done.append(i)
+
             await asyncio.gather(*[one(i) for i in range(6)])
     assert done == [0, 1, 2, 3, 4, 5]
     assert m.stats()["max_in_flight"] == 1
 
 
 async def test_queued_requests_take_the_first_freed_slot(state):
-    async with run_mock(ttft_ms=40.0, tok_ms=0.0, tokens=1) as fast, \
-            run_mock(ttft_ms=1000.0, tok_ms=0.0, tokens=1) as slow:
-        async with run_router({"endpoints": endpoints(fast, slow, slots=1), **state}) as r, \
-                aiohttp.ClientSession() as s:
+    async with (
+        run_mock(ttft_ms=40.0, tok_ms=0.0, tokens=1) as fast,
+        run_mock(ttft_ms=1000.0, tok_ms=0.0, tokens=1) as slow,
+    ):
+        async with (
+            run_router({"endpoints": endpoints(fast, slow, slots=1), **state}) as r,
+            aiohttp.ClientSession() as s,
+        ):
             t0 = time.perf_counter()
             results = await asyncio.gather(*[post(s, r.url) for _ in range(6)])
             elapsed = time.perf_counter() - t0
@@ -73,8 +78,10 @@ async def test_queued_requests_take_the_first_freed_slot(state):
 
 
 async def test_queue_is_work_conserving_across_models(state):
-    async with run_mock(ttft_ms=300.0, tok_ms=0.0, tokens=1, models=["x", "y"]) as shared, \
-            run_mock(ttft_ms=10.0, tok_ms=0.0, tokens=1, models=["y"]) as only_y:
+    async with (
+        run_mock(ttft_ms=300.0, tok_ms=0.0, tokens=1, models=["x", "y"]) as shared,
+        run_mock(ttft_ms=10.0, tok_ms=0.0, tokens=1, models=["y"]) as only_y,
+    ):
         eps = endpoints(shared, only_y, slots=1)
         async with run_router({"endpoints": eps, **state}) as r, aiohttp.ClientSession() as s:
             xs = [asyncio.create_task(post(s, r.url, {**CHAT, "model": "x"})) for _ in range(3)]

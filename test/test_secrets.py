@@ -32,8 +32,17 @@ BASIC = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
 API_KEY = "sk-backend-key-0123456789"
 CLIENT_KEY, ADMIN_KEY, METRICS_KEY = "client-key-0123456789", "admin-key-0123456789", "metrics-key-0123456789"
 # what must never be printed: the credentials as given, decoded, or encoded for the header
-SECRETS = ("us%40er", "p%3Ass", USER, f"{USER}:{PASSWORD}", BASIC.split()[1], API_KEY,
-           CLIENT_KEY, ADMIN_KEY, METRICS_KEY)
+SECRETS = (
+    "us%40er",
+    "p%3Ass",
+    USER,
+    f"{USER}:{PASSWORD}",
+    BASIC.split()[1],
+    API_KEY,
+    CLIENT_KEY,
+    ADMIN_KEY,
+    METRICS_KEY,
+)
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -84,8 +93,10 @@ class Backend:
                 body = await self._body(reader, dict(hs))
                 self.requests.append((method, path, hs))
                 ctype, payload = self._answer(method, path, json.loads(body) if body.strip() else {})
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
-                             % (ctype, len(payload), payload))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
+                    % (ctype, len(payload), payload)
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -114,8 +125,13 @@ class Backend:
         def nd(*objs: Any) -> tuple[bytes, bytes]:
             return b"application/x-ndjson", b"".join(json.dumps(o).encode() + b"\n" for o in objs)
 
-        model = {"name": "llama3:latest", "model": "llama3:latest", "size": 1, "digest": "0" * 64,
-                 "details": {"family": "llama"}}
+        model = {
+            "name": "llama3:latest",
+            "model": "llama3:latest",
+            "size": 1,
+            "digest": "0" * 64,
+            "details": {"family": "llama"},
+        }
         done = {"model": "llama3", "done": True, "done_reason": "stop", "prompt_eval_count": 3, "eval_count": 2}
         if path == "/api/version":
             return js({"version": "0.12.0"})
@@ -126,8 +142,7 @@ class Backend:
         if path == "/api/show":
             return js({"modelfile": "FROM llama3", "details": model["details"]})
         if path in ("/api/chat", "/api/generate"):
-            piece = ({"message": {"role": "assistant", "content": "ok"}} if path == "/api/chat"
-                     else {"response": "ok"})
+            piece = {"message": {"role": "assistant", "content": "ok"}} if path == "/api/chat" else {"response": "ok"}
             if body.get("stream", True):
                 return nd({"model": "llama3", "done": False, **piece}, {**done, **piece, "response": ""})
             return js({**done, **piece})
@@ -174,8 +189,17 @@ async def test_url_credentials_go_as_basic_auth_on_every_call_and_nowhere_else(b
                 break
             await asyncio.sleep(0.05)
         pages = await _texts(r.url, s)
-    assert {"/api/version", "/api/tags", "/api/ps", "/api/show", "/api/chat", "/api/generate",
-            "/api/copy", "/api/delete", "/api/pull"} <= backend.paths()
+    assert {
+        "/api/version",
+        "/api/tags",
+        "/api/ps",
+        "/api/show",
+        "/api/chat",
+        "/api/generate",
+        "/api/copy",
+        "/api/delete",
+        "/api/pull",
+    } <= backend.paths()
     assert sum(p == "/api/version" for _, p, _ in backend.requests) >= 3  # detection and probes
     for method, path, hs in backend.requests:  # h1 (generation, probes) and aiohttp (management) alike
         names = [k for k, _ in hs]
@@ -214,8 +238,9 @@ async def test_a_backend_that_is_down_is_named_without_its_credentials(backend, 
             async with s.post(r.url + "/api/chat", json={**CHAT, "stream": stream}) as resp:
                 bodies.append(await resp.text())
                 assert resp.status >= 500, bodies[-1]
-        async with s.post(r.url + "/api/copy", json={"source": "llama3", "destination": "x"},
-                          headers={"X-Router-Endpoints": "gone"}) as resp:
+        async with s.post(
+            r.url + "/api/copy", json={"source": "llama3", "destination": "x"}, headers={"X-Router-Endpoints": "gone"}
+        ) as resp:
             bodies.append(await resp.text())
             assert resp.status >= 500, bodies[-1]
         pages = await _texts(r.url, s)
@@ -240,6 +265,7 @@ async def test_a_backend_down_from_the_start_is_named_without_its_credentials(ca
 
 async def test_credentials_in_the_url_and_an_api_key_are_refused():
     from nomyo_router.config import ConfigError, parse_config
+
     with pytest.raises(ConfigError) as e:
         parse_config({"endpoints": [{"url": CRED_URL.format(port=1), "api_key": API_KEY}]})
     assert "keep one" in str(e.value) and not leaked(str(e.value))
@@ -247,39 +273,58 @@ async def test_credentials_in_the_url_and_an_api_key_are_refused():
 
 # ---- the CLI ------------------------------------------------------------------------------
 
+
 def _check(tmp_path: Any, config: dict[str, Any]) -> subprocess.CompletedProcess:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    return subprocess.run([sys.executable, "-m", "nomyo_router", "--config", str(path), "--check"],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "nomyo_router", "--config", str(path), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_check_prints_no_secret(tmp_path):
-    r = _check(tmp_path, {
-        "endpoints": [{"url": CRED_URL.format(port=11434), "name": "a"},
-                      {"url": "http://127.0.0.1:8000/v1", "name": "b", "api_key": API_KEY}],
-        "router_api_key": "router-key-0123456789", "admin_key": ADMIN_KEY, "metrics_key": METRICS_KEY,
-        "client_keys": [{"name": "alice", "key": CLIENT_KEY}]})
+    r = _check(
+        tmp_path,
+        {
+            "endpoints": [
+                {"url": CRED_URL.format(port=11434), "name": "a"},
+                {"url": "http://127.0.0.1:8000/v1", "name": "b", "api_key": API_KEY},
+            ],
+            "router_api_key": "router-key-0123456789",
+            "admin_key": ADMIN_KEY,
+            "metrics_key": METRICS_KEY,
+            "client_keys": [{"name": "alice", "key": CLIENT_KEY}],
+        },
+    )
     assert r.returncode == 0 and "ok, 2 endpoint(s)" in r.stdout, r.stderr
     assert not leaked(r.stdout + r.stderr)
 
 
-@pytest.mark.parametrize("url", [
-    "http://us%40er:p%3Ass@127.0.0.1:notaport",  # a bad port
-    "ftp://us%40er:p%3Ass@127.0.0.1:21",  # a bad scheme
-    "http://us%40er:p%3Ass@",  # no host
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://us%40er:p%3Ass@127.0.0.1:notaport",  # a bad port
+        "ftp://us%40er:p%3Ass@127.0.0.1:21",  # a bad scheme
+        "http://us%40er:p%3Ass@",  # no host
+    ],
+)
 def test_a_bad_url_is_reported_without_its_credentials(tmp_path, url):
     r = _check(tmp_path, {"endpoints": [url]})
     assert r.returncode == 2 and "endpoints[0].url" in r.stderr and "***@" in r.stderr
     assert not leaked(r.stdout + r.stderr)
 
 
-@pytest.mark.parametrize("extra", [
-    {"admin_key": "abc"},  # too short
-    {"client_keys": [{"name": "a", "key": ADMIN_KEY, "models": "llama3"}]},  # models not a list
-    {"admin_key": ADMIN_KEY, "client_keys": [{"name": "a", "key": ADMIN_KEY}]},  # shared
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"admin_key": "abc"},  # too short
+        {"client_keys": [{"name": "a", "key": ADMIN_KEY, "models": "llama3"}]},  # models not a list
+        {"admin_key": ADMIN_KEY, "client_keys": [{"name": "a", "key": ADMIN_KEY}]},  # shared
+    ],
+)
 def test_a_bad_key_setting_is_reported_without_the_key(tmp_path, extra):
     r = _check(tmp_path, {"endpoints": ["http://127.0.0.1:11434"], **extra})
     assert r.returncode == 2 and "bad config" in r.stderr
@@ -291,20 +336,37 @@ def test_the_served_router_logs_no_credentials(tmp_path):
     a request that finds it down."""
     dead, port = free_port(), free_port()
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({
-        "endpoints": [{"url": CRED_URL.format(port=dead), "name": "dead", "type": "ollama", "models": ["llama3"]}],
-        "usage_db": None, "connect_timeout": 0.5}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "endpoints": [
+                    {"url": CRED_URL.format(port=dead), "name": "dead", "type": "ollama", "models": ["llama3"]}
+                ],
+                "usage_db": None,
+                "connect_timeout": 0.5,
+            }
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k != "NOMYO_ROUTER_CONFIG"}
-    proc = subprocess.Popen([sys.executable, "-m", "nomyo_router", "--config", str(path), "--port", str(port),
-                             "--log-level", "debug"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nomyo_router", "--config", str(path), "--port", str(port), "--log-level", "debug"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         from mock.runner import wait_http
+
         wait_http(f"http://127.0.0.1:{port}/", 30, proc)
         import urllib.error
         import urllib.request
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/chat", data=json.dumps(CHAT).encode(),
-                                     headers={"Content-Type": "application/json"})
+
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/chat",
+            data=json.dumps(CHAT).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         body = e.value.read().decode()

@@ -74,13 +74,20 @@ async def embedder() -> AsyncIterator[tuple[Embedder, str]]:
 
 
 def config(m: Any, url: str, **cache: Any) -> dict[str, Any]:
-    return {"endpoints": [*endpoints(m), {"url": url, "name": "emb", "type": "ollama", "models": ["embedder"]}],
-            "cache": {"enabled": True, "similarity": 0.8, "embed_model": "embedder", **cache}}
+    return {
+        "endpoints": [*endpoints(m), {"url": url, "name": "emb", "type": "ollama", "models": ["embedder"]}],
+        "cache": {"enabled": True, "similarity": 0.8, "embed_model": "embedder", **cache},
+    }
 
 
 def chat(question: str, system: str = "You are terse.", **extra: Any) -> dict[str, Any]:
-    return {"model": "llama3", "stream": False, **USE, **extra,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+    return {
+        "model": "llama3",
+        "stream": False,
+        **USE,
+        **extra,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    }
 
 
 async def ask(s: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> str:

@@ -79,8 +79,10 @@ async def test_a_new_request_does_not_pass_one_that_waits(tmp_path):
 
 async def test_slots_of_a_dead_process_come_back(tmp_path):
     path = str(tmp_path / "t.slots")
-    code = (f"from nomyo_router.state.slots import SlotTable; t = SlotTable({path!r}); "
-            f"assert t.try_take('one', 2) and t.try_take('one', 2); import os; os._exit(0)")
+    code = (
+        f"from nomyo_router.state.slots import SlotTable; t = SlotTable({path!r}); "
+        f"assert t.try_take('one', 2) and t.try_take('one', 2); import os; os._exit(0)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     table = SlotTable(path)  # claims the dead process's row, zeroing it
     try:
@@ -131,6 +133,7 @@ async def test_pins_and_usage_are_shared_without_messages(tmp_path):
 
 async def test_pins_expire_and_stay_bounded(tmp_path):
     from nomyo_router.state.pins import PinTable
+
     names = {"a": 0, "b": 1}
     table = PinTable(str(tmp_path / "p.pins"), 16, 0.2, names.__getitem__, {0: "a", 1: "b"}.__getitem__)
     try:
@@ -169,6 +172,7 @@ async def test_a_slot_given_back_before_its_wake_up_arrives_goes_to_the_waiter(t
 
 def test_a_full_neighbourhood_gives_up_the_pin_idle_longest(tmp_path):
     from nomyo_router.state.pins import PROBE, PinTable
+
     table = PinTable(str(tmp_path / "p.pins"), 4, 60.0, {"a": 0}.__getitem__, {0: "a"}.__getitem__)
     try:
         assert table.entries == PROBE  # one neighbourhood: every key competes for the same records

@@ -35,17 +35,39 @@ async def _raw_stream(url: str, path: str, body: dict, stall_at: int = 0) -> byt
 
 
 @pytest.mark.parametrize("http", ["nomyo_router.protocol:GuardedHttpToolsProtocol", "httptools"])
-@pytest.mark.parametrize("path,body", [("/api/chat", CHAT),
-                                       ("/api/generate", {"model": "llama3", "prompt": "hi", "stream": True})])
+@pytest.mark.parametrize(
+    "path,body", [("/api/chat", CHAT), ("/api/generate", {"model": "llama3", "prompt": "hi", "stream": True})]
+)
 async def test_relayed_stream_is_complete_and_in_order_with_a_slow_client(http, path, body):
-    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=TOKENS) as m, \
-            run_router({"endpoints": endpoints(m)}, http=http) as r:
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=TOKENS) as m,
+        run_router({"endpoints": endpoints(m)}, http=http) as r,
+    ):
         raw = await _raw_stream(r.url, path, body, stall_at=100)
     lines = [json.loads(line) for line in raw.split(b"\n") if line]
     text = "".join((d.get("message") or {}).get("content", "") or d.get("response", "") for d in lines)
     words = text.split()
     assert len(words) == TOKENS and words[:3] == ["lorem", "ipsum", "dolor"]
-    assert words == [["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed",
-                      "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et"][i % 16] for i in range(TOKENS)]
+    assert words == [
+        [
+            "lorem",
+            "ipsum",
+            "dolor",
+            "sit",
+            "amet",
+            "consectetur",
+            "adipiscing",
+            "elit",
+            "sed",
+            "do",
+            "eiusmod",
+            "tempor",
+            "incididunt",
+            "ut",
+            "labore",
+            "et",
+        ][i % 16]
+        for i in range(TOKENS)
+    ]
     assert lines[-1]["done"] is True and lines[-1]["eval_count"] == TOKENS
     assert not any(d.get("done") for d in lines[:-1])

@@ -34,8 +34,9 @@ def _port(url: str) -> int:
 
 async def _load(binary: str, port: int, streams: int, tokens: int) -> slowload.Outcome:
     marks: list[str] = []
-    out = await asyncio.to_thread(goload.run, binary, "127.0.0.1", port, streams, tokens, 0.2, 0.1, 1.0,
-                                  10.0, marks.append)
+    out = await asyncio.to_thread(
+        goload.run, binary, "127.0.0.1", port, streams, tokens, 0.2, 0.1, 1.0, 10.0, marks.append
+    )
     assert marks == ["start", "end"]
     return out
 

@@ -171,6 +171,10 @@ def test_a_child_bound_to_its_parent_ends_when_the_parent_is_killed(tmp_path, mo
 
 
 def test_a_worker_whose_supervisor_died_before_it_was_bound_does_not_start():
-    r = subprocess.run([sys.executable, "-c", "from nomyo_router.ops import lifecycle; "
-                        "lifecycle.bind_to_parent(1, None)"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-c", "from nomyo_router.ops import lifecycle; lifecycle.bind_to_parent(1, None)"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1 and "supervisor 1 is gone; not starting" in r.stderr

@@ -42,8 +42,9 @@ class Receiver:
             resource = attrs(rs.resource.attributes)
             for ss in rs.scope_spans:
                 self.spans.extend((resource, s) for s in ss.spans)
-        return web.Response(body=pb.ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")
+        return web.Response(
+            body=pb.ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
+        )
 
     async def wait(self, predicate: Any, timeout: float = 8.0) -> list[Span]:
         deadline = asyncio.get_running_loop().time() + timeout
@@ -87,9 +88,11 @@ def record_traceparents(mock: Any, seen: list[str | None]) -> None:
     """Every generation request the mock gets appends its traceparent header (or None)."""
     for key, handler in list(mock.backend.routes.items()):
         if key[0] == "POST" and key[1] in ("/api/chat", "/v1/chat/completions", "/api/generate"):
+
             async def wrapped(request: Any, _h: Any = handler) -> Any:
                 seen.append(request.headers.get("traceparent"))
                 return await _h(request)
+
             mock.backend.routes[key] = wrapped
 
 
@@ -104,10 +107,11 @@ async def test_one_request_is_a_server_span_with_a_client_span_per_attempt():
         config = {"endpoints": endpoints(m), "tracing": {"endpoint": url, "service_name": "router-test"}}
         async with run_router(config) as r, aiohttp.ClientSession() as s:
             marker = "the secret prompt text 7b1d"
-            async with s.post(r.url + "/api/chat", json={
-                    "model": "llama3", "stream": False, "messages": [{"role": "user", "content": marker}]},
-                    headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01",
-                             "X-Session-ID": "conv-1"}) as resp:
+            async with s.post(
+                r.url + "/api/chat",
+                json={"model": "llama3", "stream": False, "messages": [{"role": "user", "content": marker}]},
+                headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01", "X-Session-ID": "conv-1"},
+            ) as resp:
                 assert resp.status == 200
                 answer = await resp.json()
             server = (await rec.wait(lambda sp: sp.kind == Span.SPAN_KIND_SERVER))[0]
@@ -140,8 +144,12 @@ async def test_one_request_is_a_server_span_with_a_client_span_per_attempt():
     client = clients[0]
     assert client.parent_span_id == server.span_id
     assert attrs(client.attributes)["server.port"] == int(port)
-    assert server.start_time_unix_nano <= client.start_time_unix_nano <= client.end_time_unix_nano \
+    assert (
+        server.start_time_unix_nano
+        <= client.start_time_unix_nano
+        <= client.end_time_unix_nano
         <= server.end_time_unix_nano
+    )
     # the backend was told the attempt span is its parent
     assert seen == [f"00-{CLIENT_TRACE}-{client.span_id.hex()}-01"]
 
@@ -151,23 +159,30 @@ async def test_a_retried_request_has_one_client_span_per_attempt():
     async with receiver() as (rec, url), run_mock(**FAST, busy_rate=1.0) as busy, run_mock(**FAST) as ok:
         record_traceparents(busy, seen)
         record_traceparents(ok, seen)
-        config = {"endpoints": endpoints(busy, ok), "tracing": {"endpoint": url}, "eject_after": 1000,
-                  "routing": "least_busy", "retry_budget": 1.0}
+        config = {
+            "endpoints": endpoints(busy, ok),
+            "tracing": {"endpoint": url},
+            "eject_after": 1000,
+            "routing": "least_busy",
+            "retry_budget": 1.0,
+        }
         async with run_router(config) as r, aiohttp.ClientSession() as s:
             for i in range(40):  # (until the busy one was tried first)
                 if busy.stats()["requests_total"]:
                     break
-                async with s.post(r.url + "/v1/chat/completions", json={
-                        "model": "llama3", "messages": [{"role": "user", "content": f"hello {i}"}]}) as resp:
+                async with s.post(
+                    r.url + "/v1/chat/completions",
+                    json={"model": "llama3", "messages": [{"role": "user", "content": f"hello {i}"}]},
+                ) as resp:
                     assert resp.status == 200
-            servers = await rec.wait(lambda sp: sp.kind == Span.SPAN_KIND_SERVER
-                                     and attrs(sp.attributes)["nomyo.attempts"] == 2)
+            servers = await rec.wait(
+                lambda sp: sp.kind == Span.SPAN_KIND_SERVER and attrs(sp.attributes)["nomyo.attempts"] == 2
+            )
     server = servers[0]
     a = attrs(server.attributes)
     assert a["nomyo.endpoint"] == "m1" and a["gen_ai.operation.name"] == "chat"
     assert int(a["server.port"]) == int(ok.url.rsplit(":", 1)[1])
-    clients = sorted(by_kind(rec.trace(server.trace_id), Span.SPAN_KIND_CLIENT),
-                     key=lambda sp: sp.start_time_unix_nano)
+    clients = sorted(by_kind(rec.trace(server.trace_id), Span.SPAN_KIND_CLIENT), key=lambda sp: sp.start_time_unix_nano)
     assert [attrs(c.attributes)["nomyo.endpoint"] for c in clients] == ["m0", "m1"]
     assert clients[0].status.code == Status.STATUS_CODE_ERROR
     assert clients[1].status.code != Status.STATUS_CODE_ERROR
@@ -181,10 +196,13 @@ async def test_a_request_that_waited_has_a_queue_span():
     async with receiver() as (rec, url), run_mock(ttft_ms=300, tok_ms=0, tokens=2) as m:
         config = {"endpoints": endpoints(m, slots=1), "tracing": {"endpoint": url}}
         async with run_router(config) as r, aiohttp.ClientSession() as s:
+
             async def one(i: int) -> None:
-                async with s.post(r.url + "/api/generate", json={"model": "llama3", "prompt": f"p{i}",
-                                                                  "stream": False}) as resp:
+                async with s.post(
+                    r.url + "/api/generate", json={"model": "llama3", "prompt": f"p{i}", "stream": False}
+                ) as resp:
                     assert resp.status == 200
+
             await asyncio.gather(one(1), one(2))
             queued = await rec.wait(lambda sp: "queue" in sp.name)
     q = queued[0]
@@ -206,8 +224,9 @@ async def test_sampling_follows_the_ratio_and_a_clients_sampled_flag():
             body = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
             async with s.post(r.url + "/api/chat", json=body) as resp:
                 assert resp.status == 200
-            async with s.post(r.url + "/api/chat", json=body, headers={
-                    "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01"}) as resp:
+            async with s.post(
+                r.url + "/api/chat", json=body, headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01"}
+            ) as resp:
                 assert resp.status == 200
             await rec.wait(lambda sp: sp.kind == Span.SPAN_KIND_SERVER)
             await asyncio.sleep(1.5)  # (one more export interval: the unsampled one is not coming)
@@ -223,9 +242,11 @@ async def test_off_sends_no_traceparent_and_builds_nothing():
         record_traceparents(m, seen)
         async with run_router({"endpoints": endpoints(m)}) as r, aiohttp.ClientSession() as s:
             assert r.router.tracer is None
-            async with s.post(r.url + "/api/chat", json={"model": "llama3", "stream": False, "messages": [
-                    {"role": "user", "content": "hi"}]}, headers={
-                    "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01"}) as resp:
+            async with s.post(
+                r.url + "/api/chat",
+                json={"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]},
+                headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01"},
+            ) as resp:
                 assert resp.status == 200
     assert seen == [None]
 
@@ -235,8 +256,9 @@ async def test_a_collector_that_is_down_costs_no_request():
         config = {"endpoints": endpoints(m), "tracing": {"endpoint": f"http://127.0.0.1:{free_port()}"}}
         async with run_router(config) as r, aiohttp.ClientSession() as s:
             for _ in range(3):
-                async with s.post(r.url + "/api/generate", json={"model": "llama3", "prompt": "x",
-                                                                  "stream": True}) as resp:
+                async with s.post(
+                    r.url + "/api/generate", json={"model": "llama3", "prompt": "x", "stream": True}
+                ) as resp:
                     assert resp.status == 200
                     await resp.read()
             exporter = r.router.tracer.exporter
@@ -248,8 +270,12 @@ async def test_a_collector_that_is_down_costs_no_request():
 
 
 def test_settings_take_the_environment_where_the_file_is_silent():
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/", "OTEL_SERVICE_NAME": "gw",
-           "OTEL_TRACES_SAMPLER_ARG": "0.25", "OTEL_EXPORTER_OTLP_HEADERS": "x-token=a%20b,other=1"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+        "OTEL_SERVICE_NAME": "gw",
+        "OTEL_TRACES_SAMPLER_ARG": "0.25",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-token=a%20b,other=1",
+    }
     s = Settings(TracingConfig(), env)
     assert (s.url, s.service_name, s.sample_ratio) == ("http://collector:4318/v1/traces", "gw", 0.25)
     assert s.headers == {"x-token": "a b", "other": "1"}
@@ -261,25 +287,32 @@ def test_settings_take_the_environment_where_the_file_is_silent():
     assert s.url == "http://c:4318/custom"
 
 
-@pytest.mark.parametrize("value, parsed", [
-    (f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01", (int(CLIENT_TRACE, 16), int(CLIENT_PARENT, 16), True)),
-    (f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-00", (int(CLIENT_TRACE, 16), int(CLIENT_PARENT, 16), False)),
-    (f"01-{CLIENT_TRACE}-{CLIENT_PARENT}-03-future", (int(CLIENT_TRACE, 16), int(CLIENT_PARENT, 16), True)),
-    (f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01-extra", None),  # version 00 has exactly four fields
-    (f"ff-{CLIENT_TRACE}-{CLIENT_PARENT}-01", None),
-    (f"00-{'0' * 32}-{CLIENT_PARENT}-01", None),
-    (f"00-{CLIENT_TRACE}-{'0' * 16}-01", None),
-    ("00-xyz-abc-01", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "value, parsed",
+    [
+        (f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01", (int(CLIENT_TRACE, 16), int(CLIENT_PARENT, 16), True)),
+        (f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-00", (int(CLIENT_TRACE, 16), int(CLIENT_PARENT, 16), False)),
+        (f"01-{CLIENT_TRACE}-{CLIENT_PARENT}-03-future", (int(CLIENT_TRACE, 16), int(CLIENT_PARENT, 16), True)),
+        (f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01-extra", None),  # version 00 has exactly four fields
+        (f"ff-{CLIENT_TRACE}-{CLIENT_PARENT}-01", None),
+        (f"00-{'0' * 32}-{CLIENT_PARENT}-01", None),
+        (f"00-{CLIENT_TRACE}-{'0' * 16}-01", None),
+        ("00-xyz-abc-01", None),
+        ("", None),
+    ],
+)
 def test_traceparent_parsing(value: str, parsed: Any):
     assert parse_traceparent(value.encode()) == parsed
 
 
 def test_config_refuses_a_bad_tracing_mapping():
     from nomyo_router.config import ConfigError, parse_config
-    for bad, says in [({"sample_ratio": 2}, "tracing.sample_ratio"), ({"endpont": "http://x"}, "tracing.endpont"),
-                      ({"endpoint": "grpc://x:4317"}, "tracing.endpoint")]:
+
+    for bad, says in [
+        ({"sample_ratio": 2}, "tracing.sample_ratio"),
+        ({"endpont": "http://x"}, "tracing.endpont"),
+        ({"endpoint": "grpc://x:4317"}, "tracing.endpoint"),
+    ]:
         with pytest.raises(ConfigError, match=says):
             parse_config({"endpoints": ["http://127.0.0.1:1"], "tracing": bad})
     assert parse_config({"endpoints": ["http://127.0.0.1:1"], "tracing": {}}).tracing == TracingConfig()

@@ -33,6 +33,7 @@ def taken(monkeypatch):
         out = await relay(*args, **kwargs)
         used["native"] += out is not None
         return out
+
     monkeypatch.setattr(native, "relay", counting)
     return used
 
@@ -42,9 +43,28 @@ def cert(tmp_path, monkeypatch):
     if shutil.which("openssl") is None:
         pytest.skip("no openssl to make a certificate")
     key, crt = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(crt),
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(crt),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     monkeypatch.setenv("SSL_CERT_FILE", str(crt))  # read when a pool makes its SSL context
     return key, crt
 
@@ -77,8 +97,10 @@ async def tls_front(port: int, key, crt) -> AsyncIterator[int]:
 
 
 async def test_streams_and_whole_answers_over_tls_and_the_stream_stays_on_the_python_relay(cert, taken):
-    async with (run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=60) as m,
-                tls_front(int(m.url.rsplit(":", 1)[1]), *cert) as port):
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=60) as m,
+        tls_front(int(m.url.rsplit(":", 1)[1]), *cert) as port,
+    ):
         eps = [{"url": f"https://127.0.0.1:{port}", "name": "tls", "max_concurrent": 4}]
         async with run_router({"endpoints": eps}) as r, aiohttp.ClientSession() as s:
             async with s.post(m.url + "/api/chat", json=CHAT) as resp:
@@ -97,9 +119,10 @@ async def test_streams_and_whole_answers_over_tls_and_the_stream_stays_on_the_py
 
 async def test_an_https_router_streams_whole_and_keeps_the_python_relay(cert, taken):
     key, crt = cert
-    async with (run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=60) as m,
-                run_router({"endpoints": [{"url": m.url, "name": "m0", "max_concurrent": 4}]},
-                           tls=(str(key), str(crt))) as r):
+    async with (
+        run_mock(ttft_ms=0.0, tok_ms=2.0, tokens=60) as m,
+        run_router({"endpoints": [{"url": m.url, "name": "m0", "max_concurrent": 4}]}, tls=(str(key), str(crt))) as r,
+    ):
         assert r.url.startswith("https://")
         ctx = ssl.create_default_context(cafile=str(crt))
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:

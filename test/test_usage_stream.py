@@ -45,18 +45,23 @@ async def test_the_stream_tells_starts_finishes_in_flight_and_tokens():
             router = r.router
             assert router.events._start == []  # nobody watches: nothing registered
             async with httpx.AsyncClient(timeout=10) as c:
-                async with c.stream("GET", r.url + "/api/usage-stream",
-                                    headers={"Authorization": "Bearer alice-key-1"}) as resp:
+                async with c.stream(
+                    "GET", r.url + "/api/usage-stream", headers={"Authorization": "Bearer alice-key-1"}
+                ) as resp:
                     assert resp.status_code == 403  # a client key may not watch everyone
                 headers = {"Authorization": "Bearer alice-key-1"}
                 async with c.stream("GET", r.url + "/api/usage-stream") as resp:
                     assert resp.status_code == 401  # keys are required here
-            cfg_admin = {"endpoints": endpoints(m), "admin_key": "admin-key-123",
-                         "client_keys": [{"name": "alice", "key": "alice-key-1"}]}
+            cfg_admin = {
+                "endpoints": endpoints(m),
+                "admin_key": "admin-key-123",
+                "client_keys": [{"name": "alice", "key": "alice-key-1"}],
+            }
         async with run_router(cfg_admin) as r:
             async with httpx.AsyncClient(timeout=10) as c:
-                async with c.stream("GET", r.url + "/api/usage-stream",
-                                    headers={"Authorization": "Bearer admin-key-123"}) as resp:
+                async with c.stream(
+                    "GET", r.url + "/api/usage-stream", headers={"Authorization": "Bearer admin-key-123"}
+                ) as resp:
                     assert resp.status_code == 200
                     assert resp.headers["content-type"].startswith("text/event-stream")
                     seen: list[tuple[str, dict[str, Any], float]] = []
@@ -65,8 +70,13 @@ async def test_the_stream_tells_starts_finishes_in_flight_and_tokens():
                         seen.append((kind, data, at))
                         if ask is None:  # the first snapshot came: now a request
                             assert kind == "usage" and data["in_flight"] == {"m0": 0}
-                            ask = asyncio.create_task(c.post(r.url + "/api/chat", headers=headers, json={
-                                "model": "llama3", "messages": MSGS, "stream": False}))
+                            ask = asyncio.create_task(
+                                c.post(
+                                    r.url + "/api/chat",
+                                    headers=headers,
+                                    json={"model": "llama3", "messages": MSGS, "stream": False},
+                                )
+                            )
                         if kind == "usage" and data["tokens"]["by_client"].get("alice", {}).get("completion"):
                             break
                     assert (await ask).status_code == 200
@@ -152,8 +162,9 @@ async def test_the_operator_route_is_open_only_on_an_open_router(mock, keys):
         cfg["router_api_key"] = "router-key-1"
     async with run_router(cfg) as r:
         async with httpx.AsyncClient(timeout=10) as c:
-            async with c.stream("GET", r.url + "/api/usage-stream",
-                                headers={"Authorization": "Bearer router-key-1"} if keys else {}) as resp:
+            async with c.stream(
+                "GET", r.url + "/api/usage-stream", headers={"Authorization": "Bearer router-key-1"} if keys else {}
+            ) as resp:
                 assert resp.status_code == (403 if keys else 200)
 
 

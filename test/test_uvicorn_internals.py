@@ -39,19 +39,22 @@ def test_module_names_the_writer_uses():
     assert httptools_impl.STATUS_LINE[200] == b"HTTP/1.1 200 OK\r\n"
 
 
-@pytest.mark.parametrize(("name", "params"), [
-    ("connection_made", ["self", "transport"]),
-    ("connection_lost", ["self", "exc"]),
-    ("data_received", ["self", "data"]),
-    ("on_message_begin", ["self"]),
-    ("on_headers_complete", ["self"]),
-    ("on_message_complete", ["self"]),
-    ("pause_writing", ["self"]),
-    ("resume_writing", ["self"]),
-    ("on_response_complete", ["self"]),
-    ("_unsupported_upgrade_warning", ["self"]),  # overridden (silenced)
-    ("_unset_keepalive_if_required", ["self"]),  # called
-])
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("connection_made", ["self", "transport"]),
+        ("connection_lost", ["self", "exc"]),
+        ("data_received", ["self", "data"]),
+        ("on_message_begin", ["self"]),
+        ("on_headers_complete", ["self"]),
+        ("on_message_complete", ["self"]),
+        ("pause_writing", ["self"]),
+        ("resume_writing", ["self"]),
+        ("on_response_complete", ["self"]),
+        ("_unsupported_upgrade_warning", ["self"]),  # overridden (silenced)
+        ("_unset_keepalive_if_required", ["self"]),  # called
+    ],
+)
 def test_protocol_methods_overridden_or_called(name, params):
     method = getattr(HttpToolsProtocol, name)
     assert callable(method) and _params(method) == params
@@ -63,9 +66,23 @@ def test_on_response_complete_steps_are_the_ones_the_override_copies():
     reads) but arms its own deadline instead of uvicorn's timer. A step uvicorn adds there
     would be skipped: this is the list of what the method touches."""
     names = set(HttpToolsProtocol.on_response_complete.__code__.co_names)
-    assert names == {"server_state", "total_requests", "transport", "is_closing", "_unset_keepalive_if_required",
-                     "flow", "resume_reading", "pipeline", "pop", "_start_asgi_task", "timeout_keep_alive_task",
-                     "loop", "call_later", "timeout_keep_alive", "timeout_keep_alive_handler"}
+    assert names == {
+        "server_state",
+        "total_requests",
+        "transport",
+        "is_closing",
+        "_unset_keepalive_if_required",
+        "flow",
+        "resume_reading",
+        "pipeline",
+        "pop",
+        "_start_asgi_task",
+        "timeout_keep_alive_task",
+        "loop",
+        "call_later",
+        "timeout_keep_alive",
+        "timeout_keep_alive_handler",
+    }
 
 
 class _Transport(asyncio.Transport):
@@ -131,9 +148,16 @@ async def test_protocol_and_cycle_state_read_and_written():
     assert type(cycle.transport).__name__ == "_Cork"  # assigned by the override
     assert type(cycle.message_event).__name__ == "_LeanEvent"  # it was an asyncio.Event, swapped
     assert isinstance(cycle.scope, dict) and cycle.scope["method"] == "GET"
-    for name, kind in [("chunked_encoding", (bool, type(None))), ("response_complete", bool),
-                       ("disconnected", bool), ("response_started", bool), ("access_log", bool),
-                       ("default_headers", list), ("keep_alive", bool), ("waiting_for_100_continue", bool)]:
+    for name, kind in [
+        ("chunked_encoding", (bool, type(None))),
+        ("response_complete", bool),
+        ("disconnected", bool),
+        ("response_started", bool),
+        ("access_log", bool),
+        ("default_headers", list),
+        ("keep_alive", bool),
+        ("waiting_for_100_continue", bool),
+    ]:
         assert isinstance(getattr(cycle, name), kind), name
     assert callable(cycle.on_response)
     for _ in range(20):  # the app answers; the cycle completes and calls on_response
@@ -157,8 +181,9 @@ def test_supervisor_process_hooks():
     assert _params(multiprocess.Process.__init__) == ["self", "config", "sockets"]
     assert _params(multiprocess.Process.target) == ["self", "sockets"]
     assert isinstance(inspect.getattr_static(multiprocess.Process, "server"), property)
-    makers = [name for name, fn in vars(Multiprocess).items()
-              if inspect.isfunction(fn) and "Process" in fn.__code__.co_names]
+    makers = [
+        name for name, fn in vars(Multiprocess).items() if inspect.isfunction(fn) and "Process" in fn.__code__.co_names
+    ]
     assert makers, "the supervisor no longer builds workers from the module's `Process`"
     assert Multiprocess.__module__ == multiprocess.__name__
     # the exit handler the worker wraps, and the setting it shortens

@@ -21,9 +21,13 @@ def bearer(key: str) -> dict[str, str]:
 
 
 def config(mock, **extra) -> dict:
-    return {"endpoints": endpoints(mock), "admin_key": ADMIN, "metrics_key": METRICS,
-            "client_keys": [{"name": "limited", "key": LIMITED, "models": ["qwen2.5:7b"]},
-                            {"name": "full", "key": FULL}], **extra}
+    return {
+        "endpoints": endpoints(mock),
+        "admin_key": ADMIN,
+        "metrics_key": METRICS,
+        "client_keys": [{"name": "limited", "key": LIMITED, "models": ["qwen2.5:7b"]}, {"name": "full", "key": FULL}],
+        **extra,
+    }
 
 
 async def test_a_limited_key_lists_and_shows_only_its_models(mock):
@@ -105,15 +109,22 @@ async def test_a_capped_keys_waiting_requests_count_toward_max_queue():
     """A key held to 1 request at a time, with a queue of 3: its further requests wait up to
     the queue's size; beyond, each is refused at once (503 + Retry-After), nothing buffered."""
     async with run_mock(ttft_ms=400, tok_ms=0, tokens=2) as m:
-        cfg = {"endpoints": endpoints(m, slots=4), "max_queue": 3,
-               "client_keys": [{"name": "flood", "key": "flood-key-0123456789", "max_concurrent": 1},
-                               {"name": "other", "key": "other-key-0123456789"}]}
+        cfg = {
+            "endpoints": endpoints(m, slots=4),
+            "max_queue": 3,
+            "client_keys": [
+                {"name": "flood", "key": "flood-key-0123456789", "max_concurrent": 1},
+                {"name": "other", "key": "other-key-0123456789"},
+            ],
+        }
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
+
             async def ask(key: str) -> tuple[int, str | None, float]:
                 t = asyncio.get_running_loop().time()
                 async with s.post(r.url + "/api/chat", json=CHAT, headers={"x-api-key": key}) as resp:
                     await resp.read()
                     return resp.status, resp.headers.get("Retry-After"), asyncio.get_running_loop().time() - t
+
             flood = [asyncio.create_task(ask("flood-key-0123456789")) for _ in range(12)]
             await asyncio.sleep(0.2)
             assert r.router.store.held_aside == 3  # 1 running, 3 held aside, the rest refused

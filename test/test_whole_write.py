@@ -27,6 +27,7 @@ def wholes(monkeypatch):
         done = whole(self, status, headers, body)
         seen["whole"] += done
         return done
+
     monkeypatch.setattr(BodyWriter, "whole", counting)
     return seen
 
@@ -35,8 +36,12 @@ async def _exchange(url: str, close: bool) -> tuple[bytes, list[tuple[bytes, byt
     """(status line, headers, body, closed after) of one raw POST /api/chat."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + (b"Connection: close\r\n" if close else b"") + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+    writer.write(
+        b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + (b"Connection: close\r\n" if close else b"")
+        + b"Content-Length: %d\r\n\r\n" % len(BODY)
+        + BODY
+    )
     status, headers, body = await read_response(reader)
     try:  # closed: the server ended the connection (read gives b""); open: nothing comes in 0.5 s
         closed = await asyncio.wait_for(reader.read(1), 2 if close else 0.5) == b""

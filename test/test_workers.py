@@ -31,6 +31,7 @@ async def burst(url: str, n: int, gap: float = 0.01) -> list[tuple[int, int, flo
             async with s.post(url + "/api/chat", json=CHAT) as r:
                 await r.read()
                 return r.status, i, time.perf_counter() - t0, r.headers.get("X-Router-Worker")
+
         return await asyncio.gather(*[one(i) for i in range(n)])
 
 
@@ -67,8 +68,7 @@ async def test_sigkill_of_a_worker_holding_slots_gives_them_back():
                 victim = int(sorted(holders)[0])
                 os.kill(victim, signal.SIGKILL)
                 t0 = time.perf_counter()
-                async with s.post(url + "/api/chat", json={**CHAT, "stream": True,
-                                                          "options": {"num_predict": 1}}) as r:
+                async with s.post(url + "/api/chat", json={**CHAT, "stream": True, "options": {"num_predict": 1}}) as r:
                     assert r.status == 200
                     await r.read()
                 waited = time.perf_counter() - t0
@@ -93,12 +93,19 @@ async def test_a_conversation_keeps_its_backend_across_workers(tmp_path):
             with router_workers(cfg, 3, state_path=base, wait=False) as (url, _):
                 await ready(url)
                 async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+
                     async def turn(msgs):
-                        async with s.post(url + "/api/chat", json={"model": "llama3", "stream": False,
-                                                                  "messages": msgs}) as r:
+                        async with s.post(
+                            url + "/api/chat", json={"model": "llama3", "stream": False, "messages": msgs}
+                        ) as r:
                             body = await r.json()
-                            return (body["message"], r.headers["X-Router-Endpoint"],
-                                    r.headers["X-Router-Affinity"], int(r.headers["X-Router-Worker"]))
+                            return (
+                                body["message"],
+                                r.headers["X-Router-Endpoint"],
+                                r.headers["X-Router-Affinity"],
+                                int(r.headers["X-Router-Worker"]),
+                            )
+
                     msgs = [{"role": "user", "content": "across workers"}]
                     answer, home, _, first_worker = await turn(msgs)
                     os.kill(first_worker, signal.SIGKILL)

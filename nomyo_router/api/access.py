@@ -57,13 +57,15 @@ class Client:
 def keys_of(config: RouterConfig) -> Keys | None:
     """Every key the config names, or None when the router is open."""
     from ..domain import model_key
+
     entries: list[tuple[str, str, frozenset[str] | None, str]] = []
-    for role, key in (("default", config.router_api_key), ("admin", config.admin_key),
-                      ("metrics", config.metrics_key)):
+    for role, key in (("default", config.router_api_key), ("admin", config.admin_key), ("metrics", config.metrics_key)):
         if key:
             entries.append((role, key, None, role))
-    entries += [(c.name, c.key, frozenset(model_key(m) for m in c.models) if c.models else None, "client")
-                for c in config.client_keys]
+    entries += [
+        (c.name, c.key, frozenset(model_key(m) for m in c.models) if c.models else None, "client")
+        for c in config.client_keys
+    ]
     # the admin and metrics keys alone do not close the router: they only unlock their routes
     return Keys(entries, required=bool(config.router_api_key or config.client_keys)) if entries else None
 
@@ -76,8 +78,9 @@ def caps_of(config: RouterConfig) -> dict[str, int]:
 class Keys:
     def __init__(self, entries: Sequence[tuple[str, str, frozenset[str] | None, str]], required: bool = True) -> None:
         self.required = required  # False: an open router that still knows the admin or metrics key
-        self._by_digest = {digest_of(key): (digest_of(key), Client(name, models, role))
-                           for name, key, models, role in entries}
+        self._by_digest = {
+            digest_of(key): (digest_of(key), Client(name, models, role)) for name, key, models, role in entries
+        }
 
     def check(self, presented: bytes | None) -> Client | None:
         if not presented:
@@ -126,8 +129,12 @@ def cors_headers(origin: bytes) -> Headers:
 
 
 def preflight_headers(origin: bytes) -> Headers:
-    return [*cors_headers(origin), (b"access-control-allow-methods", CORS_METHODS),
-            (b"access-control-allow-headers", CORS_HEADERS), (b"access-control-max-age", b"600")]
+    return [
+        *cors_headers(origin),
+        (b"access-control-allow-methods", CORS_METHODS),
+        (b"access-control-allow-headers", CORS_HEADERS),
+        (b"access-control-max-age", b"600"),
+    ]
 
 
 def require_admin(router: Any, scope: dict[str, Any], what: str) -> None:
@@ -139,6 +146,7 @@ def require_admin(router: Any, scope: dict[str, Any], what: str) -> None:
     if client is not None and client.role == "admin":
         return
     from .errors import ApiError
+
     if router.config.admin_key is None:
         raise ApiError(403, f"{what} needs the admin key: set admin_key in the config")
     if client is None:

@@ -62,8 +62,9 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def send_response(send: Send, status: int, body: bytes, content_type: bytes = JSON,
-                        headers: Headers | None = None) -> None:
+async def send_response(
+    send: Send, status: int, body: bytes, content_type: bytes = JSON, headers: Headers | None = None
+) -> None:
     h: Headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     if headers:
         h.extend(headers)
@@ -88,6 +89,7 @@ def with_headers(scope: Scope, send: Send, extra: list[tuple[bytes, bytes]]) -> 
         if msg["type"] == "http.response.start":
             msg = {**msg, "headers": [*msg.get("headers", []), *extra]}
         await send(msg)
+
     return wrapped
 
 

@@ -65,40 +65,149 @@ from .errors import ApiError
 # openai/ and anthropic/ request types; the official clients' request parameters (openai-python:
 # chat and legacy completions, embeddings, responses, images, audio transcriptions;
 # anthropic-sdk: messages; ollama-python); the rerank APIs (vLLM, llama.cpp, Cohere, Jina).
-FIELDS: frozenset[str] = frozenset((
-    # Ollama /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show
-    "model", "prompt", "suffix", "system", "template", "context", "stream", "raw", "format",
-    "keep_alive", "images", "options", "think", "truncate", "shift", "_debug_render_only",
-    "logprobs", "top_logprobs", "messages", "tools", "input", "dimensions", "verbose", "name",
-    "width", "height", "steps",
-    # Ollama model management
-    "modelfile", "path", "quantize", "quantization", "draft_quantize", "from", "remote_host",
-    "files", "draft_files", "adapters", "license", "parameters", "renderer", "parser",
-    "requires", "info", "source", "destination", "insecure", "username", "password",
-    # OpenAI chat/completions and completions
-    "audio", "best_of", "echo", "frequency_penalty", "function_call", "functions",
-    "logit_bias", "max_completion_tokens", "max_tokens", "metadata", "modalities",
-    "moderation", "n", "parallel_tool_calls", "prediction", "presence_penalty",
-    "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention", "reasoning",
-    "reasoning_effort", "response_format", "safety_identifier", "seed", "service_tier", "stop",
-    "store", "stream_options", "temperature", "tool_choice", "top_p", "user", "verbosity",
-    "web_search_options",
-    # OpenAI embeddings, responses, images, audio transcriptions (multipart, same names)
-    "encoding_format", "access_programs", "background", "background_options",
-    "context_management", "conversation", "image", "include", "instructions",
-    "max_output_tokens", "max_tool_calls", "previous_response_id", "text", "truncation",
-    "complexity", "frame_count", "frame_duration_ms", "output_compression", "output_format",
-    "partial_images", "quality", "size", "style", "svg", "chunking_strategy", "file",
-    "keywords", "known_speaker_names", "known_speaker_references", "language", "languages",
-    "timestamp_granularities",
-    # rerank
-    "query", "documents", "top_n", "return_documents", "max_tokens_per_doc", "rank_fields",
-    "truncate_prompt_tokens",
-    # Anthropic /v1/messages
-    "cache_control", "container", "diagnostics", "inference_geo", "mcp_servers",
-    "output_config", "speed", "stop_sequences", "thinking", "top_k", "user_profile_id",
-    "workspace_id",
-))
+FIELDS: frozenset[str] = frozenset(
+    (
+        # Ollama /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show
+        "model",
+        "prompt",
+        "suffix",
+        "system",
+        "template",
+        "context",
+        "stream",
+        "raw",
+        "format",
+        "keep_alive",
+        "images",
+        "options",
+        "think",
+        "truncate",
+        "shift",
+        "_debug_render_only",
+        "logprobs",
+        "top_logprobs",
+        "messages",
+        "tools",
+        "input",
+        "dimensions",
+        "verbose",
+        "name",
+        "width",
+        "height",
+        "steps",
+        # Ollama model management
+        "modelfile",
+        "path",
+        "quantize",
+        "quantization",
+        "draft_quantize",
+        "from",
+        "remote_host",
+        "files",
+        "draft_files",
+        "adapters",
+        "license",
+        "parameters",
+        "renderer",
+        "parser",
+        "requires",
+        "info",
+        "source",
+        "destination",
+        "insecure",
+        "username",
+        "password",
+        # OpenAI chat/completions and completions
+        "audio",
+        "best_of",
+        "echo",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "max_completion_tokens",
+        "max_tokens",
+        "metadata",
+        "modalities",
+        "moderation",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream_options",
+        "temperature",
+        "tool_choice",
+        "top_p",
+        "user",
+        "verbosity",
+        "web_search_options",
+        # OpenAI embeddings, responses, images, audio transcriptions (multipart, same names)
+        "encoding_format",
+        "access_programs",
+        "background",
+        "background_options",
+        "context_management",
+        "conversation",
+        "image",
+        "include",
+        "instructions",
+        "max_output_tokens",
+        "max_tool_calls",
+        "previous_response_id",
+        "text",
+        "truncation",
+        "complexity",
+        "frame_count",
+        "frame_duration_ms",
+        "output_compression",
+        "output_format",
+        "partial_images",
+        "quality",
+        "size",
+        "style",
+        "svg",
+        "chunking_strategy",
+        "file",
+        "keywords",
+        "known_speaker_names",
+        "known_speaker_references",
+        "language",
+        "languages",
+        "timestamp_granularities",
+        # rerank
+        "query",
+        "documents",
+        "top_n",
+        "return_documents",
+        "max_tokens_per_doc",
+        "rank_fields",
+        "truncate_prompt_tokens",
+        # Anthropic /v1/messages
+        "cache_control",
+        "container",
+        "diagnostics",
+        "inference_geo",
+        "mcp_servers",
+        "output_config",
+        "speed",
+        "stop_sequences",
+        "thinking",
+        "top_k",
+        "user_profile_id",
+        "workspace_id",
+    )
+)
 _FOLDED: dict[str, str] = {f.casefold(): f for f in FIELDS}
 assert len(_FOLDED) == len(FIELDS), "two field names fold alike"
 
@@ -130,7 +239,7 @@ def loads(raw: bytes) -> Any:
     else:
         text = raw.decode(json.detect_encoding(raw), "surrogatepass")
         start = _skip(text, 0).end()
-        if text[start:start + 1] != "{":
+        if text[start : start + 1] != "{":
             return _DECODER.decode(text)
     read = _members(text, start)
     if read is None:  # not valid JSON: json.loads says why
@@ -138,8 +247,11 @@ def loads(raw: bytes) -> Any:
         raise ApiError(400, "the JSON body could not be read")  # (never: the walk accepts what json accepts)
     body, twice = read
     if twice is not None:
-        raise _bad(f"the key {_q(twice)} appears more than once in the body; "
-                   f"backends disagree on which one counts: send it once", twice)
+        raise _bad(
+            f"the key {_q(twice)} appears more than once in the body; "
+            f"backends disagree on which one counts: send it once",
+            twice,
+        )
     if not FIELDS.issuperset(body):
         check_spelling(body)
     return body
@@ -210,19 +322,24 @@ def check_spelling(keys: Any, what: str = "key") -> None:
         folded = key.casefold()
         field = _FOLDED.get(folded)
         if field is not None and key != field:
-            raise _bad(f"the {what} {_q(key)} is the field {_q(field)} spelt another way; "
-                       f"some backends read it as {_q(field)}: spell it exactly so", key)
+            raise _bad(
+                f"the {what} {_q(key)} is the field {_q(field)} spelt another way; "
+                f"some backends read it as {_q(field)}: spell it exactly so",
+                key,
+            )
         other = seen.get(folded)
         if other is not None:
-            raise _bad(f"the {what}s {_q(other)} and {_q(key)} differ only in case; "
-                       f"backends may read them as one: send one", key)
+            raise _bad(
+                f"the {what}s {_q(other)} and {_q(key)} differ only in case; backends may read them as one: send one",
+                key,
+            )
         seen[folded] = key
 
 
 # ---- multipart/form-data -------------------------------------------------------------------------
 # As Go reads a part's header block (net/textproto) and its Content-Disposition (mime.ParseMediaType):
 _TSPECIALS = '()<>@,;:\\"/[]?='
-_TOKEN = "[" + "".join(re.escape(chr(c)) for c in range(0x21, 0x7f) if chr(c) not in _TSPECIALS) + "]+"
+_TOKEN = "[" + "".join(re.escape(chr(c)) for c in range(0x21, 0x7F) if chr(c) not in _TSPECIALS) + "]+"
 _HEADER = re.compile(rf"({_TOKEN}):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
 _PARAM = re.compile(rf'[ \t]*;[ \t]*({_TOKEN})[ \t]*=[ \t]*(?:"((?:[^"\\\r\n]|\\[^\r\n])*)"|({_TOKEN}))')
 _TRAILING = re.compile(r"[ \t]*;?[ \t]*")
@@ -244,8 +361,9 @@ def form_part(head: str) -> tuple[str | None, bool]:
             disposition = m.group(2)
         elif name == "content-transfer-encoding" and m.group(2).lower() not in ("binary", "8bit", "7bit"):
             # (Go decodes quoted-printable parts: the router would read the value undecoded)
-            raise ApiError(400, f"a multipart part has Content-Transfer-Encoding: {m.group(2)[:40]}; "
-                                f"send it as is (binary)")
+            raise ApiError(
+                400, f"a multipart part has Content-Transfer-Encoding: {m.group(2)[:40]}; send it as is (binary)"
+            )
     if disposition is None:
         return None, False
     base = disposition.partition(";")[0]
@@ -253,7 +371,7 @@ def form_part(head: str) -> tuple[str | None, bool]:
         raise ApiError(400, f"a multipart part is not form-data: {base[:80]!r}")
     params: dict[str, str] = {}
     spelt: dict[str, str] = {}  # each parameter as written, from its name to its value
-    pos, rest = 0, disposition[len(base):]
+    pos, rest = 0, disposition[len(base) :]
     while pos < len(rest):
         m = _PARAM.match(rest, pos)
         if m is None:
@@ -268,7 +386,7 @@ def form_part(head: str) -> tuple[str | None, bool]:
         pos = m.end()
     for key in params:
         if "*" in key and key != "filename*":  # RFC 2231 names and continuations
-            raise ApiError(400, f"a multipart part's Content-Disposition has {key}: give the name as name=\"...\"")
+            raise ApiError(400, f'a multipart part\'s Content-Disposition has {key}: give the name as name="..."')
     filename = params.get("filename", "")
     if "filename*" in params:  # Go decodes it and lets it replace filename
         filename = _rfc2231(params["filename*"])
@@ -276,22 +394,28 @@ def form_part(head: str) -> tuple[str | None, bool]:
     if name is None:
         return None, False  # (Go: no name, the part is skipped)
     if spelt["name"] != f'name="{name}"':
-        raise _bad(f"a multipart field is named {spelt['name']!r}; the router reads names only as "
-                   f'name="{name}" (lower-case, quoted, no escapes)', name)
+        raise _bad(
+            f"a multipart field is named {spelt['name']!r}; the router reads names only as "
+            f'name="{name}" (lower-case, quoted, no escapes)',
+            name,
+        )
     return name, filename != ""
 
 
 def _unquote(value: str) -> str:
     """A quoted-string's content as Go's mime package reads it: a backslash escapes a tspecial
     character and is kept before any other."""
-    return re.sub(r'\\(.)', lambda m: m.group(1) if m.group(1) in _TSPECIALS else m.group(0), value)
+    return re.sub(r"\\(.)", lambda m: m.group(1) if m.group(1) in _TSPECIALS else m.group(0), value)
 
 
 def _rfc2231(value: str) -> str:
     charset, quote, rest = value.partition("'")
     _lang, quote2, encoded = rest.partition("'")
-    if not (quote and quote2) or charset.lower() not in ("utf-8", "us-ascii") or \
-            re.search(r"%(?![0-9A-Fa-f]{2})", encoded):
+    if (
+        not (quote and quote2)
+        or charset.lower() not in ("utf-8", "us-ascii")
+        or re.search(r"%(?![0-9A-Fa-f]{2})", encoded)
+    ):
         raise ApiError(400, f"a multipart part has an unreadable filename*: {value[:80]!r}")
     return unquote_to_bytes(encoded).decode("latin-1")
 
@@ -303,8 +427,11 @@ def check_form_names(names: list[str]) -> None:
         seen: set[str] = set()
         for name in names:
             if name in seen:
-                raise _bad(f"the form field {_q(name)} appears more than once; "
-                           f"backends disagree on which one counts: send it once", name)
+                raise _bad(
+                    f"the form field {_q(name)} appears more than once; "
+                    f"backends disagree on which one counts: send it once",
+                    name,
+                )
             seen.add(name)
     if not FIELDS.issuperset(names):
         check_spelling(names, "form field")

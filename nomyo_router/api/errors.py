@@ -10,9 +10,17 @@ import json
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, retry_after: int | None = None,
-                 headers: list[tuple[bytes, bytes]] | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        kind: str | None = None,
+    ) -> None:
         """`headers`: more response headers (a rate-limited key's x-ratelimit-*); `kind`: the
         OpenAI error type when the status alone does not say it (insufficient_quota)."""
         super().__init__(message)
@@ -36,19 +44,25 @@ def _openai_type(status: int) -> str:
 
 
 def _anthropic_type(status: int) -> str:
-    return {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-            413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}.get(
-        status, "api_error" if status >= 500 else "invalid_request_error")
+    return {
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "request_too_large",
+        429: "rate_limit_error",
+        529: "overloaded_error",
+    }.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
-def error_body(api: str, status: int, message: str, param: str | None = None,
-               code: str | None = None, kind: str | None = None) -> bytes:
+def error_body(
+    api: str, status: int, message: str, param: str | None = None, code: str | None = None, kind: str | None = None
+) -> bytes:
     if api == "anthropic":
-        return json.dumps({"type": "error", "error": {"type": _anthropic_type(status),
-                                                      "message": message}}).encode()
+        return json.dumps({"type": "error", "error": {"type": _anthropic_type(status), "message": message}}).encode()
     if api == "openai":
-        return json.dumps({"error": {"message": message, "type": kind or _openai_type(status),
-                                     "param": param, "code": code}}).encode()
+        return json.dumps(
+            {"error": {"message": message, "type": kind or _openai_type(status), "param": param, "code": code}}
+        ).encode()
     return json.dumps({"error": message}).encode()
 
 

@@ -47,8 +47,10 @@ def tags(endpoints: Sequence[Endpoint], visible: Visible = None) -> bytes:
         if ep.type == "ollama" and ep.static_models is None:
             entries += ep.tags
         else:
-            entries += [{"name": n, "model": n, "modified_at": "1970-01-01T00:00:00Z", "size": 0,
-                         "digest": "", "details": {}} for n in ep.models.values()]
+            entries += [
+                {"name": n, "model": n, "modified_at": "1970-01-01T00:00:00Z", "size": 0, "digest": "", "details": {}}
+                for n in ep.models.values()
+            ]
     return json.dumps({"models": _dedupe(entries, visible)}).encode()
 
 
@@ -95,7 +97,7 @@ def _trim_fraction(iso: str) -> str:
     if not dot:
         return iso
     digits = "".join(c for c in rest if c.isdigit())
-    return f"{head}.{digits[:6]}{rest[len(digits):]}"
+    return f"{head}.{digits[:6]}{rest[len(digits) :]}"
 
 
 def openai_models(endpoints: Sequence[Endpoint], visible: Visible = None) -> bytes:
@@ -109,9 +111,16 @@ def openai_model(endpoints: Sequence[Endpoint], model_id: str, visible: Visible 
     for entry in _model_objects(endpoints, visible):
         if model_key(str(entry["id"])) == key:
             return 200, json.dumps({**entry, "id": model_id}).encode()  # the id as asked, like Ollama
-    return 404, json.dumps({"error": {"message": f"The model '{model_id}' does not exist",
-                                      "type": "invalid_request_error", "param": "model",
-                                      "code": "model_not_found"}}).encode()
+    return 404, json.dumps(
+        {
+            "error": {
+                "message": f"The model '{model_id}' does not exist",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
+        }
+    ).encode()
 
 
 def version(endpoints: Sequence[Endpoint]) -> bytes:
@@ -127,8 +136,9 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any = None,
-                 details: bool = True) -> tuple[int, bytes]:
+async def health(
+    endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any = None, details: bool = True
+) -> tuple[int, bytes]:
     """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag).
     Without `details`, only whether the router is up: {"status": "ok" | "unavailable"}."""
     if not details:
@@ -137,14 +147,26 @@ async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any
     snap = await store.snapshot()
     in_flight = snap.get("in_flight", {})
     states = verdicts.snapshot() if verdicts is not None else {}
-    rows = [{"name": ep.name, "type": ep.type, "healthy": store.is_healthy(ep) and ep.type is not None,
-             "in_flight": in_flight.get(ep.name, 0), "slots": ep.slots, "models": sorted(ep.models.values()),
-             **({"health": states[ep.name]} if ep.name in states else {})}
-            for ep in endpoints]
+    rows = [
+        {
+            "name": ep.name,
+            "type": ep.type,
+            "healthy": store.is_healthy(ep) and ep.type is not None,
+            "in_flight": in_flight.get(ep.name, 0),
+            "slots": ep.slots,
+            "models": sorted(ep.models.values()),
+            **({"health": states[ep.name]} if ep.name in states else {}),
+        }
+        for ep in endpoints
+    ]
     ok = any(r["healthy"] for r in rows)
-    body = {"status": "ok" if ok else "unavailable", "state": snap.get("mode"),
-            "queue_length": snap.get("queue_length", 0), "pins": snap.get("pins"),
-            "endpoints": rows}
+    body = {
+        "status": "ok" if ok else "unavailable",
+        "state": snap.get("mode"),
+        "queue_length": snap.get("queue_length", 0),
+        "pins": snap.get("pins"),
+        "endpoints": rows,
+    }
     body["usage"] = snap.get("usage", {})
     if verdicts is not None:
         body["loop_lag_ms"] = round(verdicts.lag.recent_max() * 1000, 1)
@@ -153,8 +175,9 @@ async def health(endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any
     return (200 if ok else 503), json.dumps(body).encode()
 
 
-async def show(raw: bytes, endpoints: Sequence[Endpoint], store: StateStore,
-               upstream: h1.Upstream, visible: Visible = None) -> tuple[int, bytes]:
+async def show(
+    raw: bytes, endpoints: Sequence[Endpoint], store: StateStore, upstream: h1.Upstream, visible: Visible = None
+) -> tuple[int, bytes]:
     """/api/show from an Ollama endpoint that has the model (no slot: it is metadata)."""
     body = load_json(raw)
     if not isinstance(body, dict):
@@ -178,6 +201,13 @@ async def show(raw: bytes, endpoints: Sequence[Endpoint], store: StateStore,
         except (h1.ClientError, TimeoutError):
             continue
     # Only OpenAI-type backends serve it: describe what we know.
-    return 200, json.dumps({"modelfile": "", "parameters": "", "template": "",
-                            "details": {"format": "", "family": "", "families": None},
-                            "model_info": {}, "capabilities": ["completion"]}).encode()
+    return 200, json.dumps(
+        {
+            "modelfile": "",
+            "parameters": "",
+            "template": "",
+            "details": {"format": "", "family": "", "families": None},
+            "model_info": {},
+            "capabilities": ["completion"],
+        }
+    ).encode()

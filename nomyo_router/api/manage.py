@@ -72,19 +72,25 @@ def targets(router: Any, scope: Scope) -> list[Endpoint]:
     raw = header(scope, b"x-router-endpoints")
     if raw is None:
         if not ollama:
-            raise ApiError(501, "model management needs an Ollama-type endpoint; none is configured "
-                                "(or none has answered yet)")
+            raise ApiError(
+                501, "model management needs an Ollama-type endpoint; none is configured (or none has answered yet)"
+            )
         return ollama
     names = [n.strip() for n in raw.decode("latin-1").split(",") if n.strip()]
     by_name = {ep.name: ep for ep in router.endpoints}
     unknown = [n for n in names if n not in by_name]
     if unknown or not names:
-        raise ApiError(400, f"X-Router-Endpoints: unknown endpoint(s) {unknown or names!r}; "
-                            f"known Ollama endpoints: {', '.join(ep.name for ep in ollama) or 'none'}")
+        raise ApiError(
+            400,
+            f"X-Router-Endpoints: unknown endpoint(s) {unknown or names!r}; "
+            f"known Ollama endpoints: {', '.join(ep.name for ep in ollama) or 'none'}",
+        )
     foreign = [n for n in names if by_name[n].type != "ollama"]
     if foreign:
-        raise ApiError(400, f"X-Router-Endpoints: {', '.join(foreign)} not an Ollama-type endpoint; "
-                            f"model management is Ollama's API")
+        raise ApiError(
+            400,
+            f"X-Router-Endpoints: {', '.join(foreign)} not an Ollama-type endpoint; model management is Ollama's API",
+        )
     return [by_name[n] for n in dict.fromkeys(names)]
 
 
@@ -141,17 +147,22 @@ async def manage(app: Any, scope: Scope, receive: Receive, send: Send, t0: float
         eps = await _having(router, eps, model, header(scope, b"x-router-endpoints") is not None)
     async with _permits(router):
         streamed = stream and op in ("pull", "push", "create")
-        work = (_stream(router, eps, method, path, raw, op, send) if streamed
-                else _whole(router, eps, method, path, raw, op, send))
+        work = (
+            _stream(router, eps, method, path, raw, op, send)
+            if streamed
+            else _whole(router, eps, method, path, raw, op, send)
+        )
         await cancel_on_disconnect(work, receive)
 
 
 def _timeout(router: Any, streamed: bool) -> aiohttp.ClientTimeout:
     """Lines of progress come often; a whole answer (a non-stream pull) may take hours."""
     import aiohttp
+
     cfg = router.config
-    return aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout,
-                                 sock_read=cfg.stream_idle_timeout if streamed else None)
+    return aiohttp.ClientTimeout(
+        total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.stream_idle_timeout if streamed else None
+    )
 
 
 async def _refresh(router: Any, eps: Sequence[Endpoint]) -> None:
@@ -159,23 +170,25 @@ async def _refresh(router: Any, eps: Sequence[Endpoint]) -> None:
         await router.discovery.refresh(eps)
 
 
-async def _whole(router: Any, eps: list[Endpoint], method: str, path: str, raw: bytes, op: str,
-                 send: Send) -> None:
+async def _whole(router: Any, eps: list[Endpoint], method: str, path: str, raw: bytes, op: str, send: Send) -> None:
     timeout = _timeout(router, False)
 
     async def one(ep: Endpoint) -> tuple[int, bytes, bytes]:
         try:
-            async with router.manage_session.get().request(method, ep.url + path, data=raw,
-                                                           headers=ep.headers, timeout=timeout) as r:
+            async with router.manage_session.get().request(
+                method, ep.url + path, data=raw, headers=ep.headers, timeout=timeout
+            ) as r:
                 return r.status, await r.read(), r.headers.get("Content-Type", "").encode()
         except Exception as e:  # one endpoint's failure is reported, never the whole call's
             return 502, json.dumps({"error": _why(e)}).encode(), b"application/json"
+
     results = await asyncio.gather(*(one(ep) for ep in eps))
     await _refresh(router, eps)
     names = [ep.name for ep in eps]
     ok = [r for r in results if r[0] < 300]
-    failures = {ep.name: f"HTTP {s}: {error_message(b)}"
-                for ep, (s, b, _) in zip(eps, results, strict=True) if s >= 300}
+    failures = {
+        ep.name: f"HTTP {s}: {error_message(b)}" for ep, (s, b, _) in zip(eps, results, strict=True) if s >= 300
+    }
     if op == "delete" and ok:  # gone there already (our list was stale): nothing left to delete
         failures = {n: w for n, w in failures.items() if not w.startswith("HTTP 404")}
     if not failures:
@@ -187,16 +200,16 @@ async def _whole(router: Any, eps: list[Endpoint], method: str, path: str, raw: 
     await send_response(send, status, json.dumps(final(op, names, failures)).encode())
 
 
-async def _stream(router: Any, eps: list[Endpoint], method: str, path: str, raw: bytes, op: str,
-                  send: Send) -> None:
+async def _stream(router: Any, eps: list[Endpoint], method: str, path: str, raw: bytes, op: str, send: Send) -> None:
     merge = ProgressMerge(op, [ep.name for ep in eps])
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     timeout = _timeout(router, True)
 
     async def one(ep: Endpoint) -> None:
         try:
-            async with router.manage_session.get().request(method, ep.url + path, data=raw,
-                                                           headers=ep.headers, timeout=timeout) as r:
+            async with router.manage_session.get().request(
+                method, ep.url + path, data=raw, headers=ep.headers, timeout=timeout
+            ) as r:
                 if r.status != 200:
                     await queue.put((ep.name, ("fail", f"HTTP {r.status}: {error_message(await r.read())}", r.status)))
                     return
@@ -231,8 +244,7 @@ async def _stream(router: Any, eps: list[Endpoint], method: str, path: str, raw:
                 out = merge.line(name, item)
                 if not started:
                     started = True
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": [(b"content-type", NDJSON)]})
+                    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", NDJSON)]})
                     for p in pending:
                         await send({"type": "http.response.body", "body": p, "more_body": True})
                 if out:
@@ -259,6 +271,7 @@ async def _stream(router: Any, eps: list[Endpoint], method: str, path: str, raw:
 
 def _why(e: BaseException) -> str:
     import aiohttp
+
     if isinstance(e, TimeoutError):
         return "timed out"
     if isinstance(e, aiohttp.ClientConnectorError):
@@ -268,7 +281,7 @@ def _why(e: BaseException) -> str:
 
 # ---- blobs ---------------------------------------------------------------------------------
 def _digest(scope: Scope) -> str:
-    digest: str = scope["path"][len("/api/blobs/"):]
+    digest: str = scope["path"][len("/api/blobs/") :]
     if not _DIGEST.match(digest):
         raise ApiError(400, f"invalid digest {digest[:80]!r}: expected sha256:<64 hex digits>")
     return digest
@@ -276,16 +289,19 @@ def _digest(scope: Scope) -> str:
 
 async def _heads(router: Any, eps: list[Endpoint], digest: str) -> list[int]:
     import aiohttp
+
     timeout = aiohttp.ClientTimeout(total=router.config.connect_timeout + router.config.health_timeout)
 
     async def one(ep: Endpoint) -> int:
         try:
-            async with router.manage_session.get().head(ep.url + "/api/blobs/" + digest, headers=ep.headers,
-                                           timeout=timeout) as r:
+            async with router.manage_session.get().head(
+                ep.url + "/api/blobs/" + digest, headers=ep.headers, timeout=timeout
+            ) as r:
                 status: int = r.status
                 return status
         except (aiohttp.ClientError, TimeoutError):
             return 502
+
     return list(await asyncio.gather(*(one(ep) for ep in eps)))
 
 
@@ -312,8 +328,7 @@ async def blob_post(app: Any, scope: Scope, receive: Receive, send: Send, t0: fl
     await send_response(send, *_blob_answer(eps, need, results))
 
 
-def _blob_answer(eps: list[Endpoint], need: list[Endpoint], results: list[tuple[int, str]]
-                 ) -> tuple[int, bytes]:
+def _blob_answer(eps: list[Endpoint], need: list[Endpoint], results: list[tuple[int, str]]) -> tuple[int, bytes]:
     failures = {ep.name: why for ep, (s, why) in zip(need, results, strict=True) if s >= 300}
     if not failures:
         return 201, b""
@@ -322,14 +337,17 @@ def _blob_answer(eps: list[Endpoint], need: list[Endpoint], results: list[tuple[
     return status, json.dumps({"error": describe("blob upload", [ep.name for ep in eps], failures)}).encode()
 
 
-async def _upload(router: Any, scope: Scope, receive: Receive, need: list[Endpoint],
-                  digest: str) -> list[tuple[int, str]]:
+async def _upload(
+    router: Any, scope: Scope, receive: Receive, need: list[Endpoint], digest: str
+) -> list[tuple[int, str]]:
     """Stream the request body to every endpoint in `need` at once (see the module doc)."""
     import aiohttp
+
     length = header(scope, b"content-length")
     queues = [asyncio.Queue[bytes | None](_QUEUE) for _ in need]
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=router.config.connect_timeout,
-                                    sock_read=router.config.first_byte_timeout)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=router.config.connect_timeout, sock_read=router.config.first_byte_timeout
+    )
 
     async def pieces(q: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
         while (piece := await q.get()) is not None:
@@ -340,8 +358,9 @@ async def _upload(router: Any, scope: Scope, receive: Receive, need: list[Endpoi
         if length is not None:
             headers["Content-Length"] = length.decode("latin-1")
         try:
-            async with router.manage_session.get().post(ep.url + "/api/blobs/" + digest, data=pieces(q),
-                                           headers=headers, timeout=timeout) as r:
+            async with router.manage_session.get().post(
+                ep.url + "/api/blobs/" + digest, data=pieces(q), headers=headers, timeout=timeout
+            ) as r:
                 body = await r.read()
                 return r.status, "" if r.status < 300 else f"HTTP {r.status}: {error_message(body)}"
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -377,6 +396,11 @@ async def _put(q: asyncio.Queue[bytes | None], piece: bytes | None, task: asynci
         put.cancel()
 
 
-ROUTES = {("POST", "/api/pull"): manage, ("POST", "/api/push"): manage, ("POST", "/api/create"): manage,
-          ("POST", "/api/copy"): manage, ("DELETE", "/api/delete"): manage}
+ROUTES = {
+    ("POST", "/api/pull"): manage,
+    ("POST", "/api/push"): manage,
+    ("POST", "/api/create"): manage,
+    ("POST", "/api/copy"): manage,
+    ("DELETE", "/api/delete"): manage,
+}
 PREFIX = [("HEAD", "/api/blobs/", blob_head), ("POST", "/api/blobs/", blob_post)]

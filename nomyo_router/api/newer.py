@@ -98,13 +98,13 @@ def multipart(raw: bytes) -> tuple[str, dict[str, str]]:
         if name is not None and not is_file:
             names.append(name)
             if end - head_end - 4 <= _MAX_FIELD:
-                fields[name] = raw[head_end + 4:end].decode("utf-8", "replace")
+                fields[name] = raw[head_end + 4 : end].decode("utf-8", "replace")
         pos = end + len(delimiter)
-        if raw[pos:pos + 2] == b"--":
-            if raw[pos + 2:pos + 4] not in (b"", b"\r\n"):  # (not the end for Go's reader, which reads on)
+        if raw[pos : pos + 2] == b"--":
+            if raw[pos + 2 : pos + 4] not in (b"", b"\r\n"):  # (not the end for Go's reader, which reads on)
                 raise _bad("a multipart part contains its closing boundary")
             break
-        if raw[pos:pos + 2] != b"\r\n":  # a boundary is followed by CRLF or "--"; else it is part of the content
+        if raw[pos : pos + 2] != b"\r\n":  # a boundary is followed by CRLF or "--"; else it is part of the content
             raise _bad("a multipart part contains its boundary")
         pos += 2
     body_keys.check_form_names(names)
@@ -129,9 +129,12 @@ def others(endpoints: Any, only: str, key: str, path: str, model: str) -> list[s
     serving = [ep for ep in endpoints if ep.serves(key)]
     if not any(ep.type == only for ep in serving):
         names = ", ".join(ep.name for ep in serving)
-        raise ApiError(501, f"{path} is served by {'Ollama' if only == 'ollama' else 'OpenAI-type'} backends "
-                            f"only; model '{model}' is only on {names}, which cannot serve it",
-                       code="not_implemented")
+        raise ApiError(
+            501,
+            f"{path} is served by {'Ollama' if only == 'ollama' else 'OpenAI-type'} backends "
+            f"only; model '{model}' is only on {names}, which cannot serve it",
+            code="not_implemented",
+        )
     return [ep.name for ep in serving if ep.type != only]
 
 

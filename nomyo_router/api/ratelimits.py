@@ -35,8 +35,9 @@ REFRESH_S = 2.0  # how often /metrics' view of every limited key is read from th
 
 
 def limits_of(config: Any) -> dict[str, Limits]:
-    return {c.name: Limits(c.rpm, c.tpm, c.tokens_per_day) for c in config.client_keys
-            if c.rpm or c.tpm or c.tokens_per_day}
+    return {
+        c.name: Limits(c.rpm, c.tpm, c.tokens_per_day) for c in config.client_keys if c.rpm or c.tpm or c.tokens_per_day
+    }
 
 
 def _seconds(s: float) -> bytes:
@@ -47,31 +48,49 @@ def headers_of(limits: Limits, v: Verdict) -> Headers:
     """OpenAI's x-ratelimit-* headers for a verdict (the request itself counted)."""
     h: Headers = []
     if limits.rpm is not None:
-        h += [(b"x-ratelimit-limit-requests", b"%d" % limits.rpm),
-              (b"x-ratelimit-remaining-requests", b"%d" % max(limits.rpm - v.requests, 0)),
-              (b"x-ratelimit-reset-requests", _seconds(v.reset_requests))]
+        h += [
+            (b"x-ratelimit-limit-requests", b"%d" % limits.rpm),
+            (b"x-ratelimit-remaining-requests", b"%d" % max(limits.rpm - v.requests, 0)),
+            (b"x-ratelimit-reset-requests", _seconds(v.reset_requests)),
+        ]
     if limits.tpm is not None:
-        h += [(b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
-              (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tpm - v.tokens, 0)),
-              (b"x-ratelimit-reset-tokens", _seconds(v.reset_tokens))]
+        h += [
+            (b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
+            (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tpm - v.tokens, 0)),
+            (b"x-ratelimit-reset-tokens", _seconds(v.reset_tokens)),
+        ]
     elif limits.tokens_per_day is not None:
-        h += [(b"x-ratelimit-limit-tokens", b"%d" % limits.tokens_per_day),
-              (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tokens_per_day - v.day_tokens, 0))]
+        h += [
+            (b"x-ratelimit-limit-tokens", b"%d" % limits.tokens_per_day),
+            (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tokens_per_day - v.day_tokens, 0)),
+        ]
     return h
 
 
 def refusal(limits: Limits, v: Verdict, headers: Headers) -> ApiError:
     wait = max(1, math.ceil(v.retry_after))
     if v.refused == "tokens_per_day":
-        return ApiError(429, f"this API key's daily token budget ({limits.tokens_per_day} tokens per UTC day) is "
-                             f"spent; it renews at midnight UTC, in {wait}s", code="insufficient_quota",
-                        kind="insufficient_quota", retry_after=wait, headers=headers)
+        return ApiError(
+            429,
+            f"this API key's daily token budget ({limits.tokens_per_day} tokens per UTC day) is "
+            f"spent; it renews at midnight UTC, in {wait}s",
+            code="insufficient_quota",
+            kind="insufficient_quota",
+            retry_after=wait,
+            headers=headers,
+        )
     if v.refused == "rpm":
         what, kind = f"{limits.rpm} requests per minute", "requests"
     else:
         what, kind = f"{limits.tpm} tokens per minute", "tokens"
-    return ApiError(429, f"rate limit reached for this API key: {what}; try again in {wait}s",
-                    code="rate_limit_exceeded", kind=kind, retry_after=wait, headers=headers)
+    return ApiError(
+        429,
+        f"rate limit reached for this API key: {what}; try again in {wait}s",
+        code="rate_limit_exceeded",
+        kind=kind,
+        retry_after=wait,
+        headers=headers,
+    )
 
 
 class RateLimits:
@@ -139,9 +158,11 @@ class RateLimits:
         for client, limits in self.by_client.items():
             v = self.last.get(client)
             row: dict[str, Any] = {}
-            for name, limit, used in (("rpm", limits.rpm, v.requests if v else 0),
-                                      ("tpm", limits.tpm, v.tokens if v else 0),
-                                      ("tokens_per_day", limits.tokens_per_day, v.day_tokens if v else 0)):
+            for name, limit, used in (
+                ("rpm", limits.rpm, v.requests if v else 0),
+                ("tpm", limits.tpm, v.tokens if v else 0),
+                ("tokens_per_day", limits.tokens_per_day, v.day_tokens if v else 0),
+            ):
                 if limit is not None:
                     row[name] = {"limit": limit, "used": used}
             out[client] = row
@@ -151,10 +172,14 @@ class RateLimits:
         """nomyo_router_client_limit and nomyo_router_client_used, by client and limit."""
         if not self.by_client:
             return []
-        limit = GaugeMetricFamily("nomyo_router_client_limit", "a client key's rate limit or token budget",
-                                  labels=["client", "limit"])
-        used = GaugeMetricFamily("nomyo_router_client_used", "a client key's use of it: requests or tokens in the "
-                                 "last 60 s, tokens today (UTC)", labels=["client", "limit"])
+        limit = GaugeMetricFamily(
+            "nomyo_router_client_limit", "a client key's rate limit or token budget", labels=["client", "limit"]
+        )
+        used = GaugeMetricFamily(
+            "nomyo_router_client_used",
+            "a client key's use of it: requests or tokens in the last 60 s, tokens today (UTC)",
+            labels=["client", "limit"],
+        )
         for client, row in self.describe().items():
             for name, value in row.items():
                 limit.add_metric([client, name], value["limit"])

@@ -26,11 +26,27 @@ GENERATION_ROUTES: dict[str, tuple[str, str]] = {
 class GenRequest:
     """One validated generation request. `raw` is forwarded untouched when APIs match."""
 
-    __slots__ = ("api", "kind", "path", "model", "key", "stream", "body", "raw", "t0", "session_id", "client",
-                 "ctype", "body_writer", "pinned", "too_small")
+    __slots__ = (
+        "api",
+        "kind",
+        "path",
+        "model",
+        "key",
+        "stream",
+        "body",
+        "raw",
+        "t0",
+        "session_id",
+        "client",
+        "ctype",
+        "body_writer",
+        "pinned",
+        "too_small",
+    )
 
-    def __init__(self, api: str, kind: str, path: str, model: str, stream: bool,
-                 body: dict[str, Any], raw: bytes, t0: float) -> None:
+    def __init__(
+        self, api: str, kind: str, path: str, model: str, stream: bool, body: dict[str, Any], raw: bytes, t0: float
+    ) -> None:
         self.api, self.kind, self.path = api, kind, path
         self.model, self.key, self.stream = model, model_key(model), stream
         self.body, self.raw, self.t0 = body, raw, t0
@@ -162,8 +178,7 @@ def _check_messages(api: str, body: dict[str, Any]) -> None:
             if images is not None and not (isinstance(images, list) and all(isinstance(x, str) for x in images)):
                 raise _bad(f"messages[{i}].images must be a list of base64 strings", f"messages[{i}].images")
         elif content is not None and not isinstance(content, (str, list)):
-            raise _bad(f"messages[{i}].content must be a string or a list of content parts",
-                       f"messages[{i}].content")
+            raise _bad(f"messages[{i}].content must be a string or a list of content parts", f"messages[{i}].content")
         tool_calls = m.get("tool_calls")
         if tool_calls is not None and not isinstance(tool_calls, list):
             raise _bad(f"messages[{i}].tool_calls must be a list", f"messages[{i}].tool_calls")

@@ -28,10 +28,12 @@ async def status(app: Any, scope: Scope, receive: Receive, send: Send, t0: float
             return data if code == 200 and isinstance(json.loads(data), dict) else None
         except (ClientError, TimeoutError, ValueError):
             return None
+
     eps = [ep for ep in router.endpoints if ep.type == "ollama" and router.store.is_healthy(ep)]
     answers = await asyncio.gather(*(one(ep) for ep in eps))
-    await send_response(send, 200, next((a for a in answers if a is not None), FALLBACK),
-                        b"application/json; charset=utf-8")
+    await send_response(
+        send, 200, next((a for a in answers if a is not None), FALLBACK), b"application/json; charset=utf-8"
+    )
 
 
 ROUTES = {("GET", "/api/status"): status}

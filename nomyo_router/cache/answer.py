@@ -68,8 +68,14 @@ def of_whole(api: str, kind: str, data: bytes) -> Answer | None:
     for c in sorted(obj.get("choices") or [], key=lambda c: c.get("index", 0)):
         if kind == "chat":
             m = c.get("message") or {}
-            choices.append(Choice(m.get("content") or "", m.get("reasoning_content") or m.get("reasoning") or "",
-                                  m.get("tool_calls") or None, c.get("finish_reason")))
+            choices.append(
+                Choice(
+                    m.get("content") or "",
+                    m.get("reasoning_content") or m.get("reasoning") or "",
+                    m.get("tool_calls") or None,
+                    c.get("finish_reason"),
+                )
+            )
         else:
             choices.append(Choice(c.get("text") or "", finish=c.get("finish_reason")))
     if not choices:
@@ -116,8 +122,10 @@ def _sse(kind: str, data: bytes) -> Answer | None:
         if payload == b"[DONE]":
             if not parts:
                 return None
-            choices = [Choice("".join(p["text"]), "".join(p["thinking"]), _calls(p["calls"]), p["finish"])
-                       for _, p in sorted(parts.items())]
+            choices = [
+                Choice("".join(p["text"]), "".join(p["thinking"]), _calls(p["calls"]), p["finish"])
+                for _, p in sorted(parts.items())
+            ]
             return Answer(choices, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")))
         obj = json.loads(payload)
         if "error" in obj:
@@ -141,8 +149,9 @@ def _sse(kind: str, data: bytes) -> Answer | None:
 
 def _merge_call(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) -> None:
     """One streamed tool-call delta into the call it continues (by its `index`)."""
-    call = calls.setdefault(delta.get("index", len(calls)),
-                            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+    call = calls.setdefault(
+        delta.get("index", len(calls)), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+    )
     if delta.get("id"):
         call["id"] = delta["id"]
     fn = delta.get("function") or {}

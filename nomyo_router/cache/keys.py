@@ -24,8 +24,17 @@ HEADER = b"x-router-response-cache"
 FIELD = "nomyo"
 MOE_PREFIX = "moe-"
 # The routes whose answers are kept: text generation and embeddings of both APIs.
-CACHEABLE = frozenset(("/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
-                       "/v1/chat/completions", "/v1/completions", "/v1/embeddings"))
+CACHEABLE = frozenset(
+    (
+        "/api/chat",
+        "/api/generate",
+        "/api/embed",
+        "/api/embeddings",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+    )
+)
 # Fields that shape how an answer is delivered, not what it says.
 DELIVERY = frozenset(("stream", "stream_options", "keep_alive", FIELD))
 _MISSING = object()
@@ -44,8 +53,12 @@ def take_field(req: GenRequest) -> bool:
 def cacheable(req: GenRequest) -> bool:
     """May this request's answer be kept? Not an ensemble's (each is asked afresh), not one
     asking for log-probabilities (not kept), nor a route whose answers are not text or vectors."""
-    return req.path in CACHEABLE and not req.model.startswith(MOE_PREFIX) \
-        and not req.body.get("logprobs") and req.ctype is None
+    return (
+        req.path in CACHEABLE
+        and not req.model.startswith(MOE_PREFIX)
+        and not req.body.get("logprobs")
+        and req.ctype is None
+    )
 
 
 def canonical(value: Any) -> Any:
@@ -65,6 +78,11 @@ def request_key(req: GenRequest, namespace: str, body: dict[str, Any] | None = N
     if body is None:
         body = {k: v for k, v in req.body.items() if k not in DELIVERY}
     body = {**body, "model": req.key}  # (llama3 and llama3:latest are one model)
-    text = json.dumps([req.path, namespace, canonical(body)], sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=True)
+    text = json.dumps(
+        [req.path, namespace, canonical(body)],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=True,
+    )
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

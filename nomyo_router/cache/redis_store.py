@@ -30,6 +30,7 @@ class RedisStore(Store):
 
     async def start(self) -> None:
         import redis.asyncio as aioredis
+
         self._redis = aioredis.from_url(self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout)
 
     async def close(self) -> None:
@@ -73,7 +74,7 @@ class RedisStore(Store):
         keys = await self._redis.zrange(self.p + "idx", 0, -1)
         n = 0
         for i in range(0, len(keys), 500):
-            n += await self._redis.delete(*(self.p.encode() + b"e:" + k for k in keys[i:i + 500]))
+            n += await self._redis.delete(*(self.p.encode() + b"e:" + k for k in keys[i : i + 500]))
         await self._redis.delete(self.p + "idx", self.p + "vec")
         return n
 

@@ -26,8 +26,11 @@ def body(req: GenRequest, answer: Answer, elapsed_ns: int) -> tuple[bytes, bytes
     if answer.whole is not None:
         return JSON, answer.whole
     if req.api == "ollama":
-        return (NDJSON, _ollama_stream(req, answer, elapsed_ns)) if req.stream else \
-            (JSON, _dumps(_ollama_last(req, answer, answer.choices[0], elapsed_ns, whole=True)))
+        return (
+            (NDJSON, _ollama_stream(req, answer, elapsed_ns))
+            if req.stream
+            else (JSON, _dumps(_ollama_last(req, answer, answer.choices[0], elapsed_ns, whole=True)))
+        )
     return (SSE, _openai_stream(req, answer)) if req.stream else (JSON, _dumps(_openai_whole(req, answer)))
 
 
@@ -102,8 +105,12 @@ def _usage(answer: Answer) -> dict[str, int] | None:
 def _head(req: GenRequest, chunk: bool) -> dict[str, Any]:
     chat = req.kind == "chat"
     obj = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
-    return {"id": ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), "object": obj,
-            "created": int(time.time()), "model": req.model}
+    return {
+        "id": ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12),
+        "object": obj,
+        "created": int(time.time()),
+        "model": req.model,
+    }
 
 
 def _openai_whole(req: GenRequest, answer: Answer) -> dict[str, Any]:

@@ -28,6 +28,7 @@ def make_cache(config: RouterConfig, events: Events, owner: Any = None) -> Respo
     semantic = None
     if cfg.similarity < 1.0:
         from .semantic import Semantic
+
         semantic = Semantic(cfg, owner)
     store = make_store(config)
     if semantic is not None:

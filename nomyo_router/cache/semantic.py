@@ -36,8 +36,11 @@ from .keys import DELIVERY, request_key
 HISTORY_CHARS = 600
 HISTORY_WEIGHT = 0.25
 KINDS = frozenset(("chat", "generate"))
-PERSONAL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
-                      r"|\d(?:[ .-]?\d){7,}", re.I)
+PERSONAL = re.compile(
+    r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
+    r"|\d(?:[ .-]?\d){7,}",
+    re.I,
+)
 
 
 def personal(*texts: str) -> bool:
@@ -88,7 +91,7 @@ class Index:
         keys, matrix, pending = self.spaces.get(ns, ([], None, []))
         if key in keys and not pending and matrix is not None:
             i = keys.index(key)
-            self.spaces[ns] = (keys[:i] + keys[i + 1:], np.delete(matrix, i, axis=0), [])
+            self.spaces[ns] = (keys[:i] + keys[i + 1 :], np.delete(matrix, i, axis=0), [])
             self.size -= 1
 
     def clear(self) -> None:
@@ -111,20 +114,26 @@ class Semantic:
         """The exact key of the request without its conversation (and without the prompt)."""
         body = {k: v for k, v in req.body.items() if k not in DELIVERY and k not in ("messages", "prompt")}
         if req.kind == "chat":  # the system prompt stays: a question under another one is another question
-            body["system_messages"] = [m for m in req.body.get("messages") or []
-                                       if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+            body["system_messages"] = [
+                m
+                for m in req.body.get("messages") or []
+                if isinstance(m, dict) and m.get("role") in ("system", "developer")
+            ]
         return request_key(req, req.client or "", body)
 
     def texts(self, req: GenRequest) -> tuple[str, str]:
         """(the question, a little of the conversation before it)."""
         if req.kind != "chat":
             return _text(req.body.get("prompt")), ""
-        turns = [m for m in req.body.get("messages") or [] if isinstance(m, dict)
-                 and m.get("role") not in ("system", "developer")]
+        turns = [
+            m
+            for m in req.body.get("messages") or []
+            if isinstance(m, dict) and m.get("role") not in ("system", "developer")
+        ]
         last = max((i for i, m in enumerate(turns) if m.get("role") == "user"), default=-1)
         if last < 0:
             return "", ""
-        before = "\n".join(_text(m.get("content")) for m in turns[max(last - 2, 0):last])
+        before = "\n".join(_text(m.get("content")) for m in turns[max(last - 2, 0) : last])
         return _text(turns[last].get("content")), before[-HISTORY_CHARS:]
 
     async def vector(self, req: GenRequest, rec: RequestRecord) -> bytes | None:
@@ -165,8 +174,9 @@ class Semantic:
         request of its own (`<request id>.embed`: accounted like any)."""
         router = self.owner
         body = {"model": self.model, "input": texts}
-        sub = GenRequest("ollama", "embed", "/api/embed", self.model, False, body, json.dumps(body).encode(),
-                         time.perf_counter())
+        sub = GenRequest(
+            "ollama", "embed", "/api/embed", self.model, False, body, json.dumps(body).encode(), time.perf_counter()
+        )
         sub.client = req.client
         step = RequestRecord(f"{rec.request_id}.embed", "ollama", "/api/embed", self.model, False, req.client)
         got = _Whole()

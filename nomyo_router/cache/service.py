@@ -107,9 +107,16 @@ class ResponseCache:
         await self.flush()
         hits, misses = await self.store.counts()
         entries, size = await self.store.size()
-        return {"hits": hits, "misses": misses, "entries": entries, "bytes": size,
-                "backend": self.cfg.backend, "mode": "semantic" if self.semantic else "exact",
-                "similarity": self.cfg.similarity, "ttl": self.cfg.ttl}
+        return {
+            "hits": hits,
+            "misses": misses,
+            "entries": entries,
+            "bytes": size,
+            "backend": self.cfg.backend,
+            "mode": "semantic" if self.semantic else "exact",
+            "similarity": self.cfg.similarity,
+            "ttl": self.cfg.ttl,
+        }
 
     async def clear(self) -> int:
         n = await self.store.clear()
@@ -159,8 +166,9 @@ class ResponseCache:
         rec.ttft_s = time.perf_counter() - req.t0
         self.events.count("cache_hit", "", req.key)
 
-    async def _miss(self, req: GenRequest, send: Send, rec: RequestRecord, handle: Handle, key: str,
-                    ns: str, vector: bytes | None) -> bytes | None:
+    async def _miss(
+        self, req: GenRequest, send: Send, rec: RequestRecord, handle: Handle, key: str, ns: str, vector: bytes | None
+    ) -> bytes | None:
         cap = Capture(send, self.cfg.max_entry_bytes)
         req.body_writer = None  # every byte through `send`, to be captured
         await handle(req, cap.send, rec)
@@ -184,8 +192,12 @@ class ResponseCache:
             result = await work
         except Exception as e:  # (OSError, timeouts, redis' and sqlite's own errors)
             if not self._failing:
-                log.warning("response cache: the %s store failed (%s: %s); answering from backends",
-                            self.cfg.backend, type(e).__name__, e)
+                log.warning(
+                    "response cache: the %s store failed (%s: %s); answering from backends",
+                    self.cfg.backend,
+                    type(e).__name__,
+                    e,
+                )
             self._failing = True
             return None
         self._failing = False
@@ -197,4 +209,5 @@ def _with(send: Send, value: bytes) -> Send:
         if msg["type"] == "http.response.start":
             msg = {**msg, "headers": [*msg.get("headers", ()), (keys.HEADER, value)]}
         await send(msg)
+
     return wrapped

@@ -172,8 +172,11 @@ class SqliteStore(Store):
         return await self._run(self._get, key)
 
     def _get(self, key: str) -> bytes | None:
-        row = self._sql().execute("SELECT value FROM entries WHERE key = ? AND expires > ?",
-                                  (key, time.time())).fetchone()
+        row = (
+            self._sql()
+            .execute("SELECT value FROM entries WHERE key = ? AND expires > ?", (key, time.time()))
+            .fetchone()
+        )
         return row[0] if row else None
 
     async def put(self, key: str, ns: str, value: bytes, vector: bytes | None = None) -> None:
@@ -184,27 +187,41 @@ class SqliteStore(Store):
         with db:
             db.execute("BEGIN IMMEDIATE")
             db.execute("DELETE FROM entries WHERE key = ? OR expires <= ?", (key, now))
-            db.execute("INSERT INTO entries (key, ns, value, vector, expires, size) VALUES (?, ?, ?, ?, ?, ?)",
-                       (key, ns, value, vector, now + self.ttl, len(value) + len(vector or b"")))
+            db.execute(
+                "INSERT INTO entries (key, ns, value, vector, expires, size) VALUES (?, ?, ?, ?, ?, ?)",
+                (key, ns, value, vector, now + self.ttl, len(value) + len(vector or b"")),
+            )
             (n,) = db.execute("SELECT COUNT(*) FROM entries").fetchone()
             if n > self.max_entries:
-                db.execute("DELETE FROM entries WHERE seq IN (SELECT seq FROM entries ORDER BY expires LIMIT ?)",
-                           (n - self.max_entries,))
+                db.execute(
+                    "DELETE FROM entries WHERE seq IN (SELECT seq FROM entries ORDER BY expires LIMIT ?)",
+                    (n - self.max_entries,),
+                )
 
     async def vectors(self, cursor: Any) -> tuple[Vectors, Any]:
         return await self._run(self._vectors, cursor or 0)
 
     def _vectors(self, cursor: int) -> tuple[Vectors, Any]:
-        rows = self._sql().execute("SELECT seq, key, ns, vector FROM entries WHERE seq > ? AND vector IS NOT NULL "
-                                   "AND expires > ? ORDER BY seq", (cursor, time.time())).fetchall()
+        rows = (
+            self._sql()
+            .execute(
+                "SELECT seq, key, ns, vector FROM entries WHERE seq > ? AND vector IS NOT NULL "
+                "AND expires > ? ORDER BY seq",
+                (cursor, time.time()),
+            )
+            .fetchall()
+        )
         return [(r[1], r[2], r[3]) for r in rows], (rows[-1][0] if rows else cursor)
 
     async def size(self) -> tuple[int, int]:
         return await self._run(self._size)
 
     def _size(self) -> tuple[int, int]:
-        n, size = self._sql().execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries WHERE expires > ?",
-                                      (time.time(),)).fetchone()
+        n, size = (
+            self._sql()
+            .execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries WHERE expires > ?", (time.time(),))
+            .fetchone()
+        )
         return n, size
 
     async def clear(self) -> int:
@@ -225,8 +242,10 @@ class SqliteStore(Store):
         db = self._sql()
         with db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT INTO counters VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET n = n + excluded.n",
-                           (("hits", hits), ("misses", misses)))
+            db.executemany(
+                "INSERT INTO counters VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET n = n + excluded.n",
+                (("hits", hits), ("misses", misses)),
+            )
 
     async def counts(self) -> tuple[int, int]:
         return await self._run(self._counts)
@@ -234,4 +253,3 @@ class SqliteStore(Store):
     def _counts(self) -> tuple[int, int]:
         got = dict(self._sql().execute("SELECT name, n FROM counters").fetchall())
         return got.get("hits", 0), got.get("misses", 0)
-

@@ -66,7 +66,7 @@ alone, in the language of the request, without mentioning candidates, reviews or
 
 def prepare(req: GenRequest) -> None:
     """A `moe-<model>` request is about `<model>`: its key (routing, a client key's models)."""
-    req.key = model_key(req.model[len(PREFIX):])
+    req.key = model_key(req.model[len(PREFIX) :])
 
 
 class Ensemble:
@@ -75,7 +75,7 @@ class Ensemble:
 
     async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
         router = self.router
-        inner = req.model[len(PREFIX):]
+        inner = req.model[len(PREFIX) :]
         if req.path not in ROUTES:
             raise ApiError(400, f"a {PREFIX} ensemble answers chat and completion routes, not {req.path}")
         scheduler = router.scheduler
@@ -86,8 +86,10 @@ class Ensemble:
         serving = [ep for ep in scheduler.endpoints if ep.serves(req.key)]
         healthy = [ep for ep in serving if router.store.is_healthy(ep)] or serving
         n = router.config.moe.samples
-        asked = [self._ask(req, rec, _sample_body(req.body, inner), f"s{i + 1}", (healthy[i % len(healthy)].name,))
-                 for i in range(n)]
+        asked = [
+            self._ask(req, rec, _sample_body(req.body, inner), f"s{i + 1}", (healthy[i % len(healthy)].name,))
+            for i in range(n)
+        ]
         answers = [a for a in await asyncio.gather(*asked, return_exceptions=True) if isinstance(a, str) and a.strip()]
         body = {**req.body, "model": inner, "stream": req.stream}
         if answers:
@@ -103,8 +105,9 @@ class Ensemble:
         final.body_writer = None  # (the head gets a header: the body takes the same path)
         await router.proxy.handle(final, _with_header(send, len(answers)), rec)
 
-    async def _ask(self, req: GenRequest, rec: RequestRecord, body: dict[str, Any], tag: str,
-                   pinned: tuple[str, ...] | None) -> str | None:
+    async def _ask(
+        self, req: GenRequest, rec: RequestRecord, body: dict[str, Any], tag: str, pinned: tuple[str, ...] | None
+    ) -> str | None:
         """One step's text (None when it failed), accounted as a request of its own."""
         router = self.router
         sub = _request(req, body["model"], body)
@@ -152,8 +155,16 @@ class _Whole:
 
 
 def _request(req: GenRequest, inner: str, body: dict[str, Any]) -> GenRequest:
-    sub = GenRequest(req.api, req.kind, req.path, inner, bool(body.get("stream")), body,
-                     json.dumps(body).encode(), time.perf_counter())
+    sub = GenRequest(
+        req.api,
+        req.kind,
+        req.path,
+        inner,
+        bool(body.get("stream")),
+        body,
+        json.dumps(body).encode(),
+        time.perf_counter(),
+    )
     sub.client = req.client
     return sub
 
@@ -189,8 +200,9 @@ def _rewritten(req: GenRequest, inner: str, prompt: str, prose: bool = False) ->
         body["prompt"] = prompt
         return body
     messages = list(body.get("messages") or [])
-    last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
-               default=len(messages))
+    last = max(
+        (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), default=len(messages)
+    )
     body["messages"] = [*messages[:last], {"role": "user", "content": prompt}]
     return body
 
@@ -200,6 +212,7 @@ def _with_header(send: Send, used: int) -> Send:
         if msg["type"] == "http.response.start":
             msg = {**msg, "headers": [*msg.get("headers", ()), (HEADER, b"%d" % used)]}
         await send(msg)
+
     return wrapped
 
 

@@ -40,7 +40,9 @@ _OVERFLOW = re.compile(
     rb"context_length_exceeded|exceed_context_size|model_context_window_exceeded|maximum context length"
     rb"|context length is|maximum prompt length|greater than the context length|reduce the length of the messages"
     rb"|exceeds? (?:the )?(?:available |maximum |model'?s? )?context(?: length| size| window)"
-    rb"|(?:input|prompt) (?:length )?(?:is too long|exceeds)|prompt too long|too large for model with", re.I)
+    rb"|(?:input|prompt) (?:length )?(?:is too long|exceeds)|prompt too long|too large for model with",
+    re.I,
+)
 _LIMIT = re.compile(rb"(?:context length is|\"n_ctx\"\s*:|context size \()\s*(\d+)", re.I)
 _USED = re.compile(rb"(?:requested|resulted in|\"n_prompt_tokens\"\s*:|request \()\s*(\d+)", re.I)
 
@@ -119,8 +121,9 @@ async def serve(handle: Handle, events: Events, req: GenRequest, send: Send, rec
 def trim(messages: list[Any], error: bytes) -> list[Any] | None:
     """`messages` without their oldest turns (see the module's doc), or None when no turn
     can be dropped."""
-    last_user = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
-                    default=len(messages))
+    last_user = max(
+        (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), default=len(messages)
+    )
     turns: list[list[int]] = []  # indexes of droppable messages, grouped by turn
     for i, m in enumerate(messages[:last_user]):
         role = m.get("role") if isinstance(m, dict) else None
@@ -152,4 +155,5 @@ def _turns_to_drop(messages: list[Any], turns: list[list[int]], error: bytes) ->
 def wrap(handle: Handle, events: Events) -> Handle:
     async def trimming(req: GenRequest, send: Send, rec: RequestRecord) -> None:
         await serve(handle, events, req, send, rec)
+
     return trimming

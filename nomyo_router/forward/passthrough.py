@@ -22,8 +22,15 @@ from ..upstream.errors import ErrorRecord
 from ..upstream.relay import Passthrough, stream_error
 
 
-async def relay(resp: h1.Response, first: bytes, headers: Headers, send: Send, rec: RequestRecord,
-                writer: Any = None, upstream: h1.Upstream | None = None) -> BaseException | None:
+async def relay(
+    resp: h1.Response,
+    first: bytes,
+    headers: Headers,
+    send: Send,
+    rec: RequestRecord,
+    writer: Any = None,
+    upstream: h1.Upstream | None = None,
+) -> BaseException | None:
     """Relay `resp` (a 200 stream whose `first` chunk was read) to the client; None when it
     ended well, else what broke it (the client was told). `writer`: the protocol's
     BodyWriter (relay.py); `upstream`: for the compiled pump (None: the relay stays in Python)."""
@@ -47,8 +54,10 @@ async def relay(resp: h1.Response, first: bytes, headers: Headers, send: Send, r
             if error is not None:
                 raise error
             if writer is not None:
-                if upstream is not None and await native.relay(upstream, resp, writer, b"", b"", flow.keep, 0,
-                                                               CHECKS[sep]) is not None:
+                if (
+                    upstream is not None
+                    and await native.relay(upstream, resp, writer, b"", b"", flow.keep, 0, CHECKS[sep]) is not None
+                ):
                     break
                 resp.sink(flow.take)
             chunk = await resp.content.readany()
@@ -64,7 +73,7 @@ async def relay(resp: h1.Response, first: bytes, headers: Headers, send: Send, r
             if start >= 0:
                 cut = ErrorRecord(tail[start:end])
         if cut is None:
-            rec.prompt_tokens, rec.completion_tokens = usage.counts(tail[-usage.TAIL:])
+            rec.prompt_tokens, rec.completion_tokens = usage.counts(tail[-usage.TAIL :])
     finally:
         resp.sink(None)
     await send({"type": "http.response.body", "body": b""})

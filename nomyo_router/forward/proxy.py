@@ -44,56 +44,85 @@ UNREACHABLE = h1.Unreachable
 class RetryableFailure(Exception):
     """The attempt failed before any byte went to the client."""
 
-    def __init__(self, reason: str, status: int | None = None, body: bytes = b"",
-                 content_type: bytes = b"application/json", unreachable: bool = False) -> None:
+    def __init__(
+        self,
+        reason: str,
+        status: int | None = None,
+        body: bytes = b"",
+        content_type: bytes = b"application/json",
+        unreachable: bool = False,
+    ) -> None:
         super().__init__(reason)
         self.reason, self.status, self.body, self.content_type = reason, status, body, content_type
         self.unreachable = unreachable
 
 
 class Proxy:
-    def __init__(self, scheduler: Scheduler, upstream: h1.Upstream, store: StateStore,
-                 config: RouterConfig, events: Events, health: Health) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        upstream: h1.Upstream,
+        store: StateStore,
+        config: RouterConfig,
+        events: Events,
+        health: Health,
+    ) -> None:
         self.scheduler = scheduler
         self.events = events
         self.health = health
         self.budget = RetryBudget(config.retry_budget)
-        self.deadlines = Deadlines(config.first_byte_floor, config.first_byte_factor,
-                                   config.first_byte_timeout)
+        self.deadlines = Deadlines(config.first_byte_floor, config.first_byte_factor, config.first_byte_timeout)
         self.rediscover: Callable[[], Awaitable[None]] = _nothing  # set to Discovery.refresh_now
-        self.resumer = Resumer(scheduler, health, events, self._start_continuation, config.max_attempts,
-                               upstream if config.native_relay else None,
-                               config.max_record_bytes) if config.resume_streams else None
+        self.resumer = (
+            Resumer(
+                scheduler,
+                health,
+                events,
+                self._start_continuation,
+                config.max_attempts,
+                upstream if config.native_relay else None,
+                config.max_record_bytes,
+            )
+            if config.resume_streams
+            else None
+        )
         self.upstream = upstream  # the process's one client (discovery and probes use it too)
         self.store = store
         self.config = config
         # Streams may idle for stream_idle_timeout between chunks; nothing of a whole
         # (non-stream) answer arrives before it is complete, so first_byte_timeout bounds it.
-        self._stream_timeout = h1.Timeout(sock_connect=config.connect_timeout,
-                                          sock_read=config.stream_idle_timeout)
-        self._whole_timeout = h1.Timeout(sock_connect=config.connect_timeout,
-                                         sock_read=config.first_byte_timeout)
+        self._stream_timeout = h1.Timeout(sock_connect=config.connect_timeout, sock_read=config.stream_idle_timeout)
+        self._whole_timeout = h1.Timeout(sock_connect=config.connect_timeout, sock_read=config.first_byte_timeout)
         self._worker = (b"x-router-worker", str(os.getpid()).encode())
         self._wants_prompt = bool(getattr(scheduler.policy, "wants_prompt", False))
 
     async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
         if self.health.overloaded():
             self.events.count("overloaded", "", req.key)
-            raise ApiError(503, "the router is overloaded, please try again", code="router_overloaded",
-                           retry_after=self.config.retry_after)
+            raise ApiError(
+                503,
+                "the router is overloaded, please try again",
+                code="router_overloaded",
+                retry_after=self.config.retry_after,
+            )
         if not self.scheduler.knows(req.key):
             await self.rediscover()  # pulled or copied a moment ago? look once before 404
             if not self.scheduler.knows(req.key):
                 if not any(self.store.is_healthy(ep) for ep in self.scheduler.endpoints):
-                    raise ApiError(503, "no healthy endpoint: every backend is down", code="no_healthy_endpoint",
-                                   retry_after=self.config.retry_after)
+                    raise ApiError(
+                        503,
+                        "no healthy endpoint: every backend is down",
+                        code="no_healthy_endpoint",
+                        retry_after=self.config.retry_after,
+                    )
                 raise _unknown_model(req)
         self.budget.request()
         keys = None
         if self.config.conversation_affinity and req.pinned is None:  # (an ensemble's sample: no affinity)
             keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id)
-        ctx = RouteContext(model=req.key, api=req.api, kind=req.kind, keys=keys, too_small=req.too_small,
-                           client=req.client)
+        ctx = RouteContext(
+            model=req.key, api=req.api, kind=req.kind, keys=keys, too_small=req.too_small, client=req.client
+        )
         if self._wants_prompt:
             ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
         only = ONLY_ON.get(req.path)  # a route some backend types do not serve: they are never tried
@@ -108,12 +137,19 @@ class Proxy:
             except NoEndpoint:
                 break
             except QueueFull:
-                raise ApiError(503, "server busy, please try again: the router's queue is full",
-                               code="queue_full", retry_after=self.config.retry_after) from None
+                raise ApiError(
+                    503,
+                    "server busy, please try again: the router's queue is full",
+                    code="queue_full",
+                    retry_after=self.config.retry_after,
+                ) from None
             except QueueTimeout:
-                raise ApiError(503, f"no slot became free within queue_timeout "
-                                    f"({self.config.queue_timeout:g}s)", code="queue_timeout",
-                               retry_after=self.config.retry_after) from None
+                raise ApiError(
+                    503,
+                    f"no slot became free within queue_timeout ({self.config.queue_timeout:g}s)",
+                    code="queue_timeout",
+                    retry_after=self.config.retry_after,
+                ) from None
             if attempt:
                 if not self.budget.allow():
                     lease.release()
@@ -128,12 +164,10 @@ class Proxy:
                 if rec.error is None and not rec.resumed:
                     self.health.success(lease.endpoint)  # (cut streams were reported as they broke)
                 self.store.record(lease.endpoint.name, req.key)
-                self.scheduler.observe(ctx, lease.endpoint, rec.upstream_first_s,
-                                       time.perf_counter() - t_lease)
+                self.scheduler.observe(ctx, lease.endpoint, rec.upstream_first_s, time.perf_counter() - t_lease)
                 return
             except RetryableFailure as f:
-                log.info("attempt on %s failed before any byte was sent (%s); retrying",
-                         lease.endpoint.name, f.reason)
+                log.info("attempt on %s failed before any byte was sent (%s); retrying", lease.endpoint.name, f.reason)
                 self.health.failure(lease.endpoint, f.reason, f.unreachable)
                 tried.append(lease.endpoint.name)
                 last = f
@@ -141,11 +175,14 @@ class Proxy:
                 lease.release()
         await self._give_up(req, last, send, rec)
 
-    async def _give_up(self, req: GenRequest, last: RetryableFailure | None, send: Send,
-                       rec: RequestRecord) -> None:
+    async def _give_up(self, req: GenRequest, last: RetryableFailure | None, send: Send, rec: RequestRecord) -> None:
         if last is None:
-            raise ApiError(503, f"no healthy endpoint serves model '{req.model}'",
-                           code="no_healthy_endpoint", retry_after=self.config.retry_after)
+            raise ApiError(
+                503,
+                f"no healthy endpoint serves model '{req.model}'",
+                code="no_healthy_endpoint",
+                retry_after=self.config.retry_after,
+            )
         if last.status is not None:  # the backend's own answer, passed through
             body = last.body  # (an error object under a 200 is a 502: error_record.py)
             status, code = (502, ErrorRecord.code) if last.status == 200 else (last.status, "upstream_status")
@@ -154,8 +191,7 @@ class Proxy:
             rec.status, rec.error = status, code
             await _send_whole(send, status, body, last.content_type, [])
             return
-        raise ApiError(502, f"every endpoint failed for model '{req.model}': {last.reason}",
-                       code="upstream_error")
+        raise ApiError(502, f"every endpoint failed for model '{req.model}': {last.reason}", code="upstream_error")
 
     def _plan(self, req: GenRequest, ep: Endpoint, strip: bool) -> tuple[str, bytes, bool]:
         """(path, body, translate) for sending `req` to `ep`; `strip`: ask for usage (see below)."""
@@ -172,11 +208,17 @@ class Proxy:
     def _strips_usage(self, req: GenRequest) -> bool:
         """An OpenAI stream whose client did not ask for usage: ask for it anyway and take it
         out of what the client gets (only on the record-wise relay, i.e. with resume_streams)."""
-        return req.api == "openai" and req.stream and self.resumer is not None \
-            and resumable(req.api, req.kind, req.body) and not usage.wants(req.body)
+        return (
+            req.api == "openai"
+            and req.stream
+            and self.resumer is not None
+            and resumable(req.api, req.kind, req.body)
+            and not usage.wants(req.body)
+        )
 
-    async def _attempt(self, req: GenRequest, lease: Lease, send: Send, rec: RequestRecord,
-                       ctx: RouteContext, last: bool) -> None:
+    async def _attempt(
+        self, req: GenRequest, lease: Lease, send: Send, rec: RequestRecord, ctx: RouteContext, last: bool
+    ) -> None:
         ep = lease.endpoint
         strip = self._strips_usage(req)
         path, body, translating = self._plan(req, ep, strip)
@@ -235,13 +277,14 @@ class Proxy:
                     await _send_whole(send, resp.status, data, None, headers, req.body_writer)
             finally:  # (accounting once the answer left, or the client did: the backend did the work)
                 if resp.status == 200:
-                    rec.prompt_tokens, rec.completion_tokens = usage.counts(data[-usage.TAIL:])
+                    rec.prompt_tokens, rec.completion_tokens = usage.counts(data[-usage.TAIL :])
             return
         if self.resumer is not None and not translating and resumable(req.api, req.kind, req.body):
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             try:
-                cut = await self.resumer.relay(req, ctx, rec, ep, resp, first, send,
-                                               usage.Strip() if strip else None, req.body_writer, lease)
+                cut = await self.resumer.relay(
+                    req, ctx, rec, ep, resp, first, send, usage.Strip() if strip else None, req.body_writer, lease
+                )
             finally:
                 resp.close()  # no-op when released; the client left: closing stops the backend
             if cut:
@@ -255,8 +298,15 @@ class Proxy:
             if translating:
                 broke = await self._relay_translated(req, resp, first, headers, send, rec)
             else:
-                broke = await passthrough.relay(resp, first, headers, send, rec, req.body_writer,
-                                                self.upstream if self.config.native_relay else None)
+                broke = await passthrough.relay(
+                    resp,
+                    first,
+                    headers,
+                    send,
+                    rec,
+                    req.body_writer,
+                    self.upstream if self.config.native_relay else None,
+                )
             if broke:
                 error_record.ended(rec, broke)
                 error_record.blame(self.health, self.events, ep, req.key, broke)
@@ -275,17 +325,28 @@ class Proxy:
             raise RetryableFailure(f"HTTP {resp.status}")
         return resp, first
 
-    async def _call(self, ep: Endpoint, path: str, body: bytes, timeout: h1.Timeout,
-                    line: bool, ctype: str | None = None,
-                    deadline: float | None = None) -> tuple[h1.Response, bytes | None, bytes]:
+    async def _call(
+        self,
+        ep: Endpoint,
+        path: str,
+        body: bytes,
+        timeout: h1.Timeout,
+        line: bool,
+        ctype: str | None = None,
+        deadline: float | None = None,
+    ) -> tuple[h1.Response, bytes | None, bytes]:
         """Send, and read either the whole body or the first chunk of a 200 stream, all within
         `deadline` seconds (TimeoutError). `ctype`: the body's own content type (multipart
         uploads) instead of JSON."""
         resp = await self.upstream.post(ep, path, body, timeout, ctype, deadline)
         try:
             if resp.status in RETRY_STATUSES:
-                raise RetryableFailure(f"HTTP {resp.status}", resp.status, await resp.read(whole.HOLD),
-                                       resp.headers.get("Content-Type", "application/json").encode())
+                raise RetryableFailure(
+                    f"HTTP {resp.status}",
+                    resp.status,
+                    await resp.read(whole.HOLD),
+                    resp.headers.get("Content-Type", "application/json").encode(),
+                )
             if timeout is self._whole_timeout or resp.status != 200:  # (data None: larger than `bound`)
                 data = await resp.hold(*whole.bound(self.config, line))
                 resp.unbound()
@@ -304,8 +365,9 @@ class Proxy:
             resp.close()
             raise
 
-    async def _relay_translated(self, req: GenRequest, resp: h1.Response, first: bytes,
-                                headers: Headers, send: Send, rec: RequestRecord) -> BaseException | bool:
+    async def _relay_translated(
+        self, req: GenRequest, resp: h1.Response, first: bytes, headers: Headers, send: Send, rec: RequestRecord
+    ) -> BaseException | bool:
         conv = translate.SseToNdjson(req.kind, req.model, req.t0)
         headers.append((b"content-type", b"application/x-ndjson"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -338,15 +400,16 @@ class Proxy:
             rec.completion_tokens = conv.usage.get("completion_tokens")
         return False
 
-    async def _send_translated(self, req: GenRequest, status: int, data: bytes, headers: Headers,
-                               send: Send) -> None:
+    async def _send_translated(self, req: GenRequest, status: int, data: bytes, headers: Headers, send: Send) -> None:
         if status != 200:
-            await _send_whole(send, status, error_body("ollama", status, translate.error_message(data)),
-                              b"application/json", headers)
+            await _send_whole(
+                send, status, error_body("ollama", status, translate.error_message(data)), b"application/json", headers
+            )
             return
         try:
-            out = translate.response_to_ollama(req.kind, json.loads(data), req.model,
-                                               int((time.perf_counter() - req.t0) * 1e9))
+            out = translate.response_to_ollama(
+                req.kind, json.loads(data), req.model, int((time.perf_counter() - req.t0) * 1e9)
+            )
         except (ValueError, KeyError, TypeError, IndexError) as e:
             raise ApiError(502, f"backend sent a response that could not be translated: {e}") from None
         await _send_whole(send, 200, json.dumps(out).encode(), b"application/json", headers)
@@ -364,8 +427,9 @@ async def _first_chunk(resp: h1.Response, line: int) -> bytes:
     return chunk
 
 
-async def _send_whole(send: Send, status: int, body: bytes, content_type: bytes | None,
-                      headers: Headers, writer: Any = None) -> None:
+async def _send_whole(
+    send: Send, status: int, body: bytes, content_type: bytes | None, headers: Headers, writer: Any = None
+) -> None:
     """`writer`: the protocol's `BodyWriter`, which writes the whole response at once when it may."""
     h = list(headers)
     if content_type is not None:
@@ -379,7 +443,5 @@ async def _send_whole(send: Send, status: int, body: bytes, content_type: bytes 
 
 def _unknown_model(req: GenRequest) -> ApiError:
     if req.api == "openai":
-        return ApiError(404, f"The model `{req.model}` does not exist.", param="model",
-                        code="model_not_found")
+        return ApiError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
     return ApiError(404, f"model '{req.model}' not found")
-

@@ -34,16 +34,25 @@ def bound(config: RouterConfig, translating: bool) -> tuple[int, bool]:
     return min(HOLD, config.max_response_bytes), True
 
 
-async def finish(resp: h1.Response, translating: bool, config: RouterConfig, headers: Headers,
-                 send: Send, rec: RequestRecord, health: Health, ep: Endpoint) -> None:
+async def finish(
+    resp: h1.Response,
+    translating: bool,
+    config: RouterConfig,
+    headers: Headers,
+    send: Send,
+    rec: RequestRecord,
+    health: Health,
+    ep: Endpoint,
+) -> None:
     """Answer the client for a whole answer `Response.hold` found larger than `bound`: refuse
     it (translated) or relay the rest of it, `resp`'s unread bytes first."""
     if translating:
         resp.close()
         limit = config.max_response_bytes
         health.failure(ep, f"an answer larger than max_response_bytes ({limit} bytes)")
-        raise ApiError(502, f"the backend's answer is larger than max_response_bytes ({limit} bytes)",
-                       code="response_too_large")
+        raise ApiError(
+            502, f"the backend's answer is larger than max_response_bytes ({limit} bytes)", code="response_too_large"
+        )
     h = list(headers)  # (its content-type and content-encoding are among them: proxy._FORWARDED)
     length = resp.headers.get("Content-Length")
     if length is not None:
@@ -65,4 +74,4 @@ async def finish(resp: h1.Response, translating: bool, config: RouterConfig, hea
     resp.release()
     await send({"type": "http.response.body", "body": b""})
     if resp.status == 200:
-        rec.prompt_tokens, rec.completion_tokens = usage.counts((before + last)[-usage.TAIL:])
+        rec.prompt_tokens, rec.completion_tokens = usage.counts((before + last)[-usage.TAIL :])

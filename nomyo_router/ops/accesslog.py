@@ -65,21 +65,46 @@ class AccessLog:
         events.on_request_done(self.write)
 
     def write(self, rec: RequestRecord) -> None:
-        fields = {"request_id": rec.request_id, "client": rec.client, "api": rec.api, "route": rec.route,
-                  "model": rec.model, "stream": rec.stream, "endpoint": rec.endpoint, "status": rec.status,
-                  "queue_ms": _ms(rec.queue_s), "ttft_ms": _ms(rec.ttft_s), "total_ms": _ms(rec.total_s),
-                  "tokens_in": rec.prompt_tokens, "tokens_out": rec.completion_tokens,
-                  "affinity": rec.affinity, "retries": rec.retries, "resumed": rec.resumed, "error": rec.error}
+        fields = {
+            "request_id": rec.request_id,
+            "client": rec.client,
+            "api": rec.api,
+            "route": rec.route,
+            "model": rec.model,
+            "stream": rec.stream,
+            "endpoint": rec.endpoint,
+            "status": rec.status,
+            "queue_ms": _ms(rec.queue_s),
+            "ttft_ms": _ms(rec.ttft_s),
+            "total_ms": _ms(rec.total_s),
+            "tokens_in": rec.prompt_tokens,
+            "tokens_out": rec.completion_tokens,
+            "affinity": rec.affinity,
+            "retries": rec.retries,
+            "resumed": rec.resumed,
+            "error": rec.error,
+        }
         if self.json:
             log.warning(_JSON(fields))
             return
         # Every value the router does not compute as a number here, scanned at once: the common
         # line is plain tokens only (the backend's token counts are among them: see `text_value`).
         r = rec
-        if "" in (r.request_id, r.client, r.api, r.route, r.model, r.endpoint, r.affinity, r.error,
-                  r.prompt_tokens, r.completion_tokens) \
-                or _UNSAFE(f"{r.request_id}{r.client}{r.api}{r.route}{r.model}{r.endpoint}{r.affinity}{r.error}"
-                           f"{r.prompt_tokens}{r.completion_tokens}"):
+        if "" in (
+            r.request_id,
+            r.client,
+            r.api,
+            r.route,
+            r.model,
+            r.endpoint,
+            r.affinity,
+            r.error,
+            r.prompt_tokens,
+            r.completion_tokens,
+        ) or _UNSAFE(
+            f"{r.request_id}{r.client}{r.api}{r.route}{r.model}{r.endpoint}{r.affinity}{r.error}"
+            f"{r.prompt_tokens}{r.completion_tokens}"
+        ):
             log.warning(" ".join([f"{k}={text_value(v)}" for k, v in fields.items() if v is not None]))
         else:
             log.warning(" ".join([f"{k}={v}" for k, v in fields.items() if v is not None]))

@@ -41,9 +41,11 @@ def _add(into: dict[str, Any], key: str, value: float) -> None:
 
 
 _LE = {b: i for i, b in enumerate(LATENCY_BUCKETS)}
-_HISTOGRAMS = {"nomyo_router_time_to_first_byte_seconds_bucket": ("ttft", "model"),
-               "nomyo_router_endpoint_time_to_first_byte_seconds_bucket": ("endpoint_ttft", "endpoint"),
-               "nomyo_router_endpoint_queue_wait_seconds_bucket": ("endpoint_queue", "endpoint")}
+_HISTOGRAMS = {
+    "nomyo_router_time_to_first_byte_seconds_bucket": ("ttft", "model"),
+    "nomyo_router_endpoint_time_to_first_byte_seconds_bucket": ("endpoint_ttft", "endpoint"),
+    "nomyo_router_endpoint_queue_wait_seconds_bucket": ("endpoint_queue", "endpoint"),
+}
 
 
 def _bucket(into: dict[str, list[float]], key: str, le: str, value: float) -> None:
@@ -54,9 +56,20 @@ def _bucket(into: dict[str, list[float]], key: str, le: str, value: float) -> No
 
 def counters(registry: Any) -> dict[str, Any]:
     """The counters the page needs, summed over label sets it does not show: one sample."""
-    out: dict[str, Any] = {"requests": {}, "errors": {}, "prompt_tokens": {}, "completion_tokens": {},
-                           "affinity": {}, "events": {}, "endpoint_requests": {}, "endpoint_tokens": {},
-                           "error_classes": {}, "ttft": {}, "endpoint_ttft": {}, "endpoint_queue": {}}
+    out: dict[str, Any] = {
+        "requests": {},
+        "errors": {},
+        "prompt_tokens": {},
+        "completion_tokens": {},
+        "affinity": {},
+        "events": {},
+        "endpoint_requests": {},
+        "endpoint_tokens": {},
+        "error_classes": {},
+        "ttft": {},
+        "endpoint_ttft": {},
+        "endpoint_queue": {},
+    }
     for family in registry.collect():
         for s in family.samples:
             name, labels, value = s.name, s.labels, s.value
@@ -99,9 +112,14 @@ def _since(scope: Scope) -> float | None:
 async def data(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
     router = app.current()
     _, health = await listing.health(router.endpoints, router.store, router.health)
-    body: dict[str, Any] = {"t": round(time.time(), 3), "pid": os.getpid(), "health": json.loads(health),
-                            "counters": counters(router.metrics.scrape_registry()), "le": list(LATENCY_BUCKETS),
-                            "history": router.history.describe()}
+    body: dict[str, Any] = {
+        "t": round(time.time(), 3),
+        "pid": os.getpid(),
+        "health": json.loads(health),
+        "counters": counters(router.metrics.scrape_registry()),
+        "le": list(LATENCY_BUCKETS),
+        "history": router.history.describe(),
+    }
     if router.usage is not None:
         body["usage"] = summary(await router.usage.rows())["totals"]
     if router.rate_limits.by_client:  # each limited key's use against its limits, read now

@@ -56,8 +56,9 @@ def sample_interval() -> float:
 
 
 class History:
-    def __init__(self, read: Callable[[], dict[str, Any]], interval: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, read: Callable[[], dict[str, Any]], interval: float | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         """`read()` returns one sample (a JSON-able dict, without its time)."""
         self.read, self.clock = read, clock
         self.interval = interval or sample_interval()

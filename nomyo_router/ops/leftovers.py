@@ -49,7 +49,7 @@ def start_ticks(pid: int) -> int | None:
             raw = f.read()
     except OSError:
         return None
-    fields = raw[raw.rfind(b")") + 2:].split()  # (the command name may hold spaces and parentheses)
+    fields = raw[raw.rfind(b")") + 2 :].split()  # (the command name may hold spaces and parentheses)
     try:
         return int(fields[19])
     except (IndexError, ValueError):
@@ -177,8 +177,7 @@ def private_dirs(state_dir: str) -> list[str]:
     XDG_RUNTIME_DIR, /dev/shm, the temporary directory) that exist and are private to it."""
     uid = os.geteuid()
     out: list[str] = []
-    for path in (state_dir, f"/dev/shm/nomyo-router-{uid}", os.path.join(tempfile.gettempdir(),
-                                                                          f"nomyo-router-{uid}")):
+    for path in (state_dir, f"/dev/shm/nomyo-router-{uid}", os.path.join(tempfile.gettempdir(), f"nomyo-router-{uid}")):
         if path in out:
             continue
         try:

@@ -94,8 +94,12 @@ def _watch(parent: int, armed: bool) -> None:
     time.sleep(ORPHAN_DEADLINE_S)
     # Still here: the graceful shutdown hangs (a flush waiting on a lock, a stuck task).
     # What it did not remove, the next router's start-up removes (ops/leftovers.py).
-    _say(logging.ERROR, "worker %d: shutdown did not finish within %.1fs of the supervisor's death; exiting",
-         os.getpid(), ORPHAN_DEADLINE_S)
+    _say(
+        logging.ERROR,
+        "worker %d: shutdown did not finish within %.1fs of the supervisor's death; exiting",
+        os.getpid(),
+        ORPHAN_DEADLINE_S,
+    )
     time.sleep(0.05)
     os._exit(1)
 

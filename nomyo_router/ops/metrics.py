@@ -58,49 +58,97 @@ def multiprocess_dir() -> str | None:
 
 
 class Metrics:
-    def __init__(self, events: Events, state: Callable[[], Iterable[Any]],
-                 served: Callable[[str], bool] = lambda model: True) -> None:
+    def __init__(
+        self, events: Events, state: Callable[[], Iterable[Any]], served: Callable[[str], bool] = lambda model: True
+    ) -> None:
         """`state()` yields GaugeMetricFamily objects describing the router now; `served(model)`
         tells whether some endpoint serves a model (else its requests are labelled UNKNOWN_MODEL)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("nomyo_router_requests", "Requests by model, endpoint, API, route and status",
-                                ["model", "endpoint", "api", "route", "status"], registry=r)
-        self.latency = Histogram("nomyo_router_request_duration_seconds", "End-to-end latency",
-                                 ["model", "api"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("nomyo_router_time_to_first_byte_seconds",
-                              "Time to the first byte sent to the client (streams: first token)",
-                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.queue = Histogram("nomyo_router_queue_wait_seconds", "Time waiting for a slot", ["model"],
-                               buckets=LATENCY_BUCKETS, registry=r)
-        self.overhead = Histogram("nomyo_router_overhead_seconds", "Router time before the upstream call",
-                                  buckets=OVERHEAD_BUCKETS, registry=r)
-        self.tokens = Counter("nomyo_router_tokens", "Tokens the backends reported",
-                              ["model", "endpoint", "client", "kind"], registry=r)
+        self.requests = Counter(
+            "nomyo_router_requests",
+            "Requests by model, endpoint, API, route and status",
+            ["model", "endpoint", "api", "route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "nomyo_router_request_duration_seconds",
+            "End-to-end latency",
+            ["model", "api"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "nomyo_router_time_to_first_byte_seconds",
+            "Time to the first byte sent to the client (streams: first token)",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "nomyo_router_queue_wait_seconds", "Time waiting for a slot", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.overhead = Histogram(
+            "nomyo_router_overhead_seconds",
+            "Router time before the upstream call",
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "nomyo_router_tokens", "Tokens the backends reported", ["model", "endpoint", "client", "kind"], registry=r
+        )
         self.affinity = Counter("nomyo_router_affinity", "Affinity outcomes", ["outcome"], registry=r)
-        self.happenings = Counter("nomyo_router_events", "Retries, ejections, resumed streams, overload rejections",
-                                  ["what", "endpoint"], registry=r)
+        self.happenings = Counter(
+            "nomyo_router_events",
+            "Retries, ejections, resumed streams, overload rejections",
+            ["what", "endpoint"],
+            registry=r,
+        )
         # per endpoint, for the dashboard's breakdowns ("" when no endpoint took the request);
         # `class`: the router's short error code (queue_full, upstream_status, ...), else http_<status>
-        self.errors = Counter("nomyo_router_errors", "Failed requests by endpoint, status and error class",
-                              ["endpoint", "status", "class"], registry=r)
-        self.endpoint_ttft = Histogram("nomyo_router_endpoint_time_to_first_byte_seconds",
-                                       "Time to the first byte sent to the client, by endpoint", ["endpoint"],
-                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.endpoint_queue = Histogram("nomyo_router_endpoint_queue_wait_seconds",
-                                        "Time waiting for a slot, by the endpoint that then took the request",
-                                        ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.errors = Counter(
+            "nomyo_router_errors",
+            "Failed requests by endpoint, status and error class",
+            ["endpoint", "status", "class"],
+            registry=r,
+        )
+        self.endpoint_ttft = Histogram(
+            "nomyo_router_endpoint_time_to_first_byte_seconds",
+            "Time to the first byte sent to the client, by endpoint",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.endpoint_queue = Histogram(
+            "nomyo_router_endpoint_queue_wait_seconds",
+            "Time waiting for a slot, by the endpoint that then took the request",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         # per endpoint and model, per client: what a backend gives (first byte, decode speed) and
         # what a key waits (its queue wait while others flood, with fair queuing)
-        self.served_ttft = Histogram("nomyo_router_endpoint_model_time_to_first_byte_seconds",
-                                     "Time to the first byte sent to the client, by endpoint and model",
-                                     ["endpoint", "model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.output_rate = Histogram("nomyo_router_output_tokens_per_second",
-                                     "A stream's completion tokens per second after its first byte, by endpoint "
-                                     "and model", ["endpoint", "model"], buckets=RATE_BUCKETS, registry=r)
-        self.client_queue = Histogram("nomyo_router_client_queue_wait_seconds",
-                                      "Time waiting for a slot, by client key (\"\": no key)", ["client"],
-                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.served_ttft = Histogram(
+            "nomyo_router_endpoint_model_time_to_first_byte_seconds",
+            "Time to the first byte sent to the client, by endpoint and model",
+            ["endpoint", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.output_rate = Histogram(
+            "nomyo_router_output_tokens_per_second",
+            "A stream's completion tokens per second after its first byte, by endpoint and model",
+            ["endpoint", "model"],
+            buckets=RATE_BUCKETS,
+            registry=r,
+        )
+        self.client_queue = Histogram(
+            "nomyo_router_client_queue_wait_seconds",
+            'Time waiting for a slot, by client key ("": no key)',
+            ["client"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         # (id(metric), labels) -> that metric's child: skips labels() on the hot path
         self._children: dict[tuple[int, Labels], Any] = {}
         self._counts: dict[tuple[Counter, Labels], float] = {}  # (metric, labels) -> increment not yet handed on
@@ -153,8 +201,9 @@ class Metrics:
                 self._observe(self.served_ttft, (rec.endpoint, model), rec.ttft_s, LATENCY_BUCKETS)
                 decode = rec.total_s - rec.ttft_s
                 if rec.stream and rec.completion_tokens and rec.completion_tokens > 1 and decode > 0:
-                    self._observe(self.output_rate, (rec.endpoint, model), (rec.completion_tokens - 1) / decode,
-                                  RATE_BUCKETS)
+                    self._observe(
+                        self.output_rate, (rec.endpoint, model), (rec.completion_tokens - 1) / decode, RATE_BUCKETS
+                    )
         if rec.error is not None or rec.status >= 400:  # (an ApiError without a code says "error")
             cls = rec.error if rec.error not in (None, "error") else f"http_{rec.status}"
             self._inc(self.errors, (rec.endpoint or "", str(rec.status), cls))
@@ -208,6 +257,7 @@ class Metrics:
         if mp is None:
             return self.registry
         from prometheus_client import multiprocess
+
         registry = CollectorRegistry()
         # (prometheus-client's MultiProcessCollector has no annotations)
         multiprocess.MultiProcessCollector(registry, path=mp)  # type: ignore[no-untyped-call]
@@ -226,13 +276,15 @@ class _StateCollector:
 def state_gauges(endpoints: Sequence[Endpoint], store: StateStore, lag: LoopLag) -> list[GaugeMetricFamily]:
     in_flight = GaugeMetricFamily("nomyo_router_in_flight", "Requests holding a slot", labels=["endpoint"])
     slots = GaugeMetricFamily("nomyo_router_slots", "Slots per endpoint", labels=["endpoint"])
-    healthy = GaugeMetricFamily("nomyo_router_endpoint_healthy", "1 when the endpoint takes traffic",
-                                labels=["endpoint"])
+    healthy = GaugeMetricFamily(
+        "nomyo_router_endpoint_healthy", "1 when the endpoint takes traffic", labels=["endpoint"]
+    )
     for ep in endpoints:
         in_flight.add_metric([ep.name], store.in_flight(ep))
         slots.add_metric([ep.name], ep.slots)
         healthy.add_metric([ep.name], 1 if store.is_healthy(ep) else 0)
     queued = GaugeMetricFamily("nomyo_router_queued", "Requests waiting for a slot", value=store.queue_length())
-    loop_lag = GaugeMetricFamily("nomyo_router_loop_lag_seconds", "Event-loop lag of the scraped worker",
-                                 value=lag.recent_max())
+    loop_lag = GaugeMetricFamily(
+        "nomyo_router_loop_lag_seconds", "Event-loop lag of the scraped worker", value=lag.recent_max()
+    )
     return [in_flight, slots, healthy, queued, loop_lag]

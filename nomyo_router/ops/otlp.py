@@ -50,8 +50,11 @@ class Exporter:
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname or "localhost", parts.port or (443 if self.https else 80)
         self.path = (parts.path or "/v1/traces") + (f"?{parts.query}" if parts.query else "")
-        self.headers = {"Content-Type": "application/x-protobuf", "User-Agent": f"nomyo-router/{__version__}",
-                        **settings.headers}
+        self.headers = {
+            "Content-Type": "application/x-protobuf",
+            "User-Agent": f"nomyo-router/{__version__}",
+            **settings.headers,
+        }
         self.service_name = settings.service_name
         self.exported = self.failed = 0  # spans sent; spans dropped (collector down or refusing)
         self._queue: collections.deque[RequestRecord] = collections.deque()
@@ -132,8 +135,14 @@ class Exporter:
         now = time.monotonic()
         if now - self._warned > 60:
             self._warned = now
-            log.warning("traces not exported to %s:%d%s (%s); %d spans dropped so far", self.host, self.port,
-                        self.path, why, self.failed)
+            log.warning(
+                "traces not exported to %s:%d%s (%s); %d spans dropped so far",
+                self.host,
+                self.port,
+                self.path,
+                why,
+                self.failed,
+            )
 
     def encode(self, recs: list[RequestRecord]) -> tuple[bytes, int]:
         """One ExportTraceServiceRequest with the spans of `recs`, serialized; and the span count."""
@@ -160,8 +169,16 @@ class Exporter:
             where = self._servers[url] = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
         return where
 
-    def _template(self, key: tuple[Any, ...], kind: Span.SpanKind.ValueType, operation: str, model: str, ep: Any,
-                  served: str | None = None, route: str | None = None) -> bytes:
+    def _template(
+        self,
+        key: tuple[Any, ...],
+        kind: Span.SpanKind.ValueType,
+        operation: str,
+        model: str,
+        ep: Any,
+        served: str | None = None,
+        route: str | None = None,
+    ) -> bytes:
         """The encoded name, kind and shared attributes of a span for `key`."""
         data = self._templates.get(key)
         if data is None:
@@ -191,10 +208,18 @@ class Exporter:
         attempts = trace.attempts
         ep = attempts[-1][1] if attempts else None
         served = ep.models.get(trace.key) if ep is not None else None  # the backend's name of the model
-        s = spans.add(trace_id=tid, span_id=sid, start_time_unix_nano=self._ns(start),
-                      end_time_unix_nano=self._ns(end))
-        s.MergeFromString(self._template((SERVER, trace.operation, rec.model, served, ep, rec.route), SERVER,
-                                         trace.operation, rec.model, ep, served, rec.route))
+        s = spans.add(trace_id=tid, span_id=sid, start_time_unix_nano=self._ns(start), end_time_unix_nano=self._ns(end))
+        s.MergeFromString(
+            self._template(
+                (SERVER, trace.operation, rec.model, served, ep, rec.route),
+                SERVER,
+                trace.operation,
+                rec.model,
+                ep,
+                served,
+                rec.route,
+            )
+        )
         if trace.parent_id:
             s.parent_span_id, s.flags = trace.parent_id.to_bytes(8, "big"), _REMOTE_PARENT
         else:
@@ -222,9 +247,16 @@ class Exporter:
         if rec.queue_s > 0 or (first is None and rec.error == "queue_timeout"):
             q_end = first if first is not None else end
             q_start = q_end - rec.queue_s if first is not None else start
-            q = spans.add(trace_id=tid, span_id=(getrandbits(64) or 1).to_bytes(8, "big"), parent_span_id=sid,
-                          name="queue", kind=INTERNAL, flags=_LOCAL_PARENT,
-                          start_time_unix_nano=self._ns(q_start), end_time_unix_nano=self._ns(q_end))
+            q = spans.add(
+                trace_id=tid,
+                span_id=(getrandbits(64) or 1).to_bytes(8, "big"),
+                parent_span_id=sid,
+                name="queue",
+                kind=INTERNAL,
+                flags=_LOCAL_PARENT,
+                start_time_unix_nano=self._ns(q_start),
+                end_time_unix_nano=self._ns(q_end),
+            )
             _f(q.attributes, "nomyo.queue_ms", (q_end - q_start) * 1000)
             if first is None:
                 q.status.code, q.status.message = ERROR, rec.error or ""
@@ -234,16 +266,27 @@ class Exporter:
             if not a_end:
                 a_end = attempts[i + 1][2] if i < last else end
             model = aep.models.get(trace.key) or rec.model
-            c = spans.add(trace_id=tid, span_id=span_id.to_bytes(8, "big"), parent_span_id=sid, flags=_LOCAL_PARENT,
-                          start_time_unix_nano=self._ns(a_start), end_time_unix_nano=self._ns(a_end))
-            c.MergeFromString(self._template((CLIENT, trace.operation, model, aep), CLIENT, trace.operation, model,
-                                             aep))
+            c = spans.add(
+                trace_id=tid,
+                span_id=span_id.to_bytes(8, "big"),
+                parent_span_id=sid,
+                flags=_LOCAL_PARENT,
+                start_time_unix_nano=self._ns(a_start),
+                end_time_unix_nano=self._ns(a_end),
+            )
+            c.MergeFromString(
+                self._template((CLIENT, trace.operation, model, aep), CLIENT, trace.operation, model, aep)
+            )
             a = c.attributes
             _i(a, "nomyo.attempt", i + 1)
             if status:
                 _i(a, "http.response.status_code", status)
-            failed = err or (i < last and "retried") or (status >= 500 and str(status)) \
+            failed = (
+                err
+                or (i < last and "retried")
+                or (status >= 500 and str(status))
                 or (i == last and rec.error and rec.status < 400 and rec.error)
+            )
             if failed:
                 _s(a, "error.type", failed)
                 c.status.code, c.status.message = ERROR, failed

@@ -36,8 +36,21 @@ from .accesslog import AccessLog
 log = logging.getLogger("nomyo_router.reload")
 
 # (max_concurrent_connections is every endpoint's default slot count: a change resizes them)
-LIVE_KEYS = frozenset(("endpoints", "router_api_key", "client_keys", "admin_key", "metrics_key", "allowed_origins",
-                       "access_log", "log_format", "max_body_bytes", "retry_after", "max_concurrent_connections"))
+LIVE_KEYS = frozenset(
+    (
+        "endpoints",
+        "router_api_key",
+        "client_keys",
+        "admin_key",
+        "metrics_key",
+        "allowed_origins",
+        "access_log",
+        "log_format",
+        "max_body_bytes",
+        "retry_after",
+        "max_concurrent_connections",
+    )
+)
 
 
 def config_path() -> str:
@@ -58,10 +71,16 @@ def plan(old: RouterConfig, new: RouterConfig) -> dict[str, Any]:
         "added": sorted(set(after) - set(before)),
         "removed": sorted(set(before) - set(after)),
         "changed": sorted(changed),
-        "resized": {n: [before[n].max_concurrent, after[n].max_concurrent] for n in sorted(after)
-                    if n in before and n not in changed and before[n].max_concurrent != after[n].max_concurrent},
-        "restart_needed": sorted(f.name for f in msgspec.structs.fields(RouterConfig)
-                                 if f.name not in LIVE_KEYS and getattr(old, f.name) != getattr(new, f.name)),
+        "resized": {
+            n: [before[n].max_concurrent, after[n].max_concurrent]
+            for n in sorted(after)
+            if n in before and n not in changed and before[n].max_concurrent != after[n].max_concurrent
+        },
+        "restart_needed": sorted(
+            f.name
+            for f in msgspec.structs.fields(RouterConfig)
+            if f.name not in LIVE_KEYS and getattr(old, f.name) != getattr(new, f.name)
+        ),
     }
 
 
@@ -108,9 +127,14 @@ async def apply(router: Any, new: RouterConfig) -> dict[str, Any]:
     router.config = live
     if router.proxy is not None:
         router.proxy.config = live
-    log.warning("config reloaded: added %s, removed %s, changed %s, resized %s%s", done["added"] or "-",
-                done["removed"] or "-", done["changed"] or "-", done["resized"] or "-",
-                f"; needs a restart to change: {', '.join(done['restart_needed'])}" if done["restart_needed"] else "")
+    log.warning(
+        "config reloaded: added %s, removed %s, changed %s, resized %s%s",
+        done["added"] or "-",
+        done["removed"] or "-",
+        done["changed"] or "-",
+        done["resized"] or "-",
+        f"; needs a restart to change: {', '.join(done['restart_needed'])}" if done["restart_needed"] else "",
+    )
     return done
 
 
@@ -150,6 +174,7 @@ def _on_sighup(router: Any) -> None:
             pass  # logged; the old config stays
         except Exception:
             log.exception("config reload failed; the running config stays")
+
     task = asyncio.get_running_loop().create_task(run())
     _running.add(task)
     task.add_done_callback(_running.discard)
@@ -161,6 +186,7 @@ async def admin_reload(app: Any, scope: Any, receive: Any, send: Any, t0: float)
 
     from ..api.asgi import send_response
     from ..api.errors import ApiError
+
     router = app.current()
     client = scope.get("nomyo.client")
     if router.config.admin_key is None:

@@ -36,9 +36,16 @@ DEFAULT_SERVICE = "nomyo-router"
 MAX_PENDING = 65536  # finished requests waiting for the exporter; beyond, new ones are dropped (counted)
 _ALL = 1 << 64  # a trace is sampled when its id's low 64 bits are below ratio x 2^64 (OTel's TraceIdRatioBased)
 # gen_ai.operation.name by the request's kind (the GenAI conventions' names where they have one)
-OPERATIONS = {"chat": "chat", "generate": "text_completion", "embed": "embeddings", "embeddings": "embeddings",
-              "responses": "chat", "rerank": "rerank", "images": "image_generation",
-              "transcription": "transcription"}
+OPERATIONS = {
+    "chat": "chat",
+    "generate": "text_completion",
+    "embed": "embeddings",
+    "embeddings": "embeddings",
+    "responses": "chat",
+    "rerank": "rerank",
+    "images": "image_generation",
+    "transcription": "transcription",
+}
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-.*)?")
 
 # The request being served, for `TracedUpstream.post` (set by `begin` in the request's task; the
@@ -52,8 +59,9 @@ class Trace:
 
     __slots__ = ("trace_id", "span_id", "parent_id", "sampled", "operation", "key", "t0", "attempts")
 
-    def __init__(self, trace_id: int, span_id: int, parent_id: int, sampled: bool, operation: str,
-                 key: str, t0: float) -> None:
+    def __init__(
+        self, trace_id: int, span_id: int, parent_id: int, sampled: bool, operation: str, key: str, t0: float
+    ) -> None:
         self.trace_id, self.span_id, self.parent_id, self.sampled = trace_id, span_id, parent_id, sampled
         self.operation, self.key, self.t0 = operation, key, t0
         self.attempts: list[list[Any]] = []
@@ -76,13 +84,15 @@ class Settings:
                 log.warning("OTEL_TRACES_SAMPLER_ARG is not a number; sampling every request")
                 ratio = 1.0
         self.sample_ratio = ratio
-        self.headers = _headers(env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
-                                or env.get("OTEL_EXPORTER_OTLP_HEADERS", ""))
+        self.headers = _headers(
+            env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
+        )
 
 
 def _headers(text: str) -> dict[str, str]:
     """OTEL_EXPORTER_OTLP_HEADERS: `key=value,key2=value2`, values percent-encoded."""
     from urllib.parse import unquote
+
     out = {}
     for part in text.split(","):
         key, eq, value = part.partition("=")
@@ -144,8 +154,15 @@ class TracedUpstream(Upstream):
     """The upstream client with tracing on: each POST of a traced request is an attempt span,
     and the backend is sent a `traceparent` naming it (so its own spans hang below it)."""
 
-    async def post(self, ep: Endpoint, path: str, body: bytes, timeout: TimeoutLike, ctype: str | None = None,
-                   within: float | None = None) -> Response:
+    async def post(
+        self,
+        ep: Endpoint,
+        path: str,
+        body: bytes,
+        timeout: TimeoutLike,
+        ctype: str | None = None,
+        within: float | None = None,
+    ) -> Response:
         trace = CURRENT.get()
         pool = self._pools.get(ep) or self.pool(ep)
         if trace is None:
@@ -155,8 +172,9 @@ class TracedUpstream(Upstream):
         trace.attempts.append(attempt)
         extra = b"traceparent: 00-%032x-%016x-%s\r\n" % (trace.trace_id, span_id, b"01" if trace.sampled else b"00")
         try:
-            resp = await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype,
-                                      within, extra)
+            resp = await pool.request(
+                b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype, within, extra
+            )
         except BaseException as e:
             attempt[3], attempt[5] = perf_counter(), type(e).__name__
             raise
@@ -172,7 +190,9 @@ def make(config: Any, events: Events) -> tuple[Tracer | None, Upstream]:
     try:
         from .otlp import Exporter  # (protobuf and the OTLP messages: loaded only with tracing on)
     except ImportError as e:
-        raise ConfigError(f"tracing: needs the opentelemetry-proto package ({e}); install it with "
-                          f"pip install 'nomyo-router[tracing]', or remove tracing") from None
+        raise ConfigError(
+            f"tracing: needs the opentelemetry-proto package ({e}); install it with "
+            f"pip install 'nomyo-router[tracing]', or remove tracing"
+        ) from None
     settings = Settings(config.tracing)
     return Tracer(settings, events, Exporter(settings)), TracedUpstream()

@@ -27,8 +27,9 @@ def _params(scope: Scope) -> dict[str, str]:
     out = {k: v[-1] for k, v in raw.items()}
     unknown = set(out) - {"since", "until", "model", "client", "format"}
     if unknown:
-        raise ApiError(400, f"unknown query parameter(s) {', '.join(sorted(unknown))}; "
-                            "use since, until, model, client, format")
+        raise ApiError(
+            400, f"unknown query parameter(s) {', '.join(sorted(unknown))}; use since, until, model, client, format"
+        )
     for k in ("since", "until"):
         if k in out and not _DAY.match(out[k]):
             raise ApiError(400, f"{k} must be a UTC day as YYYY-MM-DD, got {out[k]!r}")
@@ -38,9 +39,13 @@ def _params(scope: Scope) -> dict[str, str]:
 
 
 def select(rows: list[tuple[Row, Counts]], p: dict[str, str]) -> list[tuple[Row, Counts]]:
-    return [(r, c) for r, c in rows
-            if p.get("since", "") <= r[0] <= p.get("until", "9999-99-99")
-            and ("model" not in p or r[1] == p["model"]) and ("client" not in p or r[3] == p["client"])]
+    return [
+        (r, c)
+        for r, c in rows
+        if p.get("since", "") <= r[0] <= p.get("until", "9999-99-99")
+        and ("model" not in p or r[1] == p["model"])
+        and ("client" not in p or r[3] == p["client"])
+    ]
 
 
 def summary(rows: list[tuple[Row, Counts]]) -> dict[str, Any]:
@@ -54,9 +59,14 @@ def summary(rows: list[tuple[Row, Counts]]) -> dict[str, Any]:
         add(totals, c)
         for group, key in (("by_day", day), ("by_model", model), ("by_endpoint", endpoint), ("by_client", client)):
             add(groups[group].setdefault(key, {}), c)
-    return {"totals": totals, **groups,
-            "rows": [{"day": r[0], "model": r[1], "endpoint": r[2], "client": r[3], **dict(zip(FIELDS, c, strict=True))}
-                     for r, c in rows]}
+    return {
+        "totals": totals,
+        **groups,
+        "rows": [
+            {"day": r[0], "model": r[1], "endpoint": r[2], "client": r[3], **dict(zip(FIELDS, c, strict=True))}
+            for r, c in rows
+        ],
+    }
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

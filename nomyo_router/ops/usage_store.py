@@ -218,8 +218,10 @@ class RedisUsage(Usage):
 
     async def _open(self) -> None:
         import redis.asyncio as aioredis
-        self._redis = aioredis.from_url(self.url, decode_responses=True, socket_timeout=self.timeout,
-                                          socket_connect_timeout=self.timeout)  # (a stalled Redis: a failed batch)
+
+        self._redis = aioredis.from_url(
+            self.url, decode_responses=True, socket_timeout=self.timeout, socket_connect_timeout=self.timeout
+        )  # (a stalled Redis: a failed batch)
 
     async def _close(self) -> None:
         if self._redis is not None:

@@ -40,8 +40,11 @@ TICK_S = 1.0
 FLUSH_S = 0.05  # events written at most this often (many requests, one write)
 MAX_PENDING = 1 << 20  # bytes of events a subscriber may have waiting
 SEND_TIMEOUT = 10.0
-HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-           (b"x-accel-buffering", b"no")]
+HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 def sse(kind: str, data: dict[str, Any]) -> bytes:
@@ -108,15 +111,40 @@ class UsageStream:
             sub.put(event)
 
     def _started(self, rec: RequestRecord) -> None:
-        self._publish(sse("start", {"t": round(time.time(), 3), "request_id": rec.request_id, "model": rec.model,
-                                    "client": rec.client, "api": rec.api, "route": rec.route, "stream": rec.stream}))
+        self._publish(
+            sse(
+                "start",
+                {
+                    "t": round(time.time(), 3),
+                    "request_id": rec.request_id,
+                    "model": rec.model,
+                    "client": rec.client,
+                    "api": rec.api,
+                    "route": rec.route,
+                    "stream": rec.stream,
+                },
+            )
+        )
 
     def _done(self, rec: RequestRecord) -> None:
-        self._publish(sse("done", {
-            "t": round(time.time(), 3), "request_id": rec.request_id, "model": rec.model, "client": rec.client,
-            "endpoint": rec.endpoint, "status": rec.status, "prompt_tokens": rec.prompt_tokens,
-            "completion_tokens": rec.completion_tokens, "total_ms": round(rec.total_s * 1000, 2),
-            "cache": rec.cache, "error": rec.error}))
+        self._publish(
+            sse(
+                "done",
+                {
+                    "t": round(time.time(), 3),
+                    "request_id": rec.request_id,
+                    "model": rec.model,
+                    "client": rec.client,
+                    "endpoint": rec.endpoint,
+                    "status": rec.status,
+                    "prompt_tokens": rec.prompt_tokens,
+                    "completion_tokens": rec.completion_tokens,
+                    "total_ms": round(rec.total_s * 1000, 2),
+                    "cache": rec.cache,
+                    "error": rec.error,
+                },
+            )
+        )
 
     def usage(self) -> bytes:
         """The `usage` event, made at most once per half tick whatever the number of readers."""
@@ -147,8 +175,9 @@ class UsageStream:
                 except TimeoutError:
                     pass
             if sub.dropped:  # a last event and the end, if the reader takes them in time; else closed
-                await _write(send, sse("dropped", {"reason": f"this reader fell more than {MAX_PENDING} bytes "
-                                                             "of events behind"}))
+                await _write(
+                    send, sse("dropped", {"reason": f"this reader fell more than {MAX_PENDING} bytes of events behind"})
+                )
                 await _write(send, b"", False)
                 return
             out = sub.take()
@@ -186,8 +215,11 @@ def snapshot_of(router: Any) -> dict[str, Any]:
             for into, key in ((by_model, s.labels.get("model", "")), (by_client, s.labels.get("client", ""))):
                 row = into.setdefault(key, {"prompt": 0, "completion": 0})
                 row[kind] = row.get(kind, 0) + n
-    return {"in_flight": in_flight, "queued": store.queue_length(),
-            "tokens": {"by_model": by_model, "by_client": by_client}}
+    return {
+        "in_flight": in_flight,
+        "queued": store.queue_length(),
+        "tokens": {"by_model": by_model, "by_client": by_client},
+    }
 
 
 async def usage_stream(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:

@@ -74,7 +74,7 @@ def prompt_keys(model: str, prompt: str) -> Keys | None:
     h = hashlib.blake2b(model.encode() + b"\x01", digest_size=16)
     boundaries: list[str] = []
     for start in range(0, len(data) - BLOCK + 1, BLOCK):
-        h.update(data[start:start + BLOCK])
+        h.update(data[start : start + BLOCK])
         boundaries.append(h.hexdigest())
     return Keys(boundaries[-1], boundaries[::-1], certain=False)
 

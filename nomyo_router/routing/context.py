@@ -87,8 +87,9 @@ class TooLong(Exception):
 class Windows:
     """Every endpoint's window per model, and the check of one request against them."""
 
-    def __init__(self, mode: str, upstream: Any, endpoints: Callable[[], Sequence[Endpoint]],
-                 timeout: float = 5.0) -> None:
+    def __init__(
+        self, mode: str, upstream: Any, endpoints: Callable[[], Sequence[Endpoint]], timeout: float = 5.0
+    ) -> None:
         """`endpoints()`: the router's endpoints now (a reload replaces them)."""
         self.mode = mode  # route | reject
         self.upstream = upstream
@@ -122,9 +123,11 @@ class Windows:
         if self.mode == "reject":
             largest = max(self.window(ep, req.key) or 0 for ep in small)
             prompt = need - out
-            raise TooLong(f"This model's maximum context length is {largest} tokens. However, you requested "
-                          f"about {need} tokens ({prompt} in the messages, {out} in the completion). Please "
-                          f"reduce the length of the messages or completion.")
+            raise TooLong(
+                f"This model's maximum context length is {largest} tokens. However, you requested "
+                f"about {need} tokens ({prompt} in the messages, {out} in the completion). Please "
+                f"reduce the length of the messages or completion."
+            )
         return None
 
     # ---- learning ------------------------------------------------------------------------------
@@ -175,8 +178,9 @@ class Windows:
             if not name or key in self._show:
                 continue
             try:
-                status, _, body = await self.upstream.fetch(ep, "/api/show", json.dumps({"model": name}).encode(),
-                                                            total=self.timeout)
+                status, _, body = await self.upstream.fetch(
+                    ep, "/api/show", json.dumps({"model": name}).encode(), total=self.timeout
+                )
             except Exception as e:
                 log.debug("endpoint %s: /api/show %s failed (%s)", ep.name, name, e)
                 continue

@@ -85,8 +85,9 @@ def _hashable(h: Any) -> Any:
     return bytes(h) if isinstance(h, (bytearray, list)) else h
 
 
-def start(endpoints: Iterable[EndpointConfig],
-          policy: object) -> tuple[list[asyncio.Task[None]], dict[str, KVEventState]]:
+def start(
+    endpoints: Iterable[EndpointConfig], policy: object
+) -> tuple[list[asyncio.Task[None]], dict[str, KVEventState]]:
     """A subscriber task per endpoint configured with `kv_events`, when the policy has an index."""
     index = getattr(policy, "index", None)
     tasks: list[asyncio.Task[None]] = []
@@ -106,8 +107,11 @@ async def subscribe(state: KVEventState, address: str) -> None:
         import zmq
         import zmq.asyncio
     except ImportError:
-        log.error("endpoint %s: kv_events needs pyzmq and msgpack (pip install 'nomyo-router[kv-events]'); "
-                  "using the approximate index", endpoint)
+        log.error(
+            "endpoint %s: kv_events needs pyzmq and msgpack (pip install 'nomyo-router[kv-events]'); "
+            "using the approximate index",
+            endpoint,
+        )
         return
     ctx = zmq.asyncio.Context.instance()
     sock = ctx.socket(zmq.SUB)

@@ -55,8 +55,7 @@ def render(kind: str, body: dict[str, Any]) -> str | None:
         messages = body.get("messages")
         if not isinstance(messages, list):
             return None
-        return "".join(f"<{m.get('role', '')}>{_text(m.get('content'))}\n"
-                       for m in messages if isinstance(m, dict))
+        return "".join(f"<{m.get('role', '')}>{_text(m.get('content'))}\n" for m in messages if isinstance(m, dict))
     if kind == "generate":
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
@@ -74,7 +73,7 @@ def prompt_keys(model: str, text: str) -> Prompt:
     append = keys.append
     end = len(data) - len(data) % BLOCK_CHARS
     for i, start in enumerate(range(0, end, BLOCK_CHARS)):
-        crc = zlib.crc32(view[start:start + BLOCK_CHARS], crc)
+        crc = zlib.crc32(view[start : start + BLOCK_CHARS], crc)
         append(crc << 16 | (i & 0xFFFF))
     if end < len(data):
         # The partial last block: this request's own tail. It only matches an identical
@@ -96,8 +95,7 @@ class PrefixIndex:
     `publish`, when set, is told every insert as (endpoint, keys) so other processes can
     apply the same insert (`apply`); applying never publishes again."""
 
-    def __init__(self, capacity_tokens: dict[str, int] | None = None,
-                 default_tokens: int = 131072) -> None:
+    def __init__(self, capacity_tokens: dict[str, int] | None = None, default_tokens: int = 131072) -> None:
         self.default_tokens = default_tokens
         self._capacity = {n: max(t // BLOCK_TOKENS, 0) for n, t in (capacity_tokens or {}).items()}
         self._bit: dict[str, int] = {}

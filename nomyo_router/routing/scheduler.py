@@ -17,8 +17,14 @@ class Scheduler:
     pick when it has one (it may wait for a busy endpoint whose cache is worth it), then
     the policy among free endpoints, and the FIFO queue when all are full."""
 
-    def __init__(self, endpoints: Sequence[Endpoint], store: StateStore, policy: Policy,
-                 queue_timeout: float, affinity_wait: float | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        store: StateStore,
+        policy: Policy,
+        queue_timeout: float,
+        affinity_wait: float | None = None,
+    ) -> None:
         self.endpoints = list(endpoints)
         self.store = store
         self.policy = policy
@@ -108,8 +114,9 @@ class Scheduler:
                 if pinned is not None and pinned in candidates and store.is_healthy(pinned):
                     try:
                         wait = self.affinity_wait if keys.certain else 0.0
-                        lease = await store.acquire(ctx.model, [pinned], self._chooser(ctx), wait,
-                                                    order, keys.register, fair=self._fair(ctx))
+                        lease = await store.acquire(
+                            ctx.model, [pinned], self._chooser(ctx), wait, order, keys.register, fair=self._fair(ctx)
+                        )
                         outcome = "hit"
                         if self._routed is not None and ctx.prompt is not None:
                             self._routed(ctx, lease.endpoint)
@@ -146,8 +153,9 @@ class Scheduler:
             if left <= 0:
                 raise QueueTimeout(ctx.model, signal.order)
             try:
-                lease = await self.store.acquire(ctx.model, candidates, self._chooser(ctx), left,
-                                                 signal.order, pin, fair=self._fair(ctx))
+                lease = await self.store.acquire(
+                    ctx.model, candidates, self._chooser(ctx), left, signal.order, pin, fair=self._fair(ctx)
+                )
                 break
             except Rehome as e:  # changed again meanwhile
                 signal = e
@@ -165,8 +173,7 @@ class Scheduler:
         policy, in_flight = self.policy, self.store.in_flight
         return lambda free: policy.choose(ctx, free, in_flight)
 
-    async def _place(self, ctx: RouteContext, candidates: list[Endpoint], order: int | None,
-                     pin: str | None) -> Lease:
+    async def _place(self, ctx: RouteContext, candidates: list[Endpoint], order: int | None, pin: str | None) -> Lease:
         store, choose = self.store, self._chooser(ctx)
         lease = None
         if self._pick is not None and len(candidates) > 1:
@@ -179,8 +186,9 @@ class Scheduler:
                 for t in targets:
                     waiting[t.name] = waiting.get(t.name, 0.0) + share
                 try:
-                    lease = await store.acquire(ctx.model, targets, choose,
-                                                min(wait, self.queue_timeout), order, pin, fair=self._fair(ctx))
+                    lease = await store.acquire(
+                        ctx.model, targets, choose, min(wait, self.queue_timeout), order, pin, fair=self._fair(ctx)
+                    )
                 except QueueTimeout as e:
                     order = e.order  # waited for it in vain: keep the place for the common queue
                 except (QueueFull, NoEndpoint):
@@ -189,8 +197,9 @@ class Scheduler:
                     for t in targets:
                         waiting[t.name] -= share  # (added above)
         if lease is None:
-            lease = await store.acquire(ctx.model, candidates, choose, self.queue_timeout, order, pin,
-                                        fair=self._fair(ctx))
+            lease = await store.acquire(
+                ctx.model, candidates, choose, self.queue_timeout, order, pin, fair=self._fair(ctx)
+            )
         if self._routed is not None and ctx.prompt is not None:
             self._routed(ctx, lease.endpoint)
         return lease

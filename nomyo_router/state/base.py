@@ -79,9 +79,16 @@ class StateStore(ABC):
     held_aside = 0
 
     @abstractmethod
-    async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None, pin: str | None = None,
-                      fair: Fair | None = None) -> Lease:
+    async def acquire(
+        self,
+        model: str,
+        candidates: Sequence[Endpoint],
+        choose: Choose,
+        timeout: float,
+        order: int | None = None,
+        pin: str | None = None,
+        fair: Fair | None = None,
+    ) -> Lease:
         """A slot on one of `candidates` (all serve `model`): at once on a free one picked by
         `choose`, else the first that frees in FIFO order. `order` (from a QueueTimeout) keeps
         the place of a request that already waited once. `pin`: an affinity key to point at

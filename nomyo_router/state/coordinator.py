@@ -77,15 +77,28 @@ class TableStore(MemoryStore):
         return self.pins.count()
 
     async def snapshot(self) -> dict[str, Any]:
-        return {"mode": "shared", "in_flight": {}, "queue_length": self._queued,
-                "pins": self.pins.count(), "usage": self.table.usage()}
+        return {
+            "mode": "shared",
+            "in_flight": {},
+            "queue_length": self._queued,
+            "pins": self.pins.count(),
+            "usage": self.table.usage(),
+        }
 
     def _free(self, ep: Endpoint) -> bool:
         return ep.name not in self._unhealthy and self.table.in_flight(ep.name) < ep.slots
 
-    async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None, pin: str | None = None,
-                      fair: Fair | None = None, owner: object = None) -> Lease:
+    async def acquire(
+        self,
+        model: str,
+        candidates: Sequence[Endpoint],
+        choose: Choose,
+        timeout: float,
+        order: int | None = None,
+        pin: str | None = None,
+        fair: Fair | None = None,
+        owner: object = None,
+    ) -> Lease:
         # A worker gives slots back in the table and only then tells us: a slot may be free
         # here while requests wait for it. Those waited first, so they get it first.
         if self._queued:
@@ -156,9 +169,16 @@ class Coordinator:
             rid = msg["id"]
             cands = [self.endpoints[n] for n in msg["cands"] if n in self.endpoints]
             try:
-                lease = await store.acquire(msg["model"], cands, self.choose_for(msg["model"]),
-                                            msg["timeout"], msg.get("order"), msg.get("pin"),
-                                            tuple(msg["fair"]) if msg.get("fair") else None, who[0])
+                lease = await store.acquire(
+                    msg["model"],
+                    cands,
+                    self.choose_for(msg["model"]),
+                    msg["timeout"],
+                    msg.get("order"),
+                    msg.get("pin"),
+                    tuple(msg["fair"]) if msg.get("fair") else None,
+                    who[0],
+                )
             except QueueTimeout as e:
                 send({"id": rid, "err": "timeout", "order": e.order})
             except QueueFull:
@@ -193,8 +213,10 @@ class Coordinator:
                 if task is not None:
                     task.cancel()
             elif op == "rehome":  # after the acquires of this batch have queued (their tasks run first)
-                changes = {m: (frozenset(gone), [self.endpoints[n] for n in new if n in self.endpoints])
-                           for m, (gone, new) in msg["changes"].items()}
+                changes = {
+                    m: (frozenset(gone), [self.endpoints[n] for n in new if n in self.endpoints])
+                    for m, (gone, new) in msg["changes"].items()
+                }
                 asyncio.get_running_loop().call_soon(store.rehome, changes)
             elif op == "endpoints":
                 for name, slots in msg["eps"]:
@@ -207,8 +229,9 @@ class Coordinator:
                 if ep is not None:
                     store.set_healthy(ep, msg["ok"])
             elif op == "limit":
-                verdict = self.limiter.admit(msg["client"], Limits.from_wire(msg["limits"]), time.time(),
-                                             msg.get("count", True))
+                verdict = self.limiter.admit(
+                    msg["client"], Limits.from_wire(msg["limits"]), time.time(), msg.get("count", True)
+                )
                 send({"id": msg["id"], "verdict": verdict.wire()})
             elif op == "spend":
                 self.limiter.spend(msg["client"], msg["tokens"], Limits.from_wire(msg["limits"]), time.time())

@@ -112,9 +112,15 @@ class Limiter:
                     break
         if refused is None and count and limits.rpm is not None:
             use.requests.append(now)
-        return Verdict(refused, max(wait, 0.0), len(use.requests), use.minute, use.day_tokens,
-                       use.requests[0] + WINDOW_S - now if use.requests else 0.0,
-                       use.spends[0][0] + WINDOW_S - now if use.spends else 0.0)
+        return Verdict(
+            refused,
+            max(wait, 0.0),
+            len(use.requests),
+            use.minute,
+            use.day_tokens,
+            use.requests[0] + WINDOW_S - now if use.requests else 0.0,
+            use.spends[0][0] + WINDOW_S - now if use.spends else 0.0,
+        )
 
     def spend(self, client: str, tokens: int, limits: Limits, now: float) -> None:
         """An answer of `client` ended having used `tokens`."""

@@ -17,8 +17,14 @@ from .fair import Fair, FairClock
 class _Waiter:
     __slots__ = ("seq", "names", "future", "owner", "share")
 
-    def __init__(self, seq: int, names: frozenset[str], future: asyncio.Future[Endpoint | None],
-                 owner: object, share: tuple[str, int, int] | None = None) -> None:
+    def __init__(
+        self,
+        seq: int,
+        names: frozenset[str],
+        future: asyncio.Future[Endpoint | None],
+        owner: object,
+        share: tuple[str, int, int] | None = None,
+    ) -> None:
         self.seq, self.names, self.future, self.owner = seq, names, future, owner
         self.share = share  # (client, start, step) when its place was taken here (fair.py)
 
@@ -46,9 +52,17 @@ class MemoryStore(StateStore):
         self._in_flight[ep.name] = self._in_flight.get(ep.name, 0) + 1
         return True
 
-    async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None, pin: str | None = None,
-                      fair: Fair | None = None, owner: object = None) -> Lease:
+    async def acquire(
+        self,
+        model: str,
+        candidates: Sequence[Endpoint],
+        choose: Choose,
+        timeout: float,
+        order: int | None = None,
+        pin: str | None = None,
+        fair: Fair | None = None,
+        owner: object = None,
+    ) -> Lease:
         free = [e for e in candidates if self._free(e)]
         while free:
             ep = free[0] if len(free) == 1 else choose(free)
@@ -135,8 +149,13 @@ class MemoryStore(StateStore):
         self._usage.setdefault(endpoint, Counter())[model] += 1
 
     async def snapshot(self) -> dict[str, Any]:
-        return {"mode": "memory", "in_flight": dict(self._in_flight), "queue_length": self._queued,
-                "pins": len(self._pins), "usage": {e: dict(c) for e, c in self._usage.items()}}
+        return {
+            "mode": "memory",
+            "in_flight": dict(self._in_flight),
+            "queue_length": self._queued,
+            "pins": len(self._pins),
+            "usage": {e: dict(c) for e, c in self._usage.items()},
+        }
 
     def in_flight(self, endpoint: Endpoint) -> int:
         return self._in_flight.get(endpoint.name, 0)

@@ -45,8 +45,9 @@ def _find(window: bytes, digest: bytes) -> int:
 
 
 class PinTable:
-    def __init__(self, path: str, max_pins: int, ttl: float,
-                 column: Callable[[str], int], name_of: Callable[[int], str]) -> None:
+    def __init__(
+        self, path: str, max_pins: int, ttl: float, column: Callable[[str], int], name_of: Callable[[int], str]
+    ) -> None:
         self.ttl = ttl
         self._column, self._name_of = column, name_of
         n = 1
@@ -82,7 +83,7 @@ class PinTable:
 
     def _locate(self, digest: bytes, at0: int) -> int:
         """The offset of `digest`'s record in the neighbourhood at `at0`, or -1 (locked)."""
-        i = _find(self._map[at0:at0 + _WINDOW], digest)
+        i = _find(self._map[at0 : at0 + _WINDOW], digest)
         return -1 if i < 0 else at0 + i
 
     def _used(self, delta: int) -> None:
@@ -123,7 +124,7 @@ class PinTable:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             for (digest, at0), col in todo:
-                window = m[at0:at0 + _WINDOW]
+                window = m[at0 : at0 + _WINDOW]
                 i = _find(window, digest)
                 if i < 0:  # a free record, else the one idle longest (expired or not)
                     i = _find(window, _EMPTY)

@@ -41,14 +41,19 @@ def ensure_private_dir(path: str) -> str:
         pass
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UnsafeStatePath(f"{path} is a symlink or not a directory; remove it (the router creates "
-                              f"its own private directory there) or set NOMYO_ROUTER_STATE_PATH")
+        raise UnsafeStatePath(
+            f"{path} is a symlink or not a directory; remove it (the router creates "
+            f"its own private directory there) or set NOMYO_ROUTER_STATE_PATH"
+        )
     if st.st_uid != os.geteuid():
-        raise UnsafeStatePath(f"{path} belongs to uid {st.st_uid}, not to the router's user "
-                              f"(uid {os.geteuid()}); remove it or set NOMYO_ROUTER_STATE_PATH")
+        raise UnsafeStatePath(
+            f"{path} belongs to uid {st.st_uid}, not to the router's user "
+            f"(uid {os.geteuid()}); remove it or set NOMYO_ROUTER_STATE_PATH"
+        )
     if st.st_mode & 0o022:
-        raise UnsafeStatePath(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-                              f"chmod 700 it or remove it")
+        raise UnsafeStatePath(
+            f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); chmod 700 it or remove it"
+        )
     if st.st_mode & 0o077:  # ours and nobody else can write it: readable by others is tightened
         os.chmod(path, 0o700)
     return path

@@ -35,7 +35,9 @@ local kr, kt, kd = P .. ':req', P .. ':tok', P .. ':day:' .. day
 """
 
 # ARGV: prefix, client, rpm, tpm, tokens_per_day (0: none), count (1: count an admitted request)
-ADMIT = _COMMON + r"""
+ADMIT = (
+    _COMMON
+    + r"""
 local rpm, tpm, tpd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 redis.call('ZREMRANGEBYSCORE', kr, '-inf', now - 60)
 redis.call('ZREMRANGEBYSCORE', kt, '-inf', now - 60)
@@ -69,9 +71,12 @@ if nreq > 0 then reset_req = tonumber(redis.call('ZRANGE', kr, 0, 0, 'WITHSCORES
 if #spends > 0 then reset_tok = tonumber(spends[2]) + 60 - now end
 return {refused, tostring(math.max(wait, 0)), nreq, ntok, nday, tostring(reset_req), tostring(reset_tok)}
 """
+)
 
 # ARGV: prefix, client, tokens, tpm?, tokens_per_day? (1: the key has that limit)
-SPEND = _COMMON + r"""
+SPEND = (
+    _COMMON
+    + r"""
 local n = tonumber(ARGV[3])
 if ARGV[4] == '1' then
   redis.call('ZADD', kt, now, redis.call('INCR', ARGV[1] .. ':rl:seq') .. ':' .. n)
@@ -83,13 +88,20 @@ if ARGV[5] == '1' then
 end
 return 1
 """
+)
 
 
 class RedisLimits:
     """RedisStore's rate limits. `local`: the process's own store (its count while Redis is away)."""
 
-    def __init__(self, link: RedisLink, local: StateStore, degraded: Callable[[], bool],
-                 degrade: Callable[[BaseException], None], background: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        local: StateStore,
+        degraded: Callable[[], bool],
+        degrade: Callable[[BaseException], None],
+        background: Callable[[Any], None],
+    ) -> None:
         self.link, self.local = link, local
         self._degraded, self._degrade, self._background = degraded, degrade, background
         self._admit = link.client.register_script(ADMIT)
@@ -114,8 +126,17 @@ class RedisLimits:
 
     async def _send(self, client: str, tokens: int, limits: Limits) -> None:
         try:
-            await self.link.call(self._spend(args=[self.link.prefix, client, tokens, int(limits.tpm is not None),
-                                                   int(limits.tokens_per_day is not None)]))
+            await self.link.call(
+                self._spend(
+                    args=[
+                        self.link.prefix,
+                        client,
+                        tokens,
+                        int(limits.tpm is not None),
+                        int(limits.tokens_per_day is not None),
+                    ]
+                )
+            )
         except (RedisError, OSError) as e:
             self.local.spend(client, tokens, limits)  # (counted here at least)
             self._degrade(e)

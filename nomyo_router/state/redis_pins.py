@@ -18,8 +18,14 @@ from .redis_reconcile import as_str
 
 
 class RedisPins:
-    def __init__(self, link: RedisLink, ttl: float, local: MemoryStore,
-                 degraded: Callable[[], bool], degrade: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        ttl: float,
+        local: MemoryStore,
+        degraded: Callable[[], bool],
+        degrade: Callable[[BaseException], None],
+    ) -> None:
         self.link = link
         self.ttl_ms = int(ttl * 1000)
         self.local = local

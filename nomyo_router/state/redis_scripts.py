@@ -26,9 +26,11 @@ Keys under the prefix P (passed as ARGV[1]):
 from .fair import PRIORITY_MAX, PRIORITY_STEP
 
 # Shared helpers, prepended to the scripts below.
-_COMMON = f"""
+_COMMON = (
+    f"""
 local FAIR_PRIORITY_MAX, FAIR_PRIORITY_STEP = {PRIORITY_MAX}, {PRIORITY_STEP}
-""" + r"""
+"""
+    + r"""
 local P = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -89,11 +91,14 @@ local function dispatch(ep, ttl)
   end
 end
 """
+)
 
 # ARGV: P, lease_ttl_ms, lease_id, max_queue, owner, order ('' = new), waiter_ttl_ms,
 #       client, priority, step (its share of the queue, fair.py),
 #       then candidates as name, loaded(0/1) pairs in the caller's (shuffled) order.
-ACQUIRE = _COMMON + r"""
+ACQUIRE = (
+    _COMMON
+    + r"""
 local ttl, id, max_queue, owner, order, waiter_ttl =
   tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7])
 local client, priority, step = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -141,18 +146,24 @@ redis.call('HSET', own, id, '')
 keep(own, math.max(ttl, waiter_ttl))
 return {'queued', tostring(order)}
 """
+)
 
 # ARGV: P, lease_ttl_ms, endpoint, lease id
-RELEASE = _COMMON + r"""
+RELEASE = (
+    _COMMON
+    + r"""
 redis.call('ZREM', P .. ':lease:' .. ARGV[3], ARGV[4])
 redis.call('HDEL', own_key(ARGV[4]), ARGV[4])
 redis.call('DEL', P .. ':granted:' .. ARGV[4])
 dispatch(ARGV[3], tonumber(ARGV[2]))
 return 1
 """
+)
 
 # A waiter gives up (timeout or client gone). ARGV: P, lease_ttl_ms, waiter id
-CANCEL = _COMMON + r"""
+CANCEL = (
+    _COMMON
+    + r"""
 local id = ARGV[3]
 redis.call('HDEL', own_key(id), id)
 if redis.call('ZREM', P .. ':queue', id) == 1 then
@@ -177,6 +188,7 @@ if ep then
 end
 return 'gone'
 """
+)
 
 # Periodic, and the reconciliation after an outage: (re-)register every lease the instance
 # holds — extended, or added back if Redis lost it or never saw it (granted locally while Redis
@@ -187,7 +199,9 @@ return 'gone'
 # ARGV: P, lease_ttl_ms, owner, max_seq, then endpoint, id pairs (endpoint '' for an id the
 #       instance waits on, queued or with its acquire under way)
 # Returns {ghosts removed, queue length, endpoint, in flight, ...}
-SWEEP = _COMMON + r"""
+SWEEP = (
+    _COMMON
+    + r"""
 local ttl, owner, max_seq = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local own = P .. ':own:' .. owner
 local known = {}
@@ -224,9 +238,12 @@ end
 out[2] = redis.call('ZCARD', P .. ':queue')
 return out
 """
+)
 
 # ARGV: P, lease_ttl_ms, endpoint, healthy (0/1)
-HEALTH = _COMMON + r"""
+HEALTH = (
+    _COMMON
+    + r"""
 if ARGV[4] == '1' then
   redis.call('SREM', P .. ':unhealthy', ARGV[3])
   dispatch(ARGV[3], tonumber(ARGV[2]))
@@ -235,6 +252,7 @@ else
 end
 return 1
 """
+)
 
 # Requests served, counted once per batch: a batch whose reply was lost is sent again with the
 # same number, and Redis skips it if it already counted it.

@@ -37,8 +37,9 @@ LEARN_TIMEOUT_S = 5.0  # how long a grant on an endpoint this worker's reload ha
 class SharedStore(StateStore):
     """State shared by the workers of one host. `base` names the lock file and the socket."""
 
-    def __init__(self, base: str, endpoints: Sequence[Endpoint], max_queue: int, pin_ttl: float,
-                 max_pins: int, pick: Picker) -> None:
+    def __init__(
+        self, base: str, endpoints: Sequence[Endpoint], max_queue: int, pin_ttl: float, max_pins: int, pick: Picker
+    ) -> None:
         """`pick`: how the routing policy chooses among free endpoints (the host grants slots)."""
         self.lock_path, self.sock_path = base + ".lock", base + ".sock"
         self.endpoints = {e.name: e for e in endpoints}
@@ -174,9 +175,16 @@ class SharedStore(StateStore):
         finally:
             self._replies.pop(rid, None)
 
-    async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None, pin: str | None = None,
-                      fair: Fair | None = None) -> Lease:
+    async def acquire(
+        self,
+        model: str,
+        candidates: Sequence[Endpoint],
+        choose: Choose,
+        timeout: float,
+        order: int | None = None,
+        pin: str | None = None,
+        fair: Fair | None = None,
+    ) -> Lease:
         table = self._table
         unhealthy = self._unhealthy
         if len(candidates) == 1:  # (the common case: straight to the locked check)
@@ -186,8 +194,11 @@ class SharedStore(StateStore):
                     self._pin_soon(pin, ep.name)
                 return Lease(self, ep)
         elif not table.waiting():  # nobody waits at the host: take a free slot right here
-            free = [e for e in candidates if e.name not in unhealthy and not table.unhealthy(e.name)
-                    and table.in_flight(e.name) < e.slots]
+            free = [
+                e
+                for e in candidates
+                if e.name not in unhealthy and not table.unhealthy(e.name) and table.in_flight(e.name) < e.slots
+            ]
             while free:
                 ep = free[0] if len(free) == 1 else choose(free)
                 if table.try_take(ep.name, ep.slots, fast=True):
@@ -230,11 +241,26 @@ class SharedStore(StateStore):
             raise
         return self.endpoints[name]
 
-    async def _wait(self, model: str, candidates: Sequence[Endpoint], timeout: float,
-                    order: int | None, pin: str | None, fair: Fair | None = None) -> dict[str, Any]:
+    async def _wait(
+        self,
+        model: str,
+        candidates: Sequence[Endpoint],
+        timeout: float,
+        order: int | None,
+        pin: str | None,
+        fair: Fair | None = None,
+    ) -> dict[str, Any]:
         rid = next(self._ids)
-        msg = {"op": "acquire", "id": rid, "model": model, "cands": [e.name for e in candidates],
-               "timeout": timeout, "order": order, "pin": pin, "fair": fair}
+        msg = {
+            "op": "acquire",
+            "id": rid,
+            "model": model,
+            "cands": [e.name for e in candidates],
+            "timeout": timeout,
+            "order": order,
+            "pin": pin,
+            "fair": fair,
+        }
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[rid] = fut
         self._acquiring[rid] = msg
@@ -313,8 +339,12 @@ class SharedStore(StateStore):
         """The host changes every worker's waiting requests at once (the first worker to
         apply a reload moves them all, in one FIFO order; the others' same message then
         changes nothing). A request the host sends back comes back here with Rehome."""
-        self._send({"op": "rehome", "changes": {m: [sorted(gone), [e.name for e in new]]
-                                                for m, (gone, new) in changes.items()}})
+        self._send(
+            {
+                "op": "rehome",
+                "changes": {m: [sorted(gone), [e.name for e in new]] for m, (gone, new) in changes.items()},
+            }
+        )
 
     def is_healthy(self, endpoint: Endpoint) -> bool:
         return endpoint.name not in self._unhealthy

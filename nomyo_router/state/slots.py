@@ -141,14 +141,14 @@ class SlotTable:
         return c
 
     def _find_column(self, name: str) -> int:
-        raw = name.encode()[:NAME - 1]
+        raw = name.encode()[: NAME - 1]
         m = self._map
         for i in range(ENDPOINTS):
             at = _NAMES + i * NAME
             if m[at] == 0:
-                m[at:at + len(raw) + 1] = raw + b"\x00"
+                m[at : at + len(raw) + 1] = raw + b"\x00"
                 break
-            if m[at:at + NAME].split(b"\x00", 1)[0] == raw:
+            if m[at : at + NAME].split(b"\x00", 1)[0] == raw:
                 break
         else:
             raise RuntimeError(f"more than {ENDPOINTS} endpoints in one slot table")
@@ -160,7 +160,7 @@ class SlotTable:
         name = self._names.get(column)
         if name is None:
             at = _NAMES + column * NAME
-            name = self._names[column] = self._map[at:at + NAME].split(b"\x00", 1)[0].decode()
+            name = self._names[column] = self._map[at : at + NAME].split(b"\x00", 1)[0].decode()
         return name
 
     # -- usage counts ------------------------------------------------------------------
@@ -173,16 +173,16 @@ class SlotTable:
 
     def _pair(self, endpoint: str, model: str) -> int:
         col = self.column(endpoint)
-        raw = struct.pack("i", col) + model.encode()[:PAIR - 5] + b"\x00"
+        raw = struct.pack("i", col) + model.encode()[: PAIR - 5] + b"\x00"
         m = self._map
         self._lock()
         try:
             for i in range(PAIRS):
                 at = _PAIRS + i * PAIR
-                rec = m[at:at + PAIR]
-                if rec[4] == 0 or rec[:len(raw)] == raw:
+                rec = m[at : at + PAIR]
+                if rec[4] == 0 or rec[: len(raw)] == raw:
                     if rec[4] == 0:
-                        m[at:at + len(raw)] = raw
+                        m[at : at + len(raw)] = raw
                     break
             else:
                 raise RuntimeError(f"more than {PAIRS} (endpoint, model) pairs in one slot table")
@@ -200,8 +200,8 @@ class SlotTable:
             if m[at + 4] == 0:
                 break
             col = struct.unpack_from("i", m, at)[0]
-            model = m[at + 4:at + PAIR].split(b"\x00", 1)[0].decode()
-            n = sum(usage[i * ROWS:(i + 1) * ROWS])
+            model = m[at + 4 : at + PAIR].split(b"\x00", 1)[0].decode()
+            n = sum(usage[i * ROWS : (i + 1) * ROWS])
             if n:
                 out.setdefault(self.name_of(col), {})[model] = n
         return out
@@ -209,10 +209,10 @@ class SlotTable:
     # -- reads (no lock: a word read is atomic; decisions that matter re-check under it) --
     def in_flight(self, name: str) -> int:
         c = self.column(name) * ROWS
-        return sum(self._held[c:c + self._rows])
+        return sum(self._held[c : c + self._rows])
 
     def waiting(self) -> int:
-        return sum(self._waiting[:self._rows])
+        return sum(self._waiting[: self._rows])
 
     def unhealthy(self, name: str) -> bool:
         return self._unhealthy[self.column(name)] != 0
@@ -231,7 +231,7 @@ class SlotTable:
             rows = self._meta[2]
             if fast and any(self._waiting[:rows]):
                 return False
-            if self._unhealthy[c] or sum(held[at:at + rows]) >= slots:
+            if self._unhealthy[c] or sum(held[at : at + rows]) >= slots:
                 return False
             held[at + (self.row if row is None else row)] += 1
             return True
@@ -249,7 +249,7 @@ class SlotTable:
         try:
             if self._held[at] > 0:
                 self._held[at] -= 1
-            return any(self._waiting[:self._meta[2]])
+            return any(self._waiting[: self._meta[2]])
         finally:
             flock(self.fd, LOCK_UN)
 

@@ -35,8 +35,15 @@ class StatusError(h1.ClientError):
 
 
 class Discovery:
-    def __init__(self, endpoints: Sequence[Endpoint], upstream: h1.Upstream,
-                 store: StateStore, scheduler: Scheduler, config: RouterConfig, health: Health) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        upstream: h1.Upstream,
+        store: StateStore,
+        scheduler: Scheduler,
+        config: RouterConfig,
+        health: Health,
+    ) -> None:
         self.endpoints = list(endpoints)
         self.health = health
         self.upstream = upstream
@@ -57,9 +64,11 @@ class Discovery:
         (Known to the other workers first, so no change made meanwhile passes us by.)"""
         self.sync.start()
         await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
-        self._tasks = [asyncio.create_task(self._every(self.config.health_interval, self._probe_all)),
-                       asyncio.create_task(self._every(self.config.probe_interval_down, self._probe_down)),
-                       asyncio.create_task(self._periodic(self.config.model_refresh_interval))]
+        self._tasks = [
+            asyncio.create_task(self._every(self.config.health_interval, self._probe_all)),
+            asyncio.create_task(self._every(self.config.probe_interval_down, self._probe_down)),
+            asyncio.create_task(self._periodic(self.config.model_refresh_interval)),
+        ]
 
     async def stop(self) -> None:
         self.sync.stop()
@@ -111,8 +120,9 @@ class Discovery:
         """Re-discover these endpoints now (model management just changed them), and return
         once every other worker has applied the new lists too."""
         snaps = await asyncio.gather(*(self._refresh(ep) for ep in endpoints))
-        await self.sync.share({ep: s for ep, s in zip(endpoints, snaps, strict=True) if s is not None}, wait=True,
-                              full=False)
+        await self.sync.share(
+            {ep: s for ep, s in zip(endpoints, snaps, strict=True) if s is not None}, wait=True, full=False
+        )
 
     async def fresh_ps(self, max_age: float = 1.0) -> None:
         """Make every Ollama endpoint's /api/ps at most `max_age` s old (for GET /api/ps and
@@ -120,7 +130,8 @@ class Discovery:
         if self._ps_round is None or (self._ps_round.done() and time.monotonic() - self._ps_at > max_age):
             self._ps_at = time.monotonic()
             self._ps_round = asyncio.ensure_future(
-                asyncio.gather(*(self._ps(ep) for ep in self.endpoints if ep.type == "ollama")))
+                asyncio.gather(*(self._ps(ep) for ep in self.endpoints if ep.type == "ollama"))
+            )
         await asyncio.shield(self._ps_round)
 
     async def _ps(self, ep: Endpoint) -> None:
@@ -155,8 +166,7 @@ class Discovery:
             else:
                 await self._get(ep, "/api/version" if ep.type == "ollama" else "/v1/models")
         except Exception as e:
-            self.health.probe(ep, False, _describe(e), timed_out=isinstance(e, TimeoutError),
-                              started=started)
+            self.health.probe(ep, False, _describe(e), timed_out=isinstance(e, TimeoutError), started=started)
             return
         finally:
             self._probing.discard(ep)
@@ -198,8 +208,9 @@ class Discovery:
                 data = await self._get(ep, "/v1/models")
                 snap["openai"] = [m for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
         except Exception as e:
-            log.warning("endpoint %s: model refresh failed (%s); keeping %d known models",
-                        ep.name, _describe(e), len(ep.models))
+            log.warning(
+                "endpoint %s: model refresh failed (%s); keeping %d known models", ep.name, _describe(e), len(ep.models)
+            )
             self.health.probe(ep, False, _describe(e), timed_out=isinstance(e, TimeoutError))
             self.scheduler.reindex()
             return None

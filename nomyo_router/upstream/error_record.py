@@ -38,8 +38,11 @@ MARK = b'"error"'
 try:
     from ._pump import marked as marked  # marked(data) -> whether `data` holds MARK (re-exported)
 except ImportError:  # built without a C compiler
+
     def marked(data: bytes, /) -> bool:
         return data.find(MARK) >= 0
+
+
 EVENT = "error_record"  # nomyo_router_events_total{what=...}: per endpoint, its error records
 
 
@@ -47,8 +50,9 @@ def failed(obj: object) -> bool:
     """A parsed record or answer that is an error: `{"error": <something>}` (Ollama, OpenAI,
     vLLM, Anthropic's error event), vLLM's older `{"object": "error", ...}`, or an event of
     type "error" (the Responses API's)."""
-    return isinstance(obj, dict) and (bool(obj.get("error")) or obj.get("object") == "error"
-                                      or obj.get("type") == "error")
+    return isinstance(obj, dict) and (
+        bool(obj.get("error")) or obj.get("object") == "error" or obj.get("type") == "error"
+    )
 
 
 def is_error(record: bytes) -> bool:

@@ -56,6 +56,7 @@ def record_too_large(limit: int) -> TooLarge:
 
 class Timeout(NamedTuple):
     """Connect and per-read limits in seconds (None: none); the names of aiohttp's `ClientTimeout`."""
+
     sock_connect: float | None = None
     sock_read: float | None = None
 

@@ -63,15 +63,39 @@ class TimeoutLike(Protocol):
     @property
     def sock_read(self) -> float | None: ...
 
+
 HIGH_WATER = 256 * 1024  # buffered body bytes before reading pauses
 IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop them)
 FETCH_LIMIT = 64 * 1024 * 1024  # `fetch`'s answers (model lists, /api/show): a larger one is an error
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("transport", "parser", "chunks", "size", "status", "headers", "head", "waiter", "eof",
-                 "keep", "lost", "error", "paused", "got_bytes", "idle_since", "deadline", "timer", "sink", "read_s",
-                 "due", "until", "loop", "edge", "interim")
+    __slots__ = (
+        "transport",
+        "parser",
+        "chunks",
+        "size",
+        "status",
+        "headers",
+        "head",
+        "waiter",
+        "eof",
+        "keep",
+        "lost",
+        "error",
+        "paused",
+        "got_bytes",
+        "idle_since",
+        "deadline",
+        "timer",
+        "sink",
+        "read_s",
+        "due",
+        "until",
+        "loop",
+        "edge",
+        "interim",
+    )
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -287,9 +311,17 @@ class Pool:
             raise Unreachable(f"cannot connect to {self.host}:{self.port}: {type(e).__name__}: {e}") from None
         return conn
 
-    async def request(self, method: bytes, path: str, body: bytes | None, connect_s: float | None,
-                      read_s: float | None, ctype: str | None = None, within: float | None = None,
-                      extra: bytes = b"") -> Response:
+    async def request(
+        self,
+        method: bytes,
+        path: str,
+        body: bytes | None,
+        connect_s: float | None,
+        read_s: float | None,
+        ctype: str | None = None,
+        within: float | None = None,
+        extra: bytes = b"",
+    ) -> Response:
         """`body` None: no body and no content headers (GET). `ctype`: the body's content type
         when it is not the endpoint's (JSON). `within`: seconds from now by which the head and
         every read of the answer must have come (TimeoutError), until `Response.unbound()` —
@@ -300,8 +332,19 @@ class Pool:
             data = b"".join((method, b" ", target, b" HTTP/1.1\r\n", self._head, extra, b"\r\n"))
         else:
             content_type = self._ctype if ctype is None else b"Content-Type: %s\r\n" % ctype.encode("latin-1")
-            data = b"".join((method, b" ", target, b" HTTP/1.1\r\n", self._head, extra,
-                             content_type, b"Content-Length: %d\r\n\r\n" % len(body), body))
+            data = b"".join(
+                (
+                    method,
+                    b" ",
+                    target,
+                    b" HTTP/1.1\r\n",
+                    self._head,
+                    extra,
+                    content_type,
+                    b"Content-Length: %d\r\n\r\n" % len(body),
+                    body,
+                )
+            )
         conn = self._reuse()
         reused = conn is not None
         until = None if conn is None or within is None else conn.loop.time() + within
@@ -350,14 +393,22 @@ class Upstream:
             pool = self._pools[ep] = Pool(ep.url, ep.headers)
         return pool
 
-    async def post(self, ep: Endpoint, path: str, body: bytes, timeout: TimeoutLike, ctype: str | None = None,
-                   within: float | None = None) -> Response:
+    async def post(
+        self,
+        ep: Endpoint,
+        path: str,
+        body: bytes,
+        timeout: TimeoutLike,
+        ctype: str | None = None,
+        within: float | None = None,
+    ) -> Response:
         """`within`: see `Pool.request`."""
         pool = self._pools.get(ep) or self.pool(ep)
         return await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype, within)
 
-    async def fetch(self, ep: Endpoint, path: str, body: bytes | None = None, *,
-                    total: float | None) -> tuple[int, Headers, bytes]:
+    async def fetch(
+        self, ep: Endpoint, path: str, body: bytes | None = None, *, total: float | None
+    ) -> tuple[int, Headers, bytes]:
         """A whole answer (status, headers, body) within `total` seconds (TimeoutError after):
         GET without a body, POST with one. TooLarge beyond FETCH_LIMIT bytes."""
         async with asyncio.timeout(total):

@@ -78,8 +78,8 @@ class Response:
         self._line = b""
         i = buf.find(b"\n")
         if i >= 0:
-            self._line = buf[i + 1:]
-            return buf[:i + 1]
+            self._line = buf[i + 1 :]
+            return buf[: i + 1]
         parts, size = [buf], len(buf)
         while True:
             if limit and size > limit:
@@ -91,8 +91,8 @@ class Response:
             if i >= 0:
                 if limit and size + i + 1 > limit:
                     raise record_too_large(limit)
-                self._line = piece[i + 1:]
-                parts.append(piece[:i + 1])
+                self._line = piece[i + 1 :]
+                parts.append(piece[: i + 1])
                 return b"".join(parts)
             parts.append(piece)
             size += len(piece)
@@ -136,8 +136,17 @@ class Response:
         two chunks with nothing unread, else None (go on reading here). Reading through the
         transport pauses until `attach`. Not over TLS (the socket carries ciphertext)."""
         c = self._conn
-        if (not c.edge or c.chunks or self._line or c.eof or c.error is not None or c.lost or c.paused
-                or c.transport is None or c.headers.get("transfer-encoding") != "chunked"):
+        if (
+            not c.edge
+            or c.chunks
+            or self._line
+            or c.eof
+            or c.error is not None
+            or c.lost
+            or c.paused
+            or c.transport is None
+            or c.headers.get("transfer-encoding") != "chunked"
+        ):
             return None
         sock = c.transport.get_extra_info("socket")
         # (TLS: the bytes on the socket are ciphertext)

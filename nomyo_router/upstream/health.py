@@ -54,8 +54,9 @@ class _State:
 
 
 class Health:
-    def __init__(self, endpoints: Sequence[Endpoint], store: StateStore, events: Events,
-                 config: RouterConfig, lag: LoopLag) -> None:
+    def __init__(
+        self, endpoints: Sequence[Endpoint], store: StateStore, events: Events, config: RouterConfig, lag: LoopLag
+    ) -> None:
         self.endpoints = endpoints
         self.store = store
         self.events = events
@@ -104,8 +105,9 @@ class Health:
             self._eject(ep, st, reason, unreachable)
 
     # ---- from probes ------------------------------------------------------------------
-    def probe(self, ep: Endpoint, ok: bool, reason: str = "", timed_out: bool = False,
-              started: float | None = None) -> None:
+    def probe(
+        self, ep: Endpoint, ok: bool, reason: str = "", timed_out: bool = False, started: float | None = None
+    ) -> None:
         st = self._get(ep)
         now = time.monotonic()
         if ok:
@@ -122,9 +124,12 @@ class Health:
                 self.store.set_healthy(ep, True)  # e.g. another worker's verdict, now stale
             return
         if timed_out and self._probe_void(st, started):
-            log.info("endpoint %s: probe timed out but the verdict is void (loop lag %.0f ms, "
-                     "last success %.1f s ago)", ep.name, self.lag.recent_max(started) * 1000,
-                     now - st.last_ok if st.last_ok else -1)
+            log.info(
+                "endpoint %s: probe timed out but the verdict is void (loop lag %.0f ms, last success %.1f s ago)",
+                ep.name,
+                self.lag.recent_max(started) * 1000,
+                now - st.last_ok if st.last_ok else -1,
+            )
             return
         if st.state == "healthy":
             self._eject(ep, st, f"probe failed: {reason}", unreachable=not timed_out)
@@ -161,8 +166,14 @@ class Health:
         st.unreachable = unreachable
         st.ejections += 1
         self.events.count("ejection", ep.name, "")
-        self._set(ep, st, "ejected", f"{reason} ({st.failures} consecutive; back in "
-                                     f"{st.backoff:g}s at the latest)" if not unreachable else reason)
+        self._set(
+            ep,
+            st,
+            "ejected",
+            f"{reason} ({st.failures} consecutive; back in {st.backoff:g}s at the latest)"
+            if not unreachable
+            else reason,
+        )
 
     def _last_for_a_model(self, ep: Endpoint) -> bool:
         for key in ep.models:
@@ -194,6 +205,11 @@ class Health:
         out: dict[str, Any] = {}
         for ep in self.endpoints:
             st = self._get(ep)
-            out[ep.name] = {"state": st.state, "since": round(st.since, 3), "reason": st.reason,
-                            "consecutive_failures": st.failures, "ejections": st.ejections}
+            out[ep.name] = {
+                "state": st.state,
+                "since": round(st.since, 3),
+                "reason": st.reason,
+                "consecutive_failures": st.failures,
+                "ejections": st.ejections,
+            }
         return out

@@ -108,8 +108,13 @@ class ModelSync:
     `reindex()`: rebuild the routing index; `refetch(ep)`: read one endpoint from its backend
     (applying and returning what it found, or None)."""
 
-    def __init__(self, store: StateStore, endpoints: Callable[[], Sequence[Endpoint]],
-                 reindex: Callable[[], None], refetch: Callable[[Endpoint], Awaitable[Snapshot | None]]) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        endpoints: Callable[[], Sequence[Endpoint]],
+        reindex: Callable[[], None],
+        refetch: Callable[[Endpoint], Awaitable[Snapshot | None]],
+    ) -> None:
         self.store = store
         self.endpoints = endpoints
         self.reindex = reindex
@@ -184,8 +189,13 @@ class ModelSync:
         finally:
             self._pending.pop(seq, None)
         if not fut.done():
-            log.warning("%d worker(s) did not confirm new model lists within %.0f s (%s); not waited "
-                        "for until heard from again", len(expected), ACK_TIMEOUT_S, ", ".join(sorted(expected)))
+            log.warning(
+                "%d worker(s) did not confirm new model lists within %.0f s (%s); not waited "
+                "for until heard from again",
+                len(expected),
+                ACK_TIMEOUT_S,
+                ", ".join(sorted(expected)),
+            )
             self.peers -= expected
 
     # ---- periodic refresh ---------------------------------------------------------------

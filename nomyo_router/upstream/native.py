@@ -81,9 +81,16 @@ def _pump_of(upstream: h1.Upstream, loop: asyncio.AbstractEventLoop) -> Pump:
     return upstream.pump
 
 
-async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: bytes, pending: bytes,
-                keep: Callable[[bytes], None], limit: int = 0,
-                check: Check | None = None) -> bytes | None:
+async def relay(
+    upstream: h1.Upstream,
+    resp: h1.Response,
+    writer: Any,
+    sep: bytes,
+    pending: bytes,
+    keep: Callable[[bytes], None],
+    limit: int = 0,
+    check: Check | None = None,
+) -> bytes | None:
     """Relay the rest of `resp`'s body to the client through `writer`'s transport (a
     protocol.BodyWriter), `pending` (a record's beginning) first. `sep`: records end with it
     and only whole ones are written (b"": bytes as they come). `keep` gets what was written,
@@ -141,8 +148,9 @@ async def relay(upstream: h1.Upstream, resp: h1.Response, writer: Any, sep: byte
         raise asyncio.CancelledError("the client's connection failed")
     if event == _pump.LONG:
         raise h1.record_too_large(limit)
-    raise h1.Cut("the backend closed the connection mid-answer" if event == _pump.CUT
-                 else "bad chunked body from the backend")
+    raise h1.Cut(
+        "the backend closed the connection mid-answer" if event == _pump.CUT else "bad chunked body from the backend"
+    )
 
 
 class _Idle:
@@ -154,8 +162,9 @@ class _Idle:
 
     __slots__ = ("pump", "handle", "fut", "read_s", "loop", "timer")
 
-    def __init__(self, pump: Any, handle: int, fut: asyncio.Future[int], read_s: float,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, pump: Any, handle: int, fut: asyncio.Future[int], read_s: float, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self.pump, self.handle, self.fut, self.read_s, self.loop = pump, handle, fut, read_s, loop
         self.timer: asyncio.TimerHandle | None = loop.call_at(loop.time() + read_s, self.check)
 

@@ -40,8 +40,12 @@ class ProgressMerge:
             completed = completed if isinstance(completed, int) and completed >= 0 else 0
             size = self.sizes.setdefault(digest, total)
             self.done.setdefault(digest, {})[name] = min(completed, size)
-            merged = {"status": status, "digest": digest, "total": size * len(self.names),
-                      "completed": sum(self.done[digest].values())}
+            merged = {
+                "status": status,
+                "digest": digest,
+                "total": size * len(self.names),
+                "completed": sum(self.done[digest].values()),
+            }
             return _dump(merged)
         if status == "success":
             self.succeeded.append(name)

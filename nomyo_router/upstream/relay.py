@@ -45,11 +45,11 @@ class Records:
     An error record (error_record.py) ends the stream: the records before it go out, it is
     kept in `error` (not sent, not in `sent`), what follows it is dropped."""
 
-    __slots__ = ("sep", "seam", "sent", "strip", "head", "parts", "held", "limit", "busy", "writer", "plain",
-                 "error")
+    __slots__ = ("sep", "seam", "sent", "strip", "head", "parts", "held", "limit", "busy", "writer", "plain", "error")
 
-    def __init__(self, sep: bytes, seam: Seam | None, sent: Sent, strip: usage.Strip | None,
-                 writer: Any = None, limit: int = 0) -> None:
+    def __init__(
+        self, sep: bytes, seam: Seam | None, sent: Sent, strip: usage.Strip | None, writer: Any = None, limit: int = 0
+    ) -> None:
         self.sep, self.seam, self.sent, self.strip, self.writer = sep, seam, sent, strip, writer
         self.head = b""  # a record's beginning, in one piece, waiting for its end
         self.parts: list[bytes] = []  # ... or in several (then `head` is empty)
@@ -95,7 +95,7 @@ class Records:
                 if not out:
                     return b""
         if self.seam is not None:
-            out = b"".join(self.seam.record(r + sep) for r in out[:-len(sep)].split(sep))
+            out = b"".join(self.seam.record(r + sep) for r in out[: -len(sep)].split(sep))
         if self.strip is not None:
             out = self.strip.records(out, sep)
         if out:
@@ -194,8 +194,9 @@ def _why(e: BaseException | bool | None) -> str:
     """`e`: what broke the stream; True or None: a cut no other endpoint could continue."""
     if isinstance(e, TooLarge):
         return "backend stream failed: " + str(e)
-    return "backend stream failed: " + (type(e).__name__ if isinstance(e, BaseException) else
-                                        "cut, and no other endpoint could continue it")
+    return "backend stream failed: " + (
+        type(e).__name__ if isinstance(e, BaseException) else "cut, and no other endpoint could continue it"
+    )
 
 
 def ndjson_error(e: BaseException | bool | None) -> bytes:

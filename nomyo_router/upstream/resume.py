@@ -87,7 +87,7 @@ class Sent:
         if not self.whole:  # only the final record matters (its counts): cut now and then
             self.tail += data
             if len(self.tail) > 2 * self.LAST:
-                self.tail = self.tail[-self.LAST:]
+                self.tail = self.tail[-self.LAST :]
             return
         self.tail += data
         if len(self.tail) > self.BLOCK:
@@ -97,7 +97,7 @@ class Sent:
             self.tail = self.tail[cut:]  # a new small buffer: `del` would keep the large one
 
     def last(self) -> bytes:
-        return bytes(self.tail if self.whole else self.tail[-self.LAST:])
+        return bytes(self.tail if self.whole else self.tail[-self.LAST :])
 
     def all(self) -> bytes:
         return b"".join(zlib.decompress(b, -15) for b in self.blocks) + bytes(self.tail)
@@ -149,8 +149,13 @@ class Seam:
             choices = obj.get("choices") or []
             if choices and isinstance(choices[0], dict):
                 delta = choices[0].get("delta")
-                if isinstance(delta, dict) and "role" in delta and not delta.get("content") \
-                        and not delta.get("tool_calls") and choices[0].get("finish_reason") is None:
+                if (
+                    isinstance(delta, dict)
+                    and "role" in delta
+                    and not delta.get("content")
+                    and not delta.get("tool_calls")
+                    and choices[0].get("finish_reason") is None
+                ):
                     return b""  # the continuation's own opening: the client had one already
             usage = obj.get("usage")
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
@@ -175,8 +180,16 @@ class Resumer:
     `call(ep, path, body)` sends one stream request and returns (response, first chunk),
     raising on anything but a good start (the proxy's own `_call`, with its deadline)."""
 
-    def __init__(self, scheduler: Any, health: Any, events: Any, call: Any, max_attempts: int,
-                 upstream: h1.Upstream | None = None, record_limit: int = 0) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        health: Any,
+        events: Any,
+        call: Any,
+        max_attempts: int,
+        upstream: h1.Upstream | None = None,
+        record_limit: int = 0,
+    ) -> None:
         self.record_limit = record_limit  # max_record_bytes (0: none)
         self.scheduler = scheduler
         self.upstream = upstream  # for native.py's relay (None: the relay stays in Python)
@@ -185,9 +198,19 @@ class Resumer:
         self.call = call
         self.max_attempts = max_attempts
 
-    async def relay(self, req: Any, ctx: Any, rec: Any, ep: Any, resp: Any, first: bytes,
-                    send: Any, strip: usage.Strip | None = None, writer: Any = None,
-                    lease: Any = None) -> bool | h1.TooLarge | ErrorRecord:
+    async def relay(
+        self,
+        req: Any,
+        ctx: Any,
+        rec: Any,
+        ep: Any,
+        resp: Any,
+        first: bytes,
+        send: Any,
+        strip: usage.Strip | None = None,
+        writer: Any = None,
+        lease: Any = None,
+    ) -> bool | h1.TooLarge | ErrorRecord:
         """Relay `resp` (already started) to the client; True when it ended broken, or what
         ended it: the `TooLarge` (a record beyond max_record_bytes: not resumed), the
         backend's `ErrorRecord` when no other endpoint continued the stream (the caller sends
@@ -202,8 +225,7 @@ class Resumer:
         leases = []
         try:
             while True:
-                broke = await _pump(resp, first, sep, seam, sent, send, strip, writer, self.upstream,
-                                    self.record_limit)
+                broke = await _pump(resp, first, sep, seam, sent, send, strip, writer, self.upstream, self.record_limit)
                 if broke is None:
                     resp.release()
                     if seam is not None:
@@ -263,9 +285,18 @@ class Resumer:
         return None
 
 
-async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Sent,
-                send: Any, strip: usage.Strip | None = None, writer: Any = None,
-                upstream: h1.Upstream | None = None, limit: int = 0) -> BaseException | None:
+async def _pump(
+    resp: Any,
+    first: bytes,
+    sep: bytes,
+    seam: Seam | None,
+    sent: Sent,
+    send: Any,
+    strip: usage.Strip | None = None,
+    writer: Any = None,
+    upstream: h1.Upstream | None = None,
+    limit: int = 0,
+) -> BaseException | None:
     """Send whole records of `resp` on (keeping what was sent); None when it ended, else what
     broke it. With a `writer` (relay.py), pieces go from the connection's callback straight
     to the client; with `upstream` too, the rest of a plain stream goes through native.py.
@@ -283,8 +314,7 @@ async def _pump(resp: Any, first: bytes, sep: bytes, seam: Seam | None, sent: Se
                 break
             if writer is not None:
                 if upstream is not None and whole.plain:
-                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add, limit,
-                                              CHECKS[sep])
+                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add, limit, CHECKS[sep])
                     if rest is not None:
                         whole.pending = rest
                         break

@@ -34,9 +34,9 @@ class ManageSession:
 
 def create_session(config: RouterConfig) -> aiohttp.ClientSession:
     import aiohttp
+
     # limit=0: admission is ours; aiohttp's default of 100 would silently cap concurrent streams.
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300,
-                                     keepalive_timeout=75)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=75)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout),

@@ -22,23 +22,50 @@ from datetime import UTC, datetime
 from typing import Any
 
 # Ollama route kind -> the OpenAI path that does the same job
-OPENAI_PATH = {"chat": "/v1/chat/completions", "generate": "/v1/completions",
-               "embed": "/v1/embeddings", "embeddings": "/v1/embeddings"}
+OPENAI_PATH = {
+    "chat": "/v1/chat/completions",
+    "generate": "/v1/completions",
+    "embed": "/v1/embeddings",
+    "embeddings": "/v1/embeddings",
+}
 
 # Ollama option -> OpenAI-compatible body field(s): OpenAI's own, then vLLM's and llama.cpp's
 # extra sampling fields (each server ignores or accepts the other's names).
 OPTION_MAP: dict[str, tuple[str, ...]] = {
-    "num_predict": ("max_tokens",), "temperature": ("temperature",), "top_p": ("top_p",),
-    "stop": ("stop",), "seed": ("seed",), "frequency_penalty": ("frequency_penalty",),
-    "presence_penalty": ("presence_penalty",), "top_k": ("top_k",), "min_p": ("min_p",),
-    "typical_p": ("typical_p",), "repeat_penalty": ("repetition_penalty", "repeat_penalty"),
-    "repeat_last_n": ("repeat_last_n",), "tfs_z": ("tfs_z",), "mirostat": ("mirostat_mode", "mirostat"),
-    "mirostat_tau": ("mirostat_tau",), "mirostat_eta": ("mirostat_eta",), "num_keep": ("n_keep",),
+    "num_predict": ("max_tokens",),
+    "temperature": ("temperature",),
+    "top_p": ("top_p",),
+    "stop": ("stop",),
+    "seed": ("seed",),
+    "frequency_penalty": ("frequency_penalty",),
+    "presence_penalty": ("presence_penalty",),
+    "top_k": ("top_k",),
+    "min_p": ("min_p",),
+    "typical_p": ("typical_p",),
+    "repeat_penalty": ("repetition_penalty", "repeat_penalty"),
+    "repeat_last_n": ("repeat_last_n",),
+    "tfs_z": ("tfs_z",),
+    "mirostat": ("mirostat_mode", "mirostat"),
+    "mirostat_tau": ("mirostat_tau",),
+    "mirostat_eta": ("mirostat_eta",),
+    "num_keep": ("n_keep",),
     "penalize_newline": ("penalize_nl",),
 }
 # Server-side settings no OpenAI-compatible server takes per request: dropped.
-UNMAPPED = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "num_thread", "use_mmap",
-            "use_mlock", "numa", "vocab_only", "f16_kv", "logits_all")
+UNMAPPED = (
+    "num_ctx",
+    "num_batch",
+    "num_gpu",
+    "main_gpu",
+    "low_vram",
+    "num_thread",
+    "use_mmap",
+    "use_mlock",
+    "numa",
+    "vocab_only",
+    "f16_kv",
+    "logits_all",
+)
 
 
 def _now_iso() -> str:
@@ -82,8 +109,7 @@ def request_to_openai(kind: str, body: dict[str, Any], model: str, stream: bool)
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}
     elif isinstance(fmt, dict):
-        out["response_format"] = {"type": "json_schema",
-                                  "json_schema": {"name": "response", "schema": fmt}}
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "response", "schema": fmt}}
     return json.dumps(out).encode()
 
 
@@ -100,8 +126,11 @@ def messages_to_openai(messages: list[Any]) -> list[Any]:
         images = m.get("images")
         if images:
             parts: list[dict[str, Any]] = [{"type": "text", "text": msg["content"]}]
-            parts += [{"type": "image_url", "image_url": {"url": f"data:{_mime(img)};base64,{img}"}}
-                      for img in images if isinstance(img, str)]
+            parts += [
+                {"type": "image_url", "image_url": {"url": f"data:{_mime(img)};base64,{img}"}}
+                for img in images
+                if isinstance(img, str)
+            ]
             msg["content"] = parts
         calls = m.get("tool_calls")
         if role == "assistant" and isinstance(calls, list) and calls:
@@ -112,8 +141,13 @@ def messages_to_openai(messages: list[Any]) -> list[Any]:
                 count += 1
                 args = fn.get("arguments", {})
                 arguments = args if isinstance(args, str) else json.dumps(args)
-                msg["tool_calls"].append({"id": call_id, "type": "function",
-                                          "function": {"name": fn.get("name", ""), "arguments": arguments}})
+                msg["tool_calls"].append(
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": fn.get("name", ""), "arguments": arguments},
+                    }
+                )
                 pending.append((str(fn.get("name", "")), call_id))
             msg["content"] = msg["content"] or ""  # a string: llama-cpp-python refuses null here
         elif role == "tool":
@@ -145,8 +179,14 @@ def _split(elapsed_ns: int, usage: Any, first_ns: int | None = None) -> dict[str
     if first_ns is None:
         first_ns = elapsed_ns * p // (p + 8 * c) if p + c else 0
     first_ns = max(0, min(first_ns, elapsed_ns))
-    return {"total_duration": elapsed_ns, "load_duration": 0, "prompt_eval_count": p,
-            "prompt_eval_duration": first_ns, "eval_count": c, "eval_duration": elapsed_ns - first_ns}
+    return {
+        "total_duration": elapsed_ns,
+        "load_duration": 0,
+        "prompt_eval_count": p,
+        "prompt_eval_duration": first_ns,
+        "eval_count": c,
+        "eval_duration": elapsed_ns - first_ns,
+    }
 
 
 def _calls_to_ollama(calls: Any) -> list[dict[str, Any]]:
@@ -159,8 +199,9 @@ def _calls_to_ollama(calls: Any) -> list[dict[str, Any]]:
                 args = json.loads(args) if args.strip() else {}
             except ValueError:
                 args = {"_raw": args}  # the model wrote invalid JSON: keep it, as an object
-        call: dict[str, Any] = {"function": {"index": i, "name": fn.get("name", ""),
-                                             "arguments": args if isinstance(args, dict) else {}}}
+        call: dict[str, Any] = {
+            "function": {"index": i, "name": fn.get("name", ""), "arguments": args if isinstance(args, dict) else {}}
+        }
         if isinstance(tc, dict) and tc.get("id"):
             call["id"] = tc["id"]
         out.append(call)
@@ -174,9 +215,13 @@ def response_to_ollama(kind: str, data: Any, model: str, elapsed_ns: int) -> dic
     if kind == "embeddings":
         return {"embedding": data["data"][0]["embedding"] if data.get("data") else []}
     if kind == "embed":
-        return {"model": model, "embeddings": [d["embedding"] for d in data.get("data", [])],
-                "total_duration": elapsed_ns, "load_duration": 0,
-                "prompt_eval_count": int((data.get("usage") or {}).get("prompt_tokens") or 0)}
+        return {
+            "model": model,
+            "embeddings": [d["embedding"] for d in data.get("data", [])],
+            "total_duration": elapsed_ns,
+            "load_duration": 0,
+            "prompt_eval_count": int((data.get("usage") or {}).get("prompt_tokens") or 0),
+        }
     choice = (data.get("choices") or [{}])[0]
     out: dict[str, Any] = {"model": model, "created_at": _now_iso()}
     if kind == "chat":
@@ -189,8 +234,9 @@ def response_to_ollama(kind: str, data: Any, model: str, elapsed_ns: int) -> dic
             out["message"]["tool_calls"] = _calls_to_ollama(msg["tool_calls"])
     else:
         out["response"] = choice.get("text") or ""
-    out.update(done=True, done_reason=_done_reason(choice.get("finish_reason")),
-               **_split(elapsed_ns, data.get("usage")))
+    out.update(
+        done=True, done_reason=_done_reason(choice.get("finish_reason")), **_split(elapsed_ns, data.get("usage"))
+    )
     return out
 
 
@@ -288,11 +334,23 @@ class SseToNdjson:
         self.done = True
         out = b""
         if self.calls:  # one chunk with every call, as Ollama streams them
-            calls = _calls_to_ollama([{"id": c["id"], "function": {"name": c["name"], "arguments": c["arguments"]}}
-                                      for _, c in sorted(self.calls.items())])
-            out = json.dumps({"model": self.model, "created_at": self.created_at,
-                              "message": {"role": "assistant", "content": "", "tool_calls": calls},
-                              "done": False}).encode() + b"\n"
+            calls = _calls_to_ollama(
+                [
+                    {"id": c["id"], "function": {"name": c["name"], "arguments": c["arguments"]}}
+                    for _, c in sorted(self.calls.items())
+                ]
+            )
+            out = (
+                json.dumps(
+                    {
+                        "model": self.model,
+                        "created_at": self.created_at,
+                        "message": {"role": "assistant", "content": "", "tool_calls": calls},
+                        "done": False,
+                    }
+                ).encode()
+                + b"\n"
+            )
         chunk: dict[str, Any] = {"model": self.model, "created_at": _now_iso()}
         if self.kind == "chat":
             chunk["message"] = {"role": "assistant", "content": ""}
@@ -301,6 +359,7 @@ class SseToNdjson:
         now = time.perf_counter()
         first = None if self.first is None else int((self.first - self.t0) * 1e9)
         usage = self.usage if isinstance(self.usage, dict) else {"completion_tokens": self.pieces}
-        chunk.update(done=True, done_reason=_done_reason(self.finish),
-                     **_split(int((now - self.t0) * 1e9), usage, first))
+        chunk.update(
+            done=True, done_reason=_done_reason(self.finish), **_split(int((now - self.t0) * 1e9), usage, first)
+        )
         return out + json.dumps(chunk).encode() + b"\n"

@@ -28,8 +28,9 @@ def is_unload(kind: str, api: str, body: dict[str, Any]) -> bool:
     return not body.get("messages") and not body.get("prompt")
 
 
-async def unload(upstream: h1.Upstream, endpoints: Sequence[Endpoint], path: str, key: str,
-                 raw: bytes) -> tuple[int, bytes]:
+async def unload(
+    upstream: h1.Upstream, endpoints: Sequence[Endpoint], path: str, key: str, raw: bytes
+) -> tuple[int, bytes]:
     loaded = [ep for ep in endpoints if ep.type == "ollama" and key in ep.loaded]
     targets = loaded or [ep for ep in endpoints if ep.type == "ollama" and ep.serves(key)][:1]
 
@@ -39,6 +40,7 @@ async def unload(upstream: h1.Upstream, endpoints: Sequence[Endpoint], path: str
             ep.loaded = ep.loaded - {key}
             ep.ps = [m for m in ep.ps if model_key(str(m.get("model") or m.get("name") or "")) != key]
         return status, body
+
     results = await asyncio.gather(*(one(ep) for ep in targets), return_exceptions=True)
     answers = [r for r in results if isinstance(r, tuple)]
     ok = [a for a in answers if a[0] == 200]

@@ -74,7 +74,7 @@ class Strip:
         if b'"usage":{' not in out and b'"usage": {' not in out:
             return out  # the common case: one substring search per relayed piece
         kept = []
-        for rec in out[:-len(sep)].split(sep):
+        for rec in out[: -len(sep)].split(sep):
             if self._usage_only(rec):
                 self.removed += rec + sep
             else:

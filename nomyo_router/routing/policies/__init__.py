@@ -9,15 +9,15 @@ from .cache_aware import CacheAware
 from .least_busy import LeastBusy
 from .sglang import SGLangCacheAware
 
-POLICIES: dict[str, type[Policy]] = {"cache_aware": CacheAware, "least_busy": LeastBusy,
-                             "sglang": SGLangCacheAware}
-
+POLICIES: dict[str, type[Policy]] = {"cache_aware": CacheAware, "least_busy": LeastBusy, "sglang": SGLangCacheAware}
 
 
 def picker(policy: Policy) -> Picker:
     """`policy` as the shared-state host asks for a choice: by model alone."""
+
     def pick(model: str, free: Sequence[Endpoint], in_flight: Callable[[Endpoint], int]) -> Endpoint:
         return policy.choose(RouteContext(model=model, api="", kind=""), free, in_flight)
+
     return pick
 
 
@@ -25,6 +25,7 @@ def make_policy(name: str, kv_cache_tokens: dict[str, int] | None = None) -> Pol
     """The policy named in config (`routing`); prefix-aware ones get each endpoint's KV size."""
     if name == "cache_aware":
         from ..prefix_index import PrefixIndex
+
         return CacheAware(PrefixIndex(kv_cache_tokens))
     return POLICIES[name]()
 

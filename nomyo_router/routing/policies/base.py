@@ -41,5 +41,4 @@ class RouteContext:
 class Policy(Protocol):
     name: str
 
-    def choose(self, ctx: RouteContext, free: Sequence[Endpoint],
-               in_flight: Callable[[Endpoint], int]) -> Endpoint: ...
+    def choose(self, ctx: RouteContext, free: Sequence[Endpoint], in_flight: Callable[[Endpoint], int]) -> Endpoint: ...

@@ -69,7 +69,7 @@ class _Fit:
         if n < MIN_SAMPLES:
             return None
         var = self.sxx / n - (self.sx / n) ** 2
-        if var < MIN_SPREAD_TOKENS ** 2:
+        if var < MIN_SPREAD_TOKENS**2:
             return None
         return max((self.sxy / n - self.sx * self.sy / (n * n)) / var, 0.0)
 
@@ -78,8 +78,12 @@ class CacheAware:
     name = "cache_aware"
     wants_prompt = True
 
-    def __init__(self, index: PrefixIndex | None = None, rng: random.Random | None = None,
-                 prior_s_per_token: float = PRIOR_S_PER_TOKEN) -> None:
+    def __init__(
+        self,
+        index: PrefixIndex | None = None,
+        rng: random.Random | None = None,
+        prior_s_per_token: float = PRIOR_S_PER_TOKEN,
+    ) -> None:
         self.index = index or PrefixIndex()
         self._random = (rng or random.Random()).random
         self.prior = prior_s_per_token
@@ -105,16 +109,16 @@ class CacheAware:
                 return b
         return self.prior
 
-    def observe(self, ctx: RouteContext, endpoint: Endpoint, first_s: float | None,
-                held_s: float) -> None:
+    def observe(self, ctx: RouteContext, endpoint: Endpoint, first_s: float | None, held_s: float) -> None:
         name = endpoint.name
         h = self._hold.get(name)
         self._hold[name] = held_s if h is None else 0.8 * h + 0.2 * held_s
         if ctx.prompt is None:
             return
         uncached = float(ctx.prompt.tokens - (ctx.cached_tokens or 0))
-        fits, pooled, y = ((self._fits, self._all, first_s) if first_s is not None
-                           else (self._fits_whole, self._all_whole, held_s))
+        fits, pooled, y = (
+            (self._fits, self._all, first_s) if first_s is not None else (self._fits_whole, self._all_whole, held_s)
+        )
         fit = fits.get(name)
         if fit is None:
             fit = fits[name] = _Fit()
@@ -141,21 +145,29 @@ class CacheAware:
         over = load - ep.slots + 1
         return 0.0 if over <= 0 else over * self._hold.get(ep.name, PRIOR_HOLD_S) / ep.slots
 
-    def _rank(self, ctx: RouteContext, cands: Sequence[Endpoint], load: Callable[[Endpoint], int],
-              matched: dict[str, int]) -> list[Ranked]:
+    def _rank(
+        self, ctx: RouteContext, cands: Sequence[Endpoint], load: Callable[[Endpoint], int], matched: dict[str, int]
+    ) -> list[Ranked]:
         model, rand = ctx.model, self._random
         out: list[Ranked] = []
         for e in cands:
             n = load(e)
             prefill = self._prefill(ctx, e, matched)
             cost = self._wait(e, n) + prefill
-            out.append(((model not in e.loaded, math.floor(cost / TIE_S), n / e.slots, self._occupancy(e),
-                         rand()), e, cost, prefill))
+            out.append(
+                (
+                    (model not in e.loaded, math.floor(cost / TIE_S), n / e.slots, self._occupancy(e), rand()),
+                    e,
+                    cost,
+                    prefill,
+                )
+            )
         out.sort(key=lambda r: r[0])
         return out
 
-    def pick(self, ctx: RouteContext, candidates: Sequence[Endpoint],
-             load: Callable[[Endpoint], int]) -> tuple[list[Endpoint], float] | None:
+    def pick(
+        self, ctx: RouteContext, candidates: Sequence[Endpoint], load: Callable[[Endpoint], int]
+    ) -> tuple[list[Endpoint], float] | None:
         matched = self._matched(ctx, candidates)
         if not matched:
             return None  # nothing cached anywhere: the store's least-busy choice is ours
@@ -182,8 +194,9 @@ class CacheAware:
         ctx.cached_tokens = matched.get(homes[0][1].name, 0)
         return [r[1] for r in homes], budget
 
-    def _replicate(self, ctx: RouteContext, homes: list[Ranked], alt: Ranked, wait: float,
-                   load: Callable[[Endpoint], int]) -> bool:
+    def _replicate(
+        self, ctx: RouteContext, homes: list[Ranked], alt: Ranked, wait: float, load: Callable[[Endpoint], int]
+    ) -> bool:
         """Rent or buy: requests that wait for a prefix's full homes add their expected wait
         to its debt; once the debt pays for one prefill elsewhere, the prefix gets another
         home on a free endpoint whose cache has room for it without evicting a prefix in
@@ -211,8 +224,7 @@ class CacheAware:
         self._debt[key] = debt
         return False
 
-    def choose(self, ctx: RouteContext, free: Sequence[Endpoint],
-               in_flight: Callable[[Endpoint], int]) -> Endpoint:
+    def choose(self, ctx: RouteContext, free: Sequence[Endpoint], in_flight: Callable[[Endpoint], int]) -> Endpoint:
         matched = self._matched(ctx, free)
         if not matched:
             # A miss everywhere: the least busy, and among those the emptiest cache (it
@@ -220,8 +232,9 @@ class CacheAware:
             model, rand, placed = ctx.model, self._random, self._placed
             if ctx.prompt is None or not ctx.prompt.keys:
                 return min(free, key=lambda e: (model not in e.loaded, in_flight(e) / e.slots, rand()))
-            ep = min(free, key=lambda e: (model not in e.loaded, placed.get(e.name, 0.0), in_flight(e) / e.slots,
-                                          rand()))
+            ep = min(
+                free, key=lambda e: (model not in e.loaded, placed.get(e.name, 0.0), in_flight(e) / e.slots, rand())
+            )
             for name in placed:
                 placed[name] *= 0.9
             placed[ep.name] = placed.get(ep.name, 0.0) + 1.0

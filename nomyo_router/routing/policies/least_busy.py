@@ -16,7 +16,6 @@ class LeastBusy:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._random = (rng or random.Random()).random
 
-    def choose(self, ctx: RouteContext, free: Sequence[Endpoint],
-               in_flight: Callable[[Endpoint], int]) -> Endpoint:
+    def choose(self, ctx: RouteContext, free: Sequence[Endpoint], in_flight: Callable[[Endpoint], int]) -> Endpoint:
         model, rand = ctx.model, self._random
         return min(free, key=lambda e: (model not in e.loaded, in_flight(e) / e.slots, rand()))

@@ -33,17 +33,23 @@ class SGLangCacheAware:
     name = "sglang"
     wants_prompt = True
 
-    def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
-                 balance_rel_threshold: float = 1.5, max_tree_size: int = 2 ** 26,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+        max_tree_size: int = 2**26,
+        rng: random.Random | None = None,
+    ) -> None:
         self.cache_threshold = cache_threshold
         self.abs = balance_abs_threshold
         self.rel = balance_rel_threshold
         self.index = PrefixIndex(default_tokens=max_tree_size // CHARS_PER_TOKEN)
         self._rng = rng or random.Random()
 
-    def pick(self, ctx: RouteContext, candidates: Sequence[Endpoint],
-             load: Callable[[Endpoint], int]) -> tuple[list[Endpoint], float] | None:
+    def pick(
+        self, ctx: RouteContext, candidates: Sequence[Endpoint], load: Callable[[Endpoint], int]
+    ) -> tuple[list[Endpoint], float] | None:
         loads = [load(e) for e in candidates]
         lo, hi = min(loads), max(loads)
         if hi - lo > self.abs and hi > lo * self.rel:
@@ -60,8 +66,7 @@ class SGLangCacheAware:
         sizes = [self.index.blocks(e.name) for e in candidates]
         return [candidates[sizes.index(min(sizes))]], math.inf
 
-    def choose(self, ctx: RouteContext, free: Sequence[Endpoint],
-               in_flight: Callable[[Endpoint], int]) -> Endpoint:
+    def choose(self, ctx: RouteContext, free: Sequence[Endpoint], in_flight: Callable[[Endpoint], int]) -> Endpoint:
         return min(free, key=in_flight)  # shortest queue, as SGLang's fallback
 
     def routed(self, ctx: RouteContext, endpoint: Endpoint) -> None:
