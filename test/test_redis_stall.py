@@ -269,3 +269,35 @@ async def test_a_health_verdict_and_usage_given_during_a_stall_reach_redis_once_
         finally:
             await store.close()
             await admin.aclose()
+
+
+async def test_recovery_ends_a_pubsub_reader_that_lost_its_cancel():
+    """Recovery replaces the pub/sub reader right after dropping every connection, so the old
+    reader is often resubscribing then, and redis-py can drop the cancel that ends it (Python
+    3.11's wait_for returns a result that meets a cancel): it then reads on, with no deadline.
+    Recovery waited for it for ever, degraded; it must end it and share limits again."""
+    with RedisServer() as redis:
+        cfg = parse_config({"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 1}],
+                            "state": redis.url, "redis_timeout": REDIS_TIMEOUT})
+        store = RedisStore(redis.url, [Endpoint.from_config(cfg.endpoints[0])], cfg)
+        await store.start()
+        try:
+            async def reads_on() -> None:
+                try:
+                    await asyncio.Future()
+                except asyncio.CancelledError:
+                    pass  # the cancel that met a result
+                await asyncio.Future()  # the next read, of a quiet subscription
+
+            await store.messages.close()
+            stuck = asyncio.create_task(reads_on())
+            pubsub = await store.link.subscribe("x")
+            store.messages._task, store.messages._pubsub = stuck, pubsub
+            await asyncio.sleep(0)
+            store._degrade(RuntimeError("an outage"))
+            # the next sweep (within a second) recovers; a hung one never would
+            await until(lambda: not store.degraded, 1.0 + REDIS_TIMEOUT + 1.0)
+            assert stuck.done() and pubsub.connection is None
+            assert store.messages._task is not None and not store.messages._task.done()
+        finally:
+            await store.close()

@@ -38,7 +38,7 @@ from .fair import Fair
 from .limits import Limits, Verdict
 from .memory import MemoryStore
 from .redis_limits import RedisLimits
-from .redis_link import RedisLink
+from .redis_link import RedisLink, end
 from .redis_messages import Messages
 from .redis_pins import RedisPins
 from .redis_reconcile import Ledger, as_str
@@ -112,8 +112,8 @@ class RedisStore(StateStore):
 
     async def close(self) -> None:
         for t in self._loops:
-            t.cancel()
-        await asyncio.gather(*self._loops, *self._tasks, self.messages.close(), return_exceptions=True)
+            await end(t)  # (a single cancel can be lost in redis-py: see `end`)
+        await asyncio.gather(*self._tasks, self.messages.close(), return_exceptions=True)
         await self.link.close()
 
     def _is_degraded(self) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from .redis_link import RedisLink
+from .redis_link import RedisLink, end
 from .redis_reconcile import Ledger, as_str
 
 
@@ -33,18 +33,23 @@ class Messages:
         self._background = background
         self._subs: dict[str, Callable[[Any], None]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._pubsub: Any = None
 
     async def listen(self) -> None:
         """A fresh subscription, in place before this returns (so no wake-up can be missed)."""
         await self.close()
         pubsub = await self.link.subscribe(self.wake, self.shared)
-        self._task = asyncio.create_task(self._read(pubsub))
+        self._task, self._pubsub = asyncio.create_task(self._read(pubsub)), pubsub
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait((self._task,))
-            self._task = None
+        """Ends the reader. The store's recovery waits here, right after `link.reset` dropped the
+        reader's connection, so the reader is often resubscribing then, where redis-py can drop
+        a cancel (`end`): it is cancelled until it has ended, and its subscription closed here
+        too (a second cancel may cut its own closing short)."""
+        task, pubsub, self._task, self._pubsub = self._task, self._pubsub, None, None
+        if task is not None:
+            await end(task)
+            await self.link.close_pubsub(pubsub)
 
     async def _read(self, pubsub: Any) -> None:
         try:
