@@ -66,6 +66,7 @@ lint-deploy: setup-lint
 # too: setup-lint installs them)
 lint-py: setup-lint
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 bench: setup wrk

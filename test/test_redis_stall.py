@@ -35,7 +35,7 @@ async def router_keys(admin: aioredis.Redis, store: Any) -> dict[str, list[str]]
     out: dict[str, list[str]] = {}
     for raw in await admin.keys(store.prefix + ":*"):
         key = raw.decode()
-        kind = key[len(store.prefix) + 1:].split(":", 1)[0]
+        kind = key[len(store.prefix) + 1 :].split(":", 1)[0]
         if kind in ("lease", "queue"):
             out[key] = sorted(m.decode() for m in await admin.zrange(key, 0, -1))
         elif kind in ("waiter", "granted", "own"):
@@ -70,6 +70,7 @@ class Load:
                 async with s.post(url + "/api/chat", json=CHAT) as r:
                     await r.read()
                     self.done.append((t0, time.monotonic(), r.status))
+
         self._tasks = [asyncio.create_task(client()) for _ in range(clients)]
 
     async def stop(self) -> list[tuple[float, float, int]]:
@@ -83,10 +84,13 @@ async def _stall_under_load(stall: Callable[[RedisServer, aioredis.Redis], Await
     when it answers again). What happened, and what Redis and the gauges show afterwards with
     one stream in flight and then none."""
     with RedisServer() as redis:
-        async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=2, first_byte_delay_ms=SERVICE * 1000,
-                            parallel=64) as m:
-            cfg = {"endpoints": endpoints(m, slots=2), "state": redis.url, "queue_timeout": 60,
-                   "redis_timeout": REDIS_TIMEOUT}
+        async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=2, first_byte_delay_ms=SERVICE * 1000, parallel=64) as m:
+            cfg = {
+                "endpoints": endpoints(m, slots=2),
+                "state": redis.url,
+                "queue_timeout": 60,
+                "redis_timeout": REDIS_TIMEOUT,
+            }
             async with run_router(cfg) as r, aiohttp.ClientSession() as s:
                 admin = aioredis.from_url(redis.url, socket_timeout=30)  # waits out the stall
                 store = r.router.store
@@ -113,18 +117,29 @@ async def _stall_under_load(stall: Callable[[RedisServer, aioredis.Redis], Await
                 keys_idle = await router_keys(admin, store)
                 text_idle = await metrics(s, r.url)
                 await admin.aclose()
-                return {"done": done, "t_stall": t_stall, "t_back": t_back, "recovered_after": recovered_after,
-                        "keys_held": keys_held, "keys_idle": keys_idle, "text_held": text_held,
-                        "text_idle": text_idle, "mock_held": mock_held, "store": store,
-                        "max_in_flight": m.stats()["max_in_flight"]}
+                return {
+                    "done": done,
+                    "t_stall": t_stall,
+                    "t_back": t_back,
+                    "recovered_after": recovered_after,
+                    "keys_held": keys_held,
+                    "keys_idle": keys_idle,
+                    "text_held": text_held,
+                    "text_idle": text_idle,
+                    "mock_held": mock_held,
+                    "store": store,
+                    "max_in_flight": m.stats()["max_in_flight"],
+                }
 
 
 def _check(out: dict[str, Any]) -> None:
     done, t_stall, t_back, store = out["done"], out["t_stall"], out["t_back"], out["store"]
     latencies = sorted(t1 - t0 for t0, t1, _ in done)
-    print(f"\n{len(done)} requests, stall {t_back - t_stall:.1f} s, recovered {out['recovered_after']:.2f} s "
-          f"after it, latency max {latencies[-1]:.2f} s p50 {latencies[len(latencies) // 2]:.2f} s, "
-          f"stale entries removed {store.ledger.ghosts}")
+    print(
+        f"\n{len(done)} requests, stall {t_back - t_stall:.1f} s, recovered {out['recovered_after']:.2f} s "
+        f"after it, latency max {latencies[-1]:.2f} s p50 {latencies[len(latencies) // 2]:.2f} s, "
+        f"stale entries removed {store.ledger.ghosts}"
+    )
     assert {st for _, _, st in done} == {200}
     # nobody waited for queue_timeout (60 s), nor for the stall: the deadline, then local limits
     assert latencies[-1] < REDIS_TIMEOUT + 2.5, latencies[-5:]
@@ -145,6 +160,7 @@ def _check(out: dict[str, Any]) -> None:
 async def test_debug_sleep_is_an_outage_and_leaves_nothing_behind():
     async def stall(redis: RedisServer, admin: aioredis.Redis) -> None:
         await admin.execute_command("DEBUG", "SLEEP", 5)
+
     _check(await _stall_under_load(stall))
 
 
@@ -156,6 +172,7 @@ async def test_sigstop_is_a_partition_without_rst_and_sigcont_heals_it():
             await asyncio.sleep(5)
         finally:
             os.kill(redis.proc.pid, signal.SIGCONT)
+
     _check(await _stall_under_load(stall))
 
 
@@ -165,8 +182,12 @@ async def test_waiters_and_acquires_caught_in_a_stall_leave_no_ghosts():
     when it answers, and only they are in its queue: the entries of the stall are gone."""
     with RedisServer() as redis:
         async with run_mock(ttft_ms=0.0, tok_ms=50.0, tokens=400, parallel=64) as m:
-            cfg = {"endpoints": endpoints(m, slots=1), "state": redis.url, "queue_timeout": 60,
-                   "redis_timeout": REDIS_TIMEOUT}
+            cfg = {
+                "endpoints": endpoints(m, slots=1),
+                "state": redis.url,
+                "queue_timeout": 60,
+                "redis_timeout": REDIS_TIMEOUT,
+            }
             async with run_router(cfg) as r, aiohttp.ClientSession() as s:
                 admin = aioredis.from_url(redis.url, socket_timeout=30)
                 store = r.router.store
@@ -178,6 +199,7 @@ async def test_waiters_and_acquires_caught_in_a_stall_leave_no_ghosts():
                     async with s.post(r.url + "/api/chat", json=SHORT) as resp:
                         await resp.read()
                         return resp.status, time.monotonic()
+
                 waiting = [asyncio.create_task(one()) for _ in range(4)]
                 await until(lambda: store.queue_length() == 4, 3.0)
                 before = {x.decode() for x in await admin.zrange(queue_key, 0, -1)}
@@ -233,8 +255,9 @@ async def test_a_health_verdict_and_usage_given_during_a_stall_reach_redis_once_
     one given during it must be sent afterwards. A usage batch sent into the stall (which
     Redis may still run) is sent again and counted once."""
     with RedisServer() as redis:
-        cfg = parse_config({"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 1}],
-                            "state": redis.url})
+        cfg = parse_config(
+            {"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 1}], "state": redis.url}
+        )
         ep = Endpoint.from_config(cfg.endpoints[0])
         store = RedisStore(redis.url, [ep], cfg)
         admin = aioredis.from_url(redis.url, socket_timeout=30)
@@ -277,11 +300,17 @@ async def test_recovery_ends_a_pubsub_reader_that_lost_its_cancel():
     3.11's wait_for returns a result that meets a cancel): it then reads on, with no deadline.
     Recovery waited for it for ever, degraded; it must end it and share limits again."""
     with RedisServer() as redis:
-        cfg = parse_config({"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 1}],
-                            "state": redis.url, "redis_timeout": REDIS_TIMEOUT})
+        cfg = parse_config(
+            {
+                "endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 1}],
+                "state": redis.url,
+                "redis_timeout": REDIS_TIMEOUT,
+            }
+        )
         store = RedisStore(redis.url, [Endpoint.from_config(cfg.endpoints[0])], cfg)
         await store.start()
         try:
+
             async def reads_on() -> None:
                 try:
                     await asyncio.Future()

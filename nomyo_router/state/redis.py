@@ -91,8 +91,9 @@ class RedisStore(StateStore):
         self._loops = [asyncio.create_task(self._sweep_loop())]
 
     async def _register(self) -> None:
-        await self.link.call(self.link.client.hset(f"{self.prefix}:slots",
-                                                   mapping={n: e.slots for n, e in self.endpoints.items()}))
+        await self.link.call(
+            self.link.client.hset(f"{self.prefix}:slots", mapping={n: e.slots for n, e in self.endpoints.items()})
+        )
 
     def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
         self.endpoints.update((e.name, e) for e in endpoints)
@@ -124,8 +125,11 @@ class RedisStore(StateStore):
             self.degraded = True
             self.degraded_events += 1
             self._back = asyncio.Event()
-            log.error("REDIS UNREACHABLE (%s: %s): serving with per-process limits until it is back",
-                      type(error).__name__, error)
+            log.error(
+                "REDIS UNREACHABLE (%s: %s): serving with per-process limits until it is back",
+                type(error).__name__,
+                error,
+            )
         # Nobody is stranded in a queue that does not answer: waiters move to the local queue now.
         for fut in self.ledger.waiting.values():
             if not fut.done():
@@ -158,9 +162,12 @@ class RedisStore(StateStore):
         for name in self._unsent_health:  # changed while this ran
             self._background(self._health(name, name not in self._unhealthy))
         self._unsent_health.clear()
-        log.error("Redis is reachable again: limits are shared again (%d stale entries of the outage "
-                  "removed, %d leases of this instance registered)", self.ledger.ghosts - ghosts,
-                  len(self.ledger.held))
+        log.error(
+            "Redis is reachable again: limits are shared again (%d stale entries of the outage "
+            "removed, %d leases of this instance registered)",
+            self.ledger.ghosts - ghosts,
+            len(self.ledger.held),
+        )
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -168,16 +175,30 @@ class RedisStore(StateStore):
         task.add_done_callback(self._tasks.discard)
 
     # ---- slots ------------------------------------------------------------------
-    async def acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                      timeout: float, order: int | None = None, pin: str | None = None,
-                      fair: Fair | None = None) -> Lease:
+    async def acquire(
+        self,
+        model: str,
+        candidates: Sequence[Endpoint],
+        choose: Choose,
+        timeout: float,
+        order: int | None = None,
+        pin: str | None = None,
+        fair: Fair | None = None,
+    ) -> Lease:
         lease = await self._acquire(model, candidates, choose, timeout, order, fair)
         if pin is not None:
             await self.set_pin(pin, lease.endpoint.name)  # awaited: the next turn will see it
         return lease
 
-    async def _acquire(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                       timeout: float, order: int | None, fair: Fair | None = None) -> Lease:
+    async def _acquire(
+        self,
+        model: str,
+        candidates: Sequence[Endpoint],
+        choose: Choose,
+        timeout: float,
+        order: int | None,
+        fair: Fair | None = None,
+    ) -> Lease:
         """In Redis while it answers, else locally; across an outage, a request moves from one
         to the other (and back) with what is left of its timeout."""
         t0 = time.monotonic()
@@ -195,14 +216,21 @@ class RedisStore(StateStore):
             lease.queued_s = time.monotonic() - t0
             return lease
 
-    async def _acquire_shared(self, model: str, candidates: Sequence[Endpoint], timeout: float,
-                              order: int | None, fair: Fair | None = None) -> Lease:
+    async def _acquire_shared(
+        self, model: str, candidates: Sequence[Endpoint], timeout: float, order: int | None, fair: Fair | None = None
+    ) -> Lease:
         ledger = self.ledger
         lid = ledger.new_id()
         shuffled = list(candidates)
         random.shuffle(shuffled)  # ties go to a random endpoint, never always the first
-        args: list[Any] = [lid, self.config.max_queue, self.owner, "" if order is None else order,
-                           int((timeout + 5) * 1000), *(fair or DEFAULT_FAIR)]
+        args: list[Any] = [
+            lid,
+            self.config.max_queue,
+            self.owner,
+            "" if order is None else order,
+            int((timeout + 5) * 1000),
+            *(fair or DEFAULT_FAIR),
+        ]
         for e in shuffled:
             args += [e.name, 1 if model in e.loaded else 0]
         fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
@@ -254,8 +282,9 @@ class RedisStore(StateStore):
         self.local._take(endpoint)  # counted locally too: the limit while Redis is away
         return self._hold(endpoint, lid)
 
-    async def _acquire_local(self, model: str, candidates: Sequence[Endpoint], choose: Choose,
-                             timeout: float, fair: Fair | None = None) -> Lease | None:
+    async def _acquire_local(
+        self, model: str, candidates: Sequence[Endpoint], choose: Choose, timeout: float, fair: Fair | None = None
+    ) -> Lease | None:
         """The local queue while Redis is away; None if Redis answers again first (the
         request then queues there, so that one queue orders everyone again)."""
         task = asyncio.ensure_future(self.local.acquire(model, candidates, choose, timeout, fair=fair))
@@ -368,8 +397,7 @@ class RedisStore(StateStore):
         return own if self.degraded else max(own, self.ledger.shared_queue)
 
     async def snapshot(self) -> dict[str, Any]:
-        snap: dict[str, Any] = {"mode": "redis", "degraded": self.degraded,
-                                "degraded_events": self.degraded_events}
+        snap: dict[str, Any] = {"mode": "redis", "degraded": self.degraded, "degraded_events": self.degraded_events}
         if self.degraded:
             local = await self.local.snapshot()
             return {**snap, "in_flight": local["in_flight"], "queue_length": local["queue_length"]}
@@ -387,12 +415,16 @@ class RedisStore(StateStore):
             return {**snap, "degraded": True, "in_flight": {}, "queue_length": 0}
         n = len(self.endpoints)
         usage: dict[str, dict[str, int]] = {}
-        for name, counts in zip(self.endpoints, res[n + 1:], strict=True):
+        for name, counts in zip(self.endpoints, res[n + 1 :], strict=True):
             usage[name] = {as_str(k): int(v) for k, v in counts.items()}
         for (ep, model), c in self.usage.pending().items():  # not counted in Redis yet
             usage.setdefault(ep, {})[model] = usage.get(ep, {}).get(model, 0) + c
-        return {**snap, "in_flight": dict(zip(self.endpoints, res[:n], strict=True)), "queue_length": res[n],
-                "usage": usage}
+        return {
+            **snap,
+            "in_flight": dict(zip(self.endpoints, res[:n], strict=True)),
+            "queue_length": res[n],
+            "usage": usage,
+        }
 
     def is_healthy(self, endpoint: Endpoint) -> bool:
         return endpoint.name not in self._unhealthy

@@ -39,8 +39,12 @@ class RedisLink:
         self.prefix = prefix
         self.lease_ms = lease_ms
         # socket timeouts too, so that redis-py itself drops a connection that went silent
-        self.client = aioredis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
+        self.client = aioredis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
         self._scripts = {name: self.client.register_script(getattr(lua, name)) for name in lua.NAMES}
 
     async def call(self, op: Awaitable[T]) -> T:

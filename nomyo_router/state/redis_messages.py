@@ -21,9 +21,14 @@ from .redis_reconcile import Ledger, as_str
 
 
 class Messages:
-    def __init__(self, link: RedisLink, ledger: Ledger, degraded: Callable[[], bool],
-                 degrade: Callable[[BaseException], None],
-                 background: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        ledger: Ledger,
+        degraded: Callable[[], bool],
+        degrade: Callable[[BaseException], None],
+        background: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
         self.link = link
         self.ledger = ledger
         self.wake = f"{link.prefix}:wake:{ledger.owner}"
