@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import secrets
 import shutil
 import statistics
@@ -34,12 +33,11 @@ import timeit
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from common import free_port, mock_process, router_process, wait_tcp
+from common import free_port, mock_process, router_process, wait_tcp, wrk_script
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MSGS = [{"role": "user", "content": "Why is the sky blue? Explain it briefly to a child, please."}]
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
 
 
 def gate_cost(runs: int = 7) -> dict[str, float]:
@@ -113,25 +111,7 @@ def wrk_run(url: str, body: dict, conc: int, seconds: float, unique: bool) -> di
         ]
     else:
         lua.append(f"wrk.body = [[{text}]]")
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write("\n".join(lua) + "\n")
-        script = f.name
-    try:
-        out = subprocess.run(
-            ["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script, url],
-            capture_output=True,
-            text=True,
-            timeout=seconds + 30,
-        ).stdout
-    finally:
-        os.unlink(script)
-    res = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
-    for pct in ("50", "99"):
-        m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
-        res[f"p{pct}_ms"] = float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
-    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    res["non2xx"] = int(bad.group(1)) if bad else 0
-    return res
+    return wrk_script(url, "\n".join(lua) + "\n", conc, seconds)
 
 
 @contextmanager

@@ -27,13 +27,19 @@ def wrk(
     url: str, body: str, conc: int, seconds: float = 4.0, headers: dict[str, str] | None = None
 ) -> dict[str, float]:
     """req/s and p50/p99 (ms) of a wrk POST run."""
+    body_lua = body.replace("\\", "\\\\").replace("'", "\\'")
+    lua = f"wrk.method='POST'\nwrk.body='{body_lua}'\nwrk.headers['Content-Type']='application/json'\n"
+    for name, value in (headers or {}).items():
+        lua += f"wrk.headers['{name}']='{value}'\n"
+    return wrk_script(url, lua, conc, seconds)
+
+
+def wrk_script(url: str, lua: str, conc: int, seconds: float) -> dict[str, float]:
+    """req/s, p50/p99 (ms) and non-2xx count of a wrk run driven by the Lua script `lua`."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: apt-get install wrk")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        body_lua = body.replace("\\", "\\\\").replace("'", "\\'")
-        f.write(f"wrk.method='POST'\nwrk.body='{body_lua}'\nwrk.headers['Content-Type']='application/json'\n")
-        for name, value in (headers or {}).items():
-            f.write(f"wrk.headers['{name}']='{value}'\n")
+        f.write(lua)
         script = f.name
     try:
         out = subprocess.run(
