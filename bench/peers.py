@@ -245,8 +245,10 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_of(p) for p in [pid] + _children(pid))
 
 
-def measure(peer: Peer | None, mock: str, body: str, conc: int, seconds: float) -> dict[str, float]:
-    url = (peer.url + peer.path) if peer else mock + PATH
+def measure(peer: Peer | None, mock: str, body: str, conc: int, seconds: float, route: str = PATH) -> dict[str, float]:
+    """One wrk run through `peer` (None: straight to the mock) on `route` (the peer's own
+    prefix kept, e.g. Olla's /olla/proxy)."""
+    url = (peer.url + peer.path.replace(PATH, route)) if peer else mock + route
     c0 = cpu_seconds(peer.pid) if peer else 0.0
     r = wrk(url, body, conc, seconds)
     r["requests"] = r["rps"] * round(seconds)  # wrk runs whole seconds
@@ -267,6 +269,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3, help="repetitions of each (peer, scenario); medians printed")
     p.add_argument("--conc", default="1,8,32", help="non-stream concurrencies")
     p.add_argument("--stream-conc", type=int, default=32, help="concurrency of the 200-token stream run (0: none)")
+    p.add_argument(
+        "--ollama-conc", default="32", help="concurrencies of the same non-stream chat on /api/chat ('': none)"
+    )
     p.add_argument("--only", default="nomyo,floor,olla,vllm-router")
     p.add_argument("--olla-bin", default=None)
     p.add_argument("--olla-src", default=None, help="a checkout of github.com/thushan/olla to `go build`")
@@ -296,9 +301,20 @@ def main() -> None:
     stream = json.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "stream": True, "max_tokens": TOKENS}
     )
-    scenarios = [(f"c={c}", whole, c) for c in (int(x) for x in args.conc.split(","))]
+    ollama = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hello there"}],
+            "stream": False,
+            "options": {"num_predict": 8},
+        }
+    )
+    scenarios = [(f"c={c}", whole, c, PATH) for c in (int(x) for x in args.conc.split(","))]
+    scenarios += [
+        (f"/api/chat c={c}", ollama, c, "/api/chat") for c in (int(x) for x in args.ollama_conc.split(",") if x)
+    ]
     if args.stream_conc:
-        scenarios.append((f"stream c={args.stream_conc}", stream, args.stream_conc))
+        scenarios.append((f"stream c={args.stream_conc}", stream, args.stream_conc, PATH))
 
     with ExitStack() as stack:
         mock = stack.enter_context(mock_process(mock_cfg)).url
@@ -328,10 +344,10 @@ def main() -> None:
         results: dict[tuple[str, str], list[dict[str, float]]] = {}
         order: list[Peer | None] = [None, *peers]
         for rep in range(args.reps):
-            for label, body, conc in scenarios:
+            for label, body, conc, route in scenarios:
                 for peer in order:
                     name = peer.name if peer else "direct"
-                    r = measure(peer, mock, body, conc, args.seconds)
+                    r = measure(peer, mock, body, conc, args.seconds, route)
                     results.setdefault((name, label), []).append(r)
                     if peer is not None and peer.restart is not None:
                         peer.restart(peer)
@@ -353,7 +369,7 @@ def main() -> None:
     )
     print("| scenario | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
-    for label, _, _ in scenarios:
+    for label, *_ in scenarios:
         cells = []
         for n in names:
             m = table[label][n]
@@ -375,7 +391,7 @@ def main() -> None:
         )
     print("| idle RSS | – | " + " | ".join(f"{idle[n]:.1f} MB" for n in names[1:]) + " |")
     if "olla" in names and "nomyo-router" in names:
-        for label, _, _ in scenarios:
+        for label, *_ in scenarios:
             olla = table[label]["olla"]["rps"]
             if olla:
                 print(f"nomyo-router / olla at {label}: {table[label]['nomyo-router']['rps'] / olla:.2f}x req/s")
