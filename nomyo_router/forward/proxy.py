@@ -66,13 +66,16 @@ class Proxy:
         config: RouterConfig,
         events: Events,
         health: Health,
+        *,
+        rediscover: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.events = events
         self.health = health
         self.budget = RetryBudget(config.retry_budget)
         self.deadlines = Deadlines(config.first_byte_floor, config.first_byte_factor, config.first_byte_timeout)
-        self.rediscover: Callable[[], Awaitable[None]] = _nothing  # set to Discovery.refresh_now
+        # looks for models pulled or copied a moment ago (Discovery.refresh_now) before a 404
+        self.rediscover: Callable[[], Awaitable[None]] = rediscover or _nothing
         self.resumer = (
             Resumer(
                 scheduler,
