@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from mock import http as web
 from mock import run_mock
-from nomyo_router.api import body_keys, newer
+from nomyo_router.api import body_keys, multipart
 from nomyo_router.api.errors import ApiError
 from nomyo_router.api.requests import GENERATION_ROUTES, load_json
 from test.conftest import FAST
@@ -461,9 +461,9 @@ async def test_multipart_bodies_of_the_usual_clients_are_read():
         ),
     ]
     for raw in bodies:
-        assert newer.transcription(raw)[1:] == (ALLOWED, False), raw[:300]
+        assert multipart.transcription(raw)[1:] == (ALLOWED, False), raw[:300]
     with pytest.raises(ApiError):
-        newer.transcription(form_raw.replace(b"binary", b"quoted-printable"))
+        multipart.transcription(form_raw.replace(b"binary", b"quoted-printable"))
 
 
 def form_bytes(fields: list[tuple[bytes, bytes]], file_head: bytes, boundary: bytes = b"bNd") -> bytes:

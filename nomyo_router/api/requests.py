@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from ..domain import model_key
-from . import body_keys, newer
+from . import body_keys, image_generation, multipart, rerank, responses
 from .errors import ApiError
 
 # (api, kind) for each generation route
@@ -19,7 +19,11 @@ GENERATION_ROUTES: dict[str, tuple[str, str]] = {
     "/v1/completions": ("openai", "generate"),
     "/v1/embeddings": ("openai", "embed"),
     "/v1/messages": ("anthropic", "chat"),  # passed through to Ollama backends (they serve it)
-    **newer.ROUTES,  # /v1/responses, rerank, images, audio transcriptions
+    "/v1/responses": ("openai", "responses"),
+    "/v1/rerank": ("openai", "rerank"),
+    "/rerank": ("openai", "rerank"),
+    "/v1/images/generations": ("openai", "images"),
+    "/v1/audio/transcriptions": ("openai", "transcription"),  # multipart
 }
 
 
@@ -113,7 +117,7 @@ def _encodable(obj: Any) -> bool:
 def parse(path: str, raw: bytes, t0: float) -> GenRequest:
     api, kind = GENERATION_ROUTES[path]
     if kind == "transcription":
-        ctype, named, streamed = newer.transcription(raw)
+        ctype, named, streamed = multipart.transcription(raw)
         req = GenRequest(api, kind, path, named, streamed, {"model": named}, raw, t0)
         req.ctype = ctype
         return req
@@ -136,8 +140,12 @@ def parse(path: str, raw: bytes, t0: float) -> GenRequest:
         _check_embed_input(api, kind, body)
     elif kind == "chat":
         _check_messages(api, body)
-    elif kind in newer.KINDS:
-        newer.check(kind, body)
+    elif kind == "responses":
+        responses.check(body)
+    elif kind == "rerank":
+        rerank.check(body)
+    elif kind == "images":
+        image_generation.check(body)
     else:
         prompt = body.get("prompt", None if api == "openai" else "")
         if api == "openai" and prompt is None:

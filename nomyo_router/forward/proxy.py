@@ -14,10 +14,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..api import newer
+from ..api import responses, route_types
 from ..api.asgi import Headers, Send
 from ..api.errors import ApiError, error_body
-from ..api.newer import ONLY_ON
 from ..api.requests import GenRequest
 from ..config import RouterConfig
 from ..domain import Endpoint
@@ -128,8 +127,8 @@ class Proxy:
         )
         if self._wants_prompt:
             ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
-        only = ONLY_ON.get(req.path)  # a route some backend types do not serve: they are never tried
-        tried = [] if only is None else newer.others(self.scheduler.endpoints, only, req.key, req.path, req.model)
+        only = route_types.ONLY_ON.get(req.path)  # a route some backend types do not serve: they are never tried
+        tried = [] if only is None else route_types.others(self.scheduler.endpoints, only, req.key, req.path, req.model)
         if req.pinned is not None:  # an ensemble's sample goes where it was sent (forward/moe.py)
             tried += [ep.name for ep in self.scheduler.endpoints if ep.name not in req.pinned]
         last: RetryableFailure | None = None
@@ -267,7 +266,7 @@ class Proxy:
                 if value:
                     headers.append((key, value.encode()))
         if req.kind == "responses" and resp.status == 200 and self.config.conversation_affinity:
-            await newer.remember_response(self.store, data or first, ep.name)  # for previous_response_id
+            await responses.remember_response(self.store, data or first, ep.name)  # for previous_response_id
         rec.status = resp.status  # (after the last wait before the head goes out: a client gone meanwhile got none)
         if not req.stream or resp.status != 200:
             if data is None:  # larger than the router holds (whole.py)

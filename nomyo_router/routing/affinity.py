@@ -97,7 +97,7 @@ def request_keys(kind: str, model: str, body: dict[str, Any], session_id: str | 
             return prompt_keys(model, f"{system}\n\n{prompt}" if isinstance(system, str) else prompt)
     if kind == "responses":  # the Responses API: `input` items are the conversation, as chat's messages
         prev = body.get("previous_response_id")
-        if isinstance(prev, str) and prev:  # stored where it was answered (newer.remember_response)
+        if isinstance(prev, str) and prev:  # stored where it was answered (api/responses.remember_response)
             key = "resp:" + hashlib.blake2b(prev.encode(), digest_size=16).hexdigest()
             return Keys(key, [key])
         items = body.get("input")
