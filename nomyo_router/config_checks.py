@@ -3,7 +3,7 @@ expected-value text, its secrets), turning msgspec's errors into messages that n
 the value and the fix, unknown keys with the nearest valid name, `${ENV}` expansion, URLs
 with credentials, and client keys.
 
-Kept apart from `config.py` so that file stays the one declaration of every key; this module
+Kept apart from the `config` package so that stays the one declaration of every key; this module
 does not import it (the declaration is handed in), so the two cannot import each other.
 """
 
@@ -17,7 +17,7 @@ import re
 import types
 import typing
 from collections.abc import Iterable
-from typing import Any, Literal, Union
+from typing import Literal, Union
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
@@ -38,8 +38,8 @@ class Spec:
 
     def __init__(self, tp: object) -> None:
         """`tp`: a type expression (a class, `Annotated[...]`, `X | None`, `Literal[...]`, ...)."""
-        self.constraints: dict[str, Any] = {}
-        self.extra: dict[str, Any] = {}
+        self.constraints: dict[str, object] = {}
+        self.extra: dict[str, object] = {}
         self.description = ""
         while typing.get_origin(tp) is typing.Annotated:
             tp, *metas = typing.get_args(tp)
@@ -68,6 +68,12 @@ class Spec:
     def secret(self) -> bool:
         return bool(self.extra.get("secret"))
 
+    def note(self, name: str) -> str | None:
+        """What the declaration's doc() says in words under `name` (expected, unit, default,
+        type, group), or None."""
+        value = self.extra.get(name)
+        return value if isinstance(value, str) else None
+
     def item(self) -> Spec:
         """A list's element type (`tuple[X, ...]`)."""
         return Spec(typing.get_args(self.type)[0])
@@ -75,8 +81,8 @@ class Spec:
     def expected(self, article: bool = True, plain: bool = False) -> str:
         """What a valid value looks like, in words ("an integer >= 1 (bytes)"). `plain`: the
         type and bounds alone, without the key's own sentence (the reference's type column)."""
-        if "expected" in self.extra and not plain:
-            expected: str = self.extra["expected"]
+        expected = self.note("expected")
+        if expected is not None and not plain:
             return expected
         tp, origin = self.type, typing.get_origin(self.type)
         if origin is Literal:
@@ -99,7 +105,7 @@ class Spec:
             text = "a mapping" if article else "mapping"
         else:
             text = str(tp)
-        unit = self.extra.get("unit")
+        unit = self.note("unit")
         return f"{text} ({unit})" if unit else text
 
 
@@ -109,7 +115,8 @@ def specs(struct: type) -> dict[str, Spec]:
     return {f.name: Spec(f.type) for f in msgspec.structs.fields(struct)}
 
 
-def defaults(struct: type) -> dict[str, Any]:
+def defaults(struct: type) -> dict[str, object]:
+    """Every field of a config Struct's default, by name (msgspec.NODEFAULT where it has none)."""
     return {f.name: f.default for f in msgspec.structs.fields(struct)}
 
 

@@ -1,4 +1,4 @@
-"""The configuration reference, generated from the keys' one declaration in `config.py`.
+"""The configuration reference, generated from the keys' one declaration in `config/`.
 
     python -m nomyo_router.config_doc > docs/configuration.md
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import typing
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -23,7 +23,7 @@ COMMAND = "python -m nomyo_router.config_doc > docs/configuration.md"
 INTRO = f"""\
 # Configuration reference
 
-<!-- Generated from nomyo_router/config.py by `{COMMAND}`; edit the declaration there, not this file. -->
+<!-- Generated from nomyo_router/config/ by `{COMMAND}`; edit the declaration there, not this file. -->
 
 The router reads one YAML file: `nomyo-router --config PATH` (default `config.yaml`; the
 workers find it in `NOMYO_ROUTER_CONFIG`). It is checked whole at start-up, by
@@ -73,11 +73,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _type(spec: Spec, default: Any) -> str:
+def _type(spec: Spec, default: object) -> str:
     """The type column: the declared type and bounds in a few words."""
     tp = spec.type
-    if "type" in spec.extra:
-        declared: str = spec.extra["type"]
+    declared = spec.note("type")
+    if declared is not None:
         return declared
     item = spec.item().type if typing.get_origin(tp) is tuple else None
     if typing.get_origin(tp) is Literal:
@@ -93,9 +93,9 @@ def _type(spec: Spec, default: Any) -> str:
     return text
 
 
-def _default(spec: Spec, value: Any) -> str:
-    if "default" in spec.extra:
-        declared: str = spec.extra["default"]
+def _default(spec: Spec, value: object) -> str:
+    declared = spec.note("default")
+    if declared is not None:
         return declared
     if value is msgspec.NODEFAULT:
         return "required"
@@ -139,12 +139,10 @@ def render() -> str:
     from .ops.reload import LIVE_KEYS  # (which keys a reload applies is declared there)
 
     fields = specs(RouterConfig)
-    groups = list(dict.fromkeys(spec.extra.get("group") for spec in fields.values()))
-    if None in groups:
-        raise ValueError(
-            f"every RouterConfig key needs a group in its doc(): "
-            f"{[name for name, spec in fields.items() if 'group' not in spec.extra]}"
-        )
+    missing = [name for name, spec in fields.items() if spec.note("group") is None]
+    if missing:
+        raise ValueError(f"every RouterConfig key needs a group in its doc(): {missing}")
+    groups = list(dict.fromkeys(spec.note("group") for spec in fields.values()))
     out = [INTRO]
     for group in groups:
         out += [f"## {group}", "", *_table(RouterConfig, LIVE_KEYS, group), ""]

@@ -1,0 +1,96 @@
+"""The feature sections: the `tracing`, `cache` and `moe` mappings, each a struct of its own
+keys, read at start."""
+
+from typing import Annotated, Literal
+
+from msgspec import Meta
+
+from .declare import Bytes, ConfigStruct, Name, Seconds, Slots, doc
+
+__all__ = ["CacheConfig", "MoeConfig", "TracingConfig"]
+
+
+class TracingConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """OpenTelemetry traces: the `tracing` mapping (`tracing: {}` turns them on with the
+    defaults). A key left out is taken from the standard OTEL_* environment variable. Read at
+    start."""
+
+    endpoint: Annotated[
+        Annotated[str, Meta(pattern=r"^https?://")] | None,
+        doc(
+            "the OTLP/HTTP collector's base URL; spans go to {endpoint}/v1/traces as protobuf",
+            expected="an http:// or https:// URL such as http://otel-collector:4318",
+            default="OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318",
+        ),
+    ] = None
+    sample_ratio: Annotated[
+        Annotated[float, Meta(ge=0, le=1)] | None,
+        doc(
+            "the share of requests traced when the client sent no traceparent (one that did is "
+            "followed: its sampled flag decides)",
+            default="OTEL_TRACES_SAMPLER_ARG, else 1.0",
+        ),
+    ] = None
+    service_name: Annotated[
+        Name | None, doc("service.name of the spans' resource", default="OTEL_SERVICE_NAME, else nomyo-router")
+    ] = None
+
+
+class CacheConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The response cache: the `cache` mapping. A request uses it only when it opts in (the
+    body field `"nomyo": {"cache": true}` or the header `X-Router-Response-Cache: use`); see
+    docs/nomyo-parity.md. Read at start."""
+
+    enabled: Annotated[bool, doc("answer opted-in requests from stored answers when they match")] = False
+    backend: Annotated[
+        Literal["memory", "sqlite", "redis"],
+        doc(
+            "where answers are kept: memory (this process), sqlite (a file; survives restarts), "
+            "redis (shared by every instance)"
+        ),
+    ] = "memory"
+    ttl: Annotated[Seconds, doc("how long a stored answer may be served")] = 3600.0
+    path: Annotated[
+        Annotated[str, Meta(pattern=r"\S")],
+        doc(
+            "sqlite: the database file (created 0600: it holds prompts' answers)",
+            expected="a file path such as ./nomyo-cache.db",
+        ),
+    ] = "./nomyo-cache.db"
+    url: Annotated[
+        Annotated[str, Meta(pattern=r"^(redis|rediss|unix)://")] | None,
+        doc("redis: the server's URL", expected="a redis:// URL", default="the state: redis://... URL"),
+    ] = None
+    max_entries: Annotated[Slots, doc("answers kept at most; the oldest go first")] = 10_000
+    max_bytes: Annotated[
+        Bytes, doc("memory: the bytes all kept answers may take; the least recently used go first")
+    ] = 256 * 1024 * 1024
+    max_entry_bytes: Annotated[Bytes, doc("a larger answer is relayed but not stored")] = 1024 * 1024
+    similarity: Annotated[
+        Annotated[float, Meta(gt=0, le=1)],
+        doc(
+            "1.0: exact matches only; lower: semantic mode, the nearest stored question at least this "
+            "similar (cosine) answers"
+        ),
+    ] = 1.0
+    embed_model: Annotated[
+        Name | None,
+        doc(
+            "semantic mode: the embedding model, served by this router's own endpoints",
+            default="none (required when similarity < 1)",
+        ),
+    ] = None
+
+
+class MoeConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The `moe-` ensemble (NOMYO's "multiple opinions"): the `moe` mapping. A request for
+    `moe-<model>` is answered by `<model>` after it reviewed several answers of its own; see
+    docs/nomyo-parity.md. Read at start."""
+
+    samples: Annotated[
+        Annotated[int, Meta(ge=1, le=16)],
+        doc(
+            "answers asked for at once, on distinct endpoints when enough serve the model, before the "
+            "review and the final answer"
+        ),
+    ] = 3
