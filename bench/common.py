@@ -9,13 +9,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
-
-import yaml
+from contextlib import AbstractContextManager, contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mock import MockConfig, MockProcess, free_port  # noqa: E402
+from loadtest.router_process import router_process as start_router  # noqa: E402
+from mock import MockConfig, MockProcess, free_port  # noqa: E402,F401
 from mock.runner import wait_http  # noqa: E402,F401
 
 ZERO = MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=8, parallel=100_000, max_queue=100_000)
@@ -112,43 +111,9 @@ def mock_process(config: MockConfig = ZERO) -> Iterator[MockProcess]:
         yield m
 
 
-@contextmanager
 def router_process(
     endpoints: list[dict], workers: int = 1, core: int | None = None, **extra: object
-) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A router on a free port (pinned to `core` if given) until the block ends."""
-    cfg = {"endpoints": endpoints, "max_queue": 100_000, **extra}
-    fd, path = tempfile.mkstemp(suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(cfg, f)
-    port = free_port()
-    pin = ["taskset", "-c", str(core)] if core is not None else []
-    proc = subprocess.Popen(
-        [
-            *pin,
-            sys.executable,
-            "-m",
-            "nomyo_router",
-            "--config",
-            path,
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", 30, proc)
-        yield url, proc
-    finally:
-        import signal
-
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-        os.unlink(path)
+) -> AbstractContextManager[tuple[str, subprocess.Popen[bytes]]]:
+    """A router on a free port (pinned to `core` if given) until the block ends; `extra`: more
+    config keys."""
+    return start_router({"endpoints": endpoints, "max_queue": 100_000, **extra}, workers, core)

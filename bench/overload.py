@@ -33,16 +33,13 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
-
-import yaml
 
 import goload
 import slowload
 from common import cpu_of, free_port, rss_mb
+from loadtest.router_process import router_argv, write_config
 from mock import MockConfig, MockProcess
 from mock.runner import wait_http
 
@@ -157,32 +154,16 @@ def main() -> None:
         if args.floor:
             with goload.relay(binary, m.port, 0) as r:  # type: ignore[arg-type]
                 floor = stage(r.port, r.pid, mock_pid)
-        fd, path = tempfile.mkstemp(suffix=".yaml")
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(
-                {
-                    "endpoints": [{"url": m.url, "name": "m", "max_concurrent": 100_000}],
-                    "max_queue": 100_000,
-                    "routing": "least_busy",
-                },
-                f,
-            )
+        path = write_config(
+            {
+                "endpoints": [{"url": m.url, "name": "m", "max_concurrent": 100_000}],
+                "max_queue": 100_000,
+                "routing": "least_busy",
+            }
+        )
         port = free_port()
         router = subprocess.Popen(
-            [
-                "taskset",
-                "-c",
-                "0",
-                sys.executable,
-                "-m",
-                "nomyo_router",
-                "--config",
-                path,
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
+            router_argv(path, port, core=0),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

@@ -43,7 +43,8 @@ import yaml
 
 import scaling
 from common import MockConfig, _children, cpu_of, free_port, mock_process, rss_mb, wait_tcp, wrk
-from spawn import MODEL, PATH, Peer, _nomyo_at, _served, _spawn, _stop, run_nomyo
+from mock.runner import stop_group
+from spawn import MODEL, PATH, Peer, _nomyo_at, _served, _spawn, run_nomyo
 
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "nomyo-router", "peers")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -135,7 +136,7 @@ def run_floor(mock: str, core: int | None) -> Iterator[Peer]:
         _served(url + PATH, proc)
         yield Peer("floor", url, proc.pid)
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 @contextmanager
@@ -148,7 +149,7 @@ def run_olla(binary: str, mock: str, core: int | None) -> Iterator[Peer]:
         them at c=32), Olla's circuit breaker — 5 consecutive failures, open 30 s, not
         configurable — counts them, and the next run would measure its 502s."""
         if procs:
-            _stop(procs.pop())
+            stop_group(procs.pop())
         port = free_port()
         cfg = {
             "server": {
@@ -201,7 +202,7 @@ def run_olla(binary: str, mock: str, core: int | None) -> Iterator[Peer]:
         yield start()
     finally:
         if procs:
-            _stop(procs.pop())
+            stop_group(procs.pop())
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -234,7 +235,7 @@ def run_vllm_router(exe: str, mock: str, core: int | None) -> Iterator[Peer]:
         _served(url + PATH, proc)
         yield Peer("vllm-router", url, proc.pid)
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 # ---- measuring ----------------------------------------------------------------------------

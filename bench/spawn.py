@@ -9,16 +9,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import yaml
-
 from common import free_port, wait_http
+from loadtest.router_process import router_argv, write_config
+from mock.runner import stop_group
 
 MODEL = "llama3"
 PATH = "/v1/chat/completions"
@@ -37,20 +36,6 @@ def _spawn(cmd: list[str], core: int | None, **kw) -> subprocess.Popen:
     if core is not None:
         cmd = ["taskset", "-c", str(core), *cmd]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, **kw)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def _served(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -79,44 +64,25 @@ def _served(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 @contextmanager
 def run_nomyo(mock: str, core: int | None, workers: int = 1, shared: bool = False) -> Iterator[Peer]:
     """`shared`: one worker exactly as each of N (the shared store, multiprocess metrics)."""
-    fd, path = tempfile.mkstemp(suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(
-            {
-                "endpoints": [{"url": mock, "name": "mock", "max_concurrent": 4096}],
-                "max_queue": 100_000,
-                **({"state": "shared"} if shared else {}),
-            },
-            f,
-        )
+    path = write_config(
+        {
+            "endpoints": [{"url": mock, "name": "mock", "max_concurrent": 4096}],
+            "max_queue": 100_000,
+            **({"state": "shared"} if shared else {}),
+        }
+    )
     port = free_port()
     env = dict(os.environ)
     if shared:
         env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="nomyo-metrics-")
-    proc = _spawn(
-        [
-            sys.executable,
-            "-m",
-            "nomyo_router",
-            "--config",
-            path,
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-        ],
-        core,
-        env=env,
-    )
+    proc = _spawn(router_argv(path, port, workers), core, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", 30, proc)
         _served(url + PATH, proc)
         yield Peer("nomyo-router", url, proc.pid)
     finally:
-        _stop(proc)
+        stop_group(proc)
         os.unlink(path)
 
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from mock import MockConfig, MockProcess, free_port
-from mock.runner import wait_http
+from mock.runner import stop_group, wait_http
+
+from .router_process import router_argv, write_config
 
 
 @dataclass
@@ -66,24 +64,10 @@ class Fleet:
         return cfg
 
     def _start_router(self) -> None:
-        fd, self.config_path = tempfile.mkstemp(prefix="nomyo-loadtest-", suffix=".yaml")
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(self.router_config(), f)
+        self.config_path = write_config(self.router_config(), prefix="nomyo-loadtest-")
         port = self.router_port or free_port()
         self.router_url = f"http://127.0.0.1:{port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "nomyo_router",
-            "--config",
-            self.config_path,
-            "--port",
-            str(port),
-            "--workers",
-            str(self.router_workers),
-            "--log-level",
-            "warning",
-        ]
+        cmd = router_argv(self.config_path, port, self.router_workers)
         self.router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         wait_http(self.router_url + "/health", 30, self.router)
 
@@ -93,7 +77,7 @@ class Fleet:
 
     def stop(self) -> None:
         if self.router is not None and self.router.poll() is None:
-            _kill_group(self.router)
+            stop_group(self.router)
         for m in self.mocks:
             m.stop()
         if self.config_path and not self.keep_config and os.path.exists(self.config_path):
@@ -104,17 +88,6 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
 
 
 def install_sigterm_as_interrupt() -> None:

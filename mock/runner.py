@@ -93,12 +93,7 @@ class MockProcess:
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+            stop_group(self.proc, 5.0)
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -110,6 +105,21 @@ class MockProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM to `proc`'s process group (it was started in a session of its own, so its
+    children go too), SIGKILL when it has not exited after `grace` seconds; a group already
+    gone is fine."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        proc.wait()
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
