@@ -39,7 +39,7 @@ class Extra:
         }
 
     async def status(self, request: web.Request) -> web.Response:
-        return _json({"cloud": {"disabled": True, "source": "env"}})
+        return web.json_response({"cloud": {"disabled": True, "source": "env"}})
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         self.b.requests[request.path] += 1
@@ -47,7 +47,7 @@ class Extra:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise _bad("model is required")
-        self.b._check_model(model)
+        self.b.check_model(model)
         return body
 
     async def responses(self, request: web.Request) -> Any:
@@ -70,7 +70,7 @@ class Extra:
         }
         done = _response(rid, body["model"], "".join(tokens), "completed", usage)
         if not body.get("stream"):
-            return _json(done)
+            return web.json_response(done)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         seq = iter(range(1 << 30))
@@ -103,7 +103,7 @@ class Extra:
         order = sorted(range(len(texts)), key=lambda i: -scores[i])
         top = body.get("top_n")
         order = order[:top] if isinstance(top, int) and top > 0 else order
-        return _json(
+        return web.json_response(
             {
                 "id": f"rerank-{self.b.rid_prefix}",
                 "model": body["model"],
@@ -115,7 +115,7 @@ class Extra:
     async def images(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         n = body.get("n") or 1
-        return _json({"created": int(time.time()), "data": [{"b64_json": PNG} for _ in range(n)]})
+        return web.json_response({"created": int(time.time()), "data": [{"b64_json": PNG} for _ in range(n)]})
 
     async def transcription(self, request: web.Request) -> web.Response:
         self.b.requests[request.path] += 1
@@ -129,8 +129,8 @@ class Extra:
             )
         fields, file_size = _form(request.body, m.group(1).strip('"').encode())
         model = fields.get("model", "")
-        self.b._check_model(model)
-        return _json({"text": f"mock transcription of {file_size} bytes"})
+        self.b.check_model(model)
+        return web.json_response({"text": f"mock transcription of {file_size} bytes"})
 
 
 def _form(raw: bytes, boundary: bytes) -> tuple[dict[str, str], int]:
@@ -178,10 +178,6 @@ def _response(rid: str, model: str, text: str, status: str, usage: Any) -> dict[
 def _event(kind: str, fields: dict[str, Any], seq: Any) -> bytes:
     data = {"type": kind, "sequence_number": next(seq), **fields}
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
-
-
-def _json(obj: Any) -> web.Response:
-    return web.Response(200, json.dumps(obj).encode())
 
 
 def _bad(message: str) -> Exception:

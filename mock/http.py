@@ -11,6 +11,7 @@ cancelling a handler when its client goes away.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -67,6 +68,11 @@ class Response:
         if not keep_alive:
             head.append("Connection: close")
         return ("\r\n".join(head) + "\r\n\r\n").encode() + self.body
+
+
+def json_response(obj: object, status: int = 200) -> Response:
+    """`obj` as a whole JSON answer."""
+    return Response(status, json.dumps(obj).encode())
 
 
 class StreamResponse:

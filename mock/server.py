@@ -14,7 +14,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any
 
 from . import fidelity, formats
@@ -23,8 +22,10 @@ from .capacity import QueueFull, Slots
 from .config import MockConfig
 from .extra import Extra
 from .generation import BadRequest, Generation, _parse_generation, read_json
+from .knobs import Knobs
 from .kvcache import PrefixCache
 from .manage import BadInput, Manage
+from .metadata import Metadata
 from .text import count_tokens, embedding, output_tokens
 from .ticker import Ticker
 
@@ -59,18 +60,9 @@ class MockBackend:
             ("POST", "/v1/chat/completions"): self._gen("openai", "chat"),
             ("POST", "/v1/completions"): self._gen("openai", "generate"),
             ("POST", "/v1/embeddings"): self._gen("openai", "embed"),
-            ("POST", "/api/show"): self.show,
-            ("GET", "/api/tags"): self.tags,
-            ("GET", "/api/ps"): self.ps,
-            ("GET", "/api/version"): self.version,
-            ("GET", "/v1/models"): self.models,
-            ("GET", "/health"): self.health,  # vLLM's liveness route (vllm-router waits on it)
-            ("GET", "/mock/stats"): self.stats_route,
-            ("POST", "/mock/config"): self.config_route,
-            ("GET", "/mock/config"): self.config_route,
-            ("POST", "/mock/reset"): self.reset_route,
-            ("POST", "/mock/stall"): self.stall_route,
         }
+        self.routes.update(Metadata(self).routes)
+        self.routes.update(Knobs(self).routes)
         self.manage = Manage(self)
         self.routes.update(self.manage.routes)
         self.routes.update(Extra(self).routes)
@@ -145,73 +137,8 @@ class MockBackend:
             body = {"error": message}
         return web.Response(status, json.dumps(body).encode(), JSON, headers)
 
-    # ---- metadata routes ----------------------------------------------------------
-    async def tags(self, request: web.Request) -> web.Response:
-        return _json({"models": [formats.ollama_model_entry(m) for m in self.config.models]})
-
-    async def ps(self, request: web.Request) -> web.Response:
-        return _json({"models": [formats.ollama_ps_entry(m, self.config.context_length) for m in self.config.models]})
-
-    async def version(self, request: web.Request) -> web.Response:
-        return _json({"version": formats.OLLAMA_VERSION})
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(200, b"", JSON)
-
-    async def models(self, request: web.Request) -> web.Response:
-        return _json(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": m,
-                        "object": "model",
-                        "created": int(self.started),
-                        "owned_by": "mock",
-                        "max_model_len": self.config.context_length,
-                    }
-                    for m in self.config.models
-                ],
-            }
-        )
-
-    async def show(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
-        model = body.get("model") or body.get("name")
-        if not isinstance(model, str) or not model:
-            raise BadRequest(400, "model is required")
-        self._check_model(model)
-        return _json(formats.ollama_show(model, self.config.context_length))
-
-    async def stats_route(self, request: web.Request) -> web.Response:
-        return _json(self.stats())
-
-    async def config_route(self, request: web.Request) -> web.Response:
-        if request.method == "POST":
-            changes = await read_json(request)
-            try:
-                self.update(**changes)
-            except (ValueError, TypeError) as e:
-                raise BadRequest(400, str(e)) from e
-        return _json(asdict(self.config))
-
-    async def reset_route(self, request: web.Request) -> web.Response:
-        self.reset_stats()
-        self.kv.clear()
-        return _json({"ok": True})
-
-    async def stall_route(self, request: web.Request) -> web.Response:
-        """Freeze the whole server for `ms` (a GC pause, a swapped-out process): every request
-        in flight and every new one waits. The answer comes after the stall."""
-        body = await read_json(request)
-        ms = body.get("ms", 500)
-        if not isinstance(ms, (int, float)) or isinstance(ms, bool) or not 0 <= ms <= 60_000:
-            raise BadRequest(400, "ms must be a number between 0 and 60000")
-        self.errors_injected["stall"] += 1
-        asyncio.get_running_loop().call_soon(time.sleep, ms / 1000)
-        return _json({"stalled_ms": ms})
-
-    def _check_model(self, model: str) -> None:
+    def check_model(self, model: str) -> None:
+        """404 unless the mock serves `model` (`name` and `name:latest` are one model)."""
         if model in self.config.models:
             return
         if ":" not in model and model + ":latest" in self.config.models:
@@ -226,7 +153,7 @@ class MockBackend:
             route = request.path
             self.requests[route] += 1
             gen = _parse_generation(api, kind, await read_json(request))
-            self._check_model(gen.model)
+            self.check_model(gen.model)
             return await self._serve(request, gen, route)
 
         return handler
@@ -320,7 +247,7 @@ class MockBackend:
             if gen.b64:
                 for item in out["data"]:
                     item["embedding"] = fidelity.b64_embedding(item["embedding"])
-            return _json(out)
+            return web.json_response(out)
 
         rest = c.tokens - gen.offset
         limit = rest if gen.max_tokens is None or gen.max_tokens < 0 else min(rest, gen.max_tokens)
@@ -342,9 +269,9 @@ class MockBackend:
             if drop:
                 _cut(request)
             if error:
-                return _json(_runner_error(gen.api))
+                return web.json_response(_runner_error(gen.api))
             body = formats.complete_body(gen, tokens, done_reason, timing, rid)
-            return _json(body if ex is None else fidelity.whole(body, gen.api, ex, rid))
+            return web.json_response(body if ex is None else fidelity.whole(body, gen.api, ex, rid))
 
         await _sleep_until(loop, t0 + first_byte_s)
         resp = web.StreamResponse(headers={"Content-Type": formats.stream_content_type(gen.api)})
@@ -421,7 +348,3 @@ async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None
     delay = deadline - loop.time()
     if delay > 0:
         await asyncio.sleep(delay)
-
-
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status, json.dumps(obj).encode(), JSON)
