@@ -156,8 +156,13 @@ async def test_a_resumed_stream_frees_the_dead_endpoints_slot_at_the_switch(nati
                 resp = await s.post(r.url + "/api/chat", json=body)
                 if resp.headers["X-Router-Endpoint"] == "m0":
                     break
-                await resp.read()
-                resp.release()
+                resp.close()  # (not read to its end: 2.4 s at m1's pace) its slot back, then the next try
+                for _ in range(250):
+                    if await in_flight(s, r.url) == {"m0": 0, "m1": 0}:
+                        break
+                    await asyncio.sleep(0.02)
+                else:
+                    pytest.fail("the stream the client closed still holds its slot")
             else:
                 pytest.fail("no stream started on m0")
             words: list[str] = []
