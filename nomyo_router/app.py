@@ -44,6 +44,7 @@ from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
 from .domain import Endpoint, model_key
 from .events import Events, RequestRecord
 from .forward import moe, overflow
+from .forward.exchange import Exchange, Handle
 from .forward.proxy import Proxy
 from .ops import dashboard, reload, tracing, usage_api, usage_stream
 from .ops.accesslog import AccessLog
@@ -365,7 +366,6 @@ class RouterApp:
             status, body = await unload(router.upstream, router.endpoints, req.path, req.key, raw)
             await send_response(send, status, body)
             return
-        req.body_writer = scope.pop(BODY_WRITER, None)  # (popped: no reference cycle through the scope)
         sid = header(scope, router.session_header)
         if sid:
             req.session_id = sid.decode("latin-1")
@@ -375,7 +375,10 @@ class RouterApp:
         rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
         if router.tracer is not None:
             router.tracer.begin(rec, scope, req.kind, req.key, t0)
-        handle: overflow.Handle = router.ensemble.handle if ensemble else router.proxy.handle
+        # The one way out of this request's answer, and its one completion point (`finish`).
+        # (the writer is popped from the scope: no reference cycle through it)
+        ex = Exchange(send, rec, t0, router.events, scope.pop(BODY_WRITER, None))
+        handle: Handle = router.ensemble.handle if ensemble else router.proxy.forward
         if router.config.context_overflow == "trim":  # a chat too long for the model: its oldest turns go
             handle = overflow.wrap(handle, router.events)
         if router.cache is not None or "nomyo" in req.body:  # the response cache; NOMYO's body field
@@ -388,15 +391,13 @@ class RouterApp:
                 await cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive, scope)
                 if not held:
                     return  # the client left while waiting for its permit
-            await cancel_on_disconnect(handle(req, send, rec), receive, scope)
-        except ApiError as e:
-            rec.status, rec.error = e.status, e.code or "error"
-            raise
+            await cancel_on_disconnect(handle(req, ex), receive, scope)
+        except ApiError as e:  # in the caller's API shape, through the exchange
+            await ex.fail(e)
         finally:
             if held:
                 limits.leave(held[0])
-            rec.total_s = time.perf_counter() - t0
-            router.events.request_done(rec)
+            ex.finish()
 
     async def show(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         router = self._router()

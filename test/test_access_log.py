@@ -274,7 +274,7 @@ async def test_an_exception_before_any_head_is_the_500_the_client_got(mock, capl
         async def broken(*args: Any) -> None:
             raise RuntimeError("a bug")
 
-        r.router.proxy.handle = broken  # type: ignore[method-assign]
+        r.router.proxy.forward = broken  # type: ignore[method-assign]
         with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
             status, _ = await raw_post(r.url, "/api/chat", json.dumps(CHAT).encode(), [b"X-Request-ID: boom"])
             await until(lambda: len(access_lines(caplog)) == 1)

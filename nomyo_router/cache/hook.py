@@ -5,20 +5,42 @@ The cost for a request that did not opt in: with the cache off, one lookup in th
 body's dict (`"nomyo" in req.body`, in app.py: constant, whatever the body's size; a
 substring search of the raw body cost 7 µs on 22 KB); with it on, that lookup and one scan of
 the headers (bench/cache.py).
+
+The request's answer leaves through its exchange (forward/exchange.py); the cache reads it on
+its way out through a `send` of its own (`Exchange.via`), and answers a hit through the
+client's `send`. The exchange is seen here only as the `Way` below (the cache does not import
+the request path, which imports the cache).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable, Callable
+from typing import Protocol, Self, TypeVar
 
 from ..api.asgi import Scope, Send, header
 from ..api.requests import GenRequest
 from ..events import RequestRecord
 from . import keys
-from .service import Handle, ResponseCache
+from .service import ResponseCache
 
 
-def handler(cache: ResponseCache | None, scope: Scope, req: GenRequest, handle: Handle) -> Handle:
+class Way(Protocol):
+    """What the cache uses of a request's exchange."""
+
+    @property
+    def send(self) -> Send: ...
+    @property
+    def rec(self) -> RequestRecord: ...
+    def via(self, send: Send) -> Self: ...
+
+
+W = TypeVar("W", bound=Way)
+
+
+def handler(
+    cache: ResponseCache | None, scope: Scope, req: GenRequest, handle: Callable[[GenRequest, W], Awaitable[None]]
+) -> Callable[[GenRequest, W], Awaitable[None]]:
     """`handle` itself, or the cache's flow around it when the request opted in. NOMYO's `nomyo`
     body field is taken out here in any case: it is for the router, never for a backend."""
     asked = keys.FIELD in req.body and keys.take_field(req)
@@ -31,5 +53,10 @@ def handler(cache: ResponseCache | None, scope: Scope, req: GenRequest, handle: 
     return functools.partial(_serve, cache, handle)
 
 
-async def _serve(cache: ResponseCache, handle: Handle, req: GenRequest, send: Send, rec: RequestRecord) -> None:
-    await cache.serve(req, send, rec, handle)
+async def _serve(
+    cache: ResponseCache, handle: Callable[[GenRequest, W], Awaitable[None]], req: GenRequest, ex: W
+) -> None:
+    async def through(req: GenRequest, send: Send, rec: RequestRecord) -> None:
+        await handle(req, ex.via(send))
+
+    await cache.serve(req, ex.send, ex.rec, through)

@@ -25,15 +25,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..api.asgi import Send
 from ..api.errors import ApiError
+from ..api.fairness import ClientLimits
 from ..api.requests import GenRequest
 from ..cache.answer import of_whole
+from ..config import RouterConfig
 from ..domain import model_key
-from ..events import RequestRecord
-from ..state import QueueFull
+from ..events import Events, RequestRecord
+from ..routing.scheduler import Scheduler
+from ..state import QueueFull, StateStore
+from .exchange import Exchange
+
+if TYPE_CHECKING:
+    from .proxy import Proxy
 
 PREFIX = "moe-"
 HEADER = b"x-router-moe"
@@ -69,18 +76,41 @@ def prepare(req: GenRequest) -> None:
     req.key = model_key(req.model[len(PREFIX) :])
 
 
+class Parts(Protocol):
+    """What an ensemble uses of the running router (its proxy is made at start-up, after it)."""
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def store(self) -> StateStore: ...
+    @property
+    def config(self) -> RouterConfig: ...
+    @property
+    def events(self) -> Events: ...
+    @property
+    def client_limits(self) -> ClientLimits: ...
+    @property
+    def proxy(self) -> Proxy | None: ...
+
+
 class Ensemble:
-    def __init__(self, router: Any) -> None:
+    def __init__(self, router: Parts) -> None:
         self.router = router
 
-    async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
+    def _proxy(self) -> Proxy:
+        proxy = self.router.proxy
+        assert proxy is not None  # (requests come after start-up)
+        return proxy
+
+    async def handle(self, req: GenRequest, ex: Exchange) -> None:
         router = self.router
+        rec = ex.rec
         inner = req.model[len(PREFIX) :]
         if req.path not in ROUTES:
             raise ApiError(400, f"a {PREFIX} ensemble answers chat and completion routes, not {req.path}")
         scheduler = router.scheduler
         if not scheduler.knows(req.key):
-            await router.proxy.rediscover()
+            await self._proxy().rediscover()
             if not scheduler.knows(req.key):
                 raise _unknown(req, inner)
         serving = [ep for ep in scheduler.endpoints if ep.serves(req.key)]
@@ -102,8 +132,8 @@ class Ensemble:
             if req.stream and "stream_options" in req.body:
                 body["stream_options"] = req.body["stream_options"]
         final = _request(req, inner, body)
-        final.body_writer = None  # (the head gets a header: the body takes the same path)
-        await router.proxy.handle(final, _with_header(send, len(answers)), rec)
+        # (the head gets a header: the body takes the same path)
+        await self._proxy().forward(final, ex.via(_with_header(ex.send, len(answers))))
 
     async def _ask(
         self, req: GenRequest, rec: RequestRecord, body: dict[str, Any], tag: str, pinned: tuple[str, ...] | None
@@ -114,23 +144,23 @@ class Ensemble:
         sub.pinned = pinned
         step = RequestRecord(f"{rec.request_id}.{tag}", req.api, req.path, body["model"], False, req.client)
         got = _Whole()
-        limits, held = router.client_limits, False
+        ex = Exchange(got.send, step, sub.t0, router.events)  # the step's own way out and completion
+        limits, held = router.client_limits, None
         try:
             if limits.capped(req.client):  # each step waits for one of its client's permits
                 await limits.enter(req.client, router.config.queue_timeout)
-                held = True
-            await router.proxy.handle(sub, got.send, step)
+                held = req.client
+            await self._proxy().forward(sub, ex)
         except ApiError as e:
-            step.status, step.error = e.status, e.code or "error"
+            await ex.fail(e)
             return None
         except (TimeoutError, QueueFull):  # no permit of its client's in time: this step is left out
             step.status, step.error = 503, "queue_timeout"
             return None
         finally:
-            if held:
-                limits.leave(req.client)
-            step.total_s = time.perf_counter() - sub.t0
-            router.events.request_done(step)
+            if held is not None:
+                limits.leave(held)
+            ex.finish()
         if got.status != 200:
             return None
         answer = of_whole(req.api, req.kind, got.body())

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..api.asgi import Send
 from ..api.requests import GenRequest
-from ..events import Events, RequestRecord
+from ..events import Events
+from .exchange import Exchange, Handle
 
-Handle = Callable[[GenRequest, Send, RequestRecord], Awaitable[None]]
 HEADER = b"x-router-trimmed"
 HELD_STATUSES = frozenset((400, 413))
 HOLD_BYTES = 64 * 1024  # an error body longer than this is not an overflow message: relayed as it comes
@@ -94,15 +93,15 @@ class Hold:
         await self._send({"type": "http.response.body", "body": body, "more_body": more})
 
 
-async def serve(handle: Handle, events: Events, req: GenRequest, send: Send, rec: RequestRecord) -> None:
+async def serve(handle: Handle, events: Events, req: GenRequest, ex: Exchange) -> None:
     messages = req.body.get("messages")
     if req.kind != "chat" or not isinstance(messages, list):
-        return await handle(req, send, rec)
-    req.body_writer = None  # every answer passes `send`, to be read when it is an error
+        return await handle(req, ex)
+    send = ex.send  # every answer passes a `Hold` of it, to be read when it is an error
     dropped = 0
     while True:
         hold = Hold(send, dropped)
-        await handle(req, hold.send, rec)
+        await handle(req, ex.via(hold.send))
         if not hold.overflow:
             return
         fewer = trim(req.body["messages"], b"".join(hold.body))
@@ -113,9 +112,8 @@ async def serve(handle: Handle, events: Events, req: GenRequest, send: Send, rec
         dropped += len(req.body["messages"]) - len(fewer)
         req.body["messages"] = fewer
         req.raw = json.dumps(req.body).encode()
-        rec.status, rec.error = 0, None
-        rec.retries += 1
-        events.count("context_trim", rec.endpoint or "", req.key)
+        ex.again()
+        events.count("context_trim", ex.rec.endpoint or "", req.key)
 
 
 def trim(messages: list[Any], error: bytes) -> list[Any] | None:
@@ -153,7 +151,7 @@ def _turns_to_drop(messages: list[Any], turns: list[list[int]], error: bytes) ->
 
 
 def wrap(handle: Handle, events: Events) -> Handle:
-    async def trimming(req: GenRequest, send: Send, rec: RequestRecord) -> None:
-        await serve(handle, events, req, send, rec)
+    async def trimming(req: GenRequest, ex: Exchange) -> None:
+        await serve(handle, events, req, ex)
 
     return trimming

@@ -2,7 +2,9 @@
 
 Pass-through (client API == what the backend speaks) forwards the client's bytes and
 relays the backend's bytes untouched. Translation is used only for Ollama-API requests
-to OpenAI-type backends.
+to OpenAI-type backends. The answer leaves through the request's `Exchange`
+(forward/exchange.py), which holds the slot taken here; `_attempt` picks the relay
+(forward/relays/) that writes it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from ..api import responses, route_types
 from ..api.asgi import Headers, Send
@@ -25,13 +26,15 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from ..upstream import error_record, h1, relay, translate, usage
+from ..upstream import error_record, h1, token_counts, translate
 from ..upstream.deadline import Deadlines
 from ..upstream.errors import ErrorRecord
 from ..upstream.health import Health
-from ..upstream.resume import Resumer, resumable
+from ..upstream.resume import resumable
 from ..upstream.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
-from . import passthrough, whole
+from .exchange import Exchange
+from .relays import passthrough, translated, whole
+from .relays.records import Resumer
 
 log = logging.getLogger("nomyo_router.proxy")
 
@@ -97,8 +100,20 @@ class Proxy:
         self._whole_timeout = h1.Timeout(sock_connect=config.connect_timeout, sock_read=config.first_byte_timeout)
         self._worker = (b"x-router-worker", str(os.getpid()).encode())
         self._wants_prompt = bool(getattr(scheduler.policy, "wants_prompt", False))
+        self._native = upstream if config.native_relay else None  # the compiled pump's client (None: off)
 
     async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
+        """`forward` for a caller that tells the events of `rec` itself (a sub-request such as
+        the semantic cache's embedding): its own Exchange, finished here, telling none."""
+        ex = Exchange(send, rec, req.t0, None)
+        try:
+            await self.forward(req, ex)
+        finally:
+            ex.finish()
+
+    async def forward(self, req: GenRequest, ex: Exchange) -> None:
+        """Answer `req` from a backend through `ex`, which holds the slot taken here until its
+        `finish`; an ApiError when no backend answers (the caller sends it: `Exchange.fail`)."""
         if self.health.overloaded():
             self.events.count("overloaded", "", req.key)
             raise ApiError(
@@ -132,6 +147,7 @@ class Proxy:
         if req.pinned is not None:  # an ensemble's sample goes where it was sent (forward/moe.py)
             tried += [ep.name for ep in self.scheduler.endpoints if ep.name not in req.pinned]
         last: RetryableFailure | None = None
+        rec = ex.rec
         attempts = min(self.config.max_attempts, self.scheduler.serving(req.key))
         for attempt in range(attempts):
             try:
@@ -152,9 +168,10 @@ class Proxy:
                     code="queue_timeout",
                     retry_after=self.config.retry_after,
                 ) from None
+            ex.hold(lease)  # (given back at ex.finish, or below when this attempt fails)
             if attempt:
                 if not self.budget.allow():
-                    lease.release()
+                    ex.let_go()
                     log.warning("retry budget spent: not retrying %s (%s)", req.key, last and last.reason)
                     break
                 rec.retries += 1
@@ -162,22 +179,22 @@ class Proxy:
             t_lease = time.perf_counter()
             try:
                 rec.upstream_first_s = None
-                await self._attempt(req, lease, send, rec, ctx, attempt == attempts - 1)
-                if rec.error is None and not rec.resumed:
-                    self.health.success(lease.endpoint)  # (cut streams were reported as they broke)
-                self.store.record(lease.endpoint.name, req.key)
-                self.scheduler.observe(ctx, lease.endpoint, rec.upstream_first_s, time.perf_counter() - t_lease)
-                return
+                await self._attempt(req, lease, ex, ctx, attempt == attempts - 1)
             except RetryableFailure as f:
+                ex.let_go()
                 log.info("attempt on %s failed before any byte was sent (%s); retrying", lease.endpoint.name, f.reason)
                 self.health.failure(lease.endpoint, f.reason, f.unreachable)
                 tried.append(lease.endpoint.name)
                 last = f
-            finally:
-                lease.release()
-        await self._give_up(req, last, send, rec)
+                continue
+            if rec.error is None and not rec.resumed:
+                self.health.success(lease.endpoint)  # (cut streams were reported as they broke)
+            self.store.record(lease.endpoint.name, req.key)
+            self.scheduler.observe(ctx, lease.endpoint, rec.upstream_first_s, time.perf_counter() - t_lease)
+            return
+        await self._give_up(req, last, ex)
 
-    async def _give_up(self, req: GenRequest, last: RetryableFailure | None, send: Send, rec: RequestRecord) -> None:
+    async def _give_up(self, req: GenRequest, last: RetryableFailure | None, ex: Exchange) -> None:
         if last is None:
             raise ApiError(
                 503,
@@ -190,8 +207,8 @@ class Proxy:
             status, code = (502, ErrorRecord.code) if last.status == 200 else (last.status, "upstream_status")
             if req.api == "ollama" and last.content_type.startswith(b"application/json"):
                 body = error_body("ollama", status, translate.error_message(body))
-            rec.status, rec.error = status, code
-            await _send_whole(send, status, body, last.content_type, [])
+            ex.note_error(code)
+            await ex.whole(status, body, [], last.content_type)
             return
         raise ApiError(502, f"every endpoint failed for model '{req.model}': {last.reason}", code="upstream_error")
 
@@ -204,7 +221,7 @@ class Proxy:
         if ep.type == "openai" and req.model != ep.models[req.key] and req.ctype is None:
             raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
         if strip:
-            raw = usage.ask(raw, req.body)  # counted, then stripped again (resume.py)
+            raw = token_counts.ask(raw, req.body)  # counted, then stripped again (relays/records.py)
         return req.path, raw, False
 
     def _strips_usage(self, req: GenRequest) -> bool:
@@ -215,24 +232,24 @@ class Proxy:
             and req.stream
             and self.resumer is not None
             and resumable(req.api, req.kind, req.body)
-            and not usage.wants(req.body)
+            and not token_counts.wants(req.body)
         )
 
-    async def _attempt(
-        self, req: GenRequest, lease: Lease, send: Send, rec: RequestRecord, ctx: RouteContext, last: bool
-    ) -> None:
+    async def _attempt(self, req: GenRequest, lease: Lease, ex: Exchange, ctx: RouteContext, last: bool) -> None:
         ep = lease.endpoint
+        rec = ex.rec
         strip = self._strips_usage(req)
         path, body, translating = self._plan(req, ep, strip)
         t_up = time.perf_counter()
-        rec.endpoint, rec.queue_s, rec.affinity = ep.name, lease.queued_s, lease.affinity
-        rec.overhead_s = t_up - req.t0 - lease.queued_s
+        queued = lease.queued_s
+        rec.endpoint, rec.queue_s, rec.affinity = ep.name, queued, lease.affinity
+        rec.overhead_s = overhead = t_up - req.t0 - queued
         headers: Headers = [
             self._worker,
             (b"x-request-id", rec.request_id.encode("latin-1")),
             (b"x-router-endpoint", ep.name.encode()),
-            (b"x-router-queue-ms", b"%.3f" % (lease.queued_s * 1000)),
-            (b"x-router-overhead-ms", b"%.3f" % ((t_up - req.t0 - lease.queued_s) * 1000)),
+            (b"x-router-queue-ms", b"%.3f" % (queued * 1000)),
+            (b"x-router-overhead-ms", b"%.3f" % (overhead * 1000)),
         ]
         if lease.affinity is not None:
             headers.append((b"x-router-affinity", lease.affinity.encode()))
@@ -267,50 +284,23 @@ class Proxy:
                     headers.append((key, value.encode()))
         if req.kind == "responses" and resp.status == 200 and self.config.conversation_affinity:
             await responses.remember_response(self.store, data or first, ep.name)  # for previous_response_id
-        rec.status = resp.status  # (after the last wait before the head goes out: a client gone meanwhile got none)
+        # (the status is recorded as the head goes out, after the last wait: a client gone meanwhile got none)
         if not req.stream or resp.status != 200:
-            if data is None:  # larger than the router holds (whole.py)
-                return await whole.finish(resp, translating, self.config, headers, send, rec, self.health, ep)
-            resp.release()
-            try:
-                if translating:
-                    await self._send_translated(req, resp.status, data, headers, send)
-                else:
-                    await _send_whole(send, resp.status, data, None, headers, req.body_writer)
-            finally:  # (accounting once the answer left, or the client did: the backend did the work)
-                if resp.status == 200:
-                    rec.prompt_tokens, rec.completion_tokens = usage.counts(data[-usage.TAIL :])
-            return
+            if data is None:  # larger than the router holds (relays/whole.py)
+                return await whole.relay_large(ex, resp, translating, self.config, headers, self.health, ep)
+            return await whole.send(ex, req, resp, data, headers, translating)
         if self.resumer is not None and not translating and resumable(req.api, req.kind, req.body):
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            try:
-                cut = await self.resumer.relay(
-                    req, ctx, rec, ep, resp, first, send, usage.Strip() if strip else None, req.body_writer, lease
-                )
-            finally:
-                resp.close()  # no-op when released; the client left: closing stops the backend
-            if cut:
-                error_record.ended(rec, cut)
-                await send({"type": "http.response.body", "body": relay.stream_error(resp, cut), "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-            return
+            strips = token_counts.Strip() if strip else None
+            return await self.resumer.relay(ex, req, ctx, ep, resp, first, headers, strips)
         finished = False
         try:
             broke: BaseException | bool | None
             if translating:
-                broke = await self._relay_translated(req, resp, first, headers, send, rec)
+                broke = await translated.stream(ex, req, resp, first, headers, self.config.max_record_bytes)
             else:
-                broke = await passthrough.relay(
-                    resp,
-                    first,
-                    headers,
-                    send,
-                    rec,
-                    req.body_writer,
-                    self.upstream if self.config.native_relay else None,
-                )
+                broke = await passthrough.relay(ex, resp, first, headers, self._native)
             if broke:
-                error_record.ended(rec, broke)
+                ex.cut(broke)
                 error_record.blame(self.health, self.events, ep, req.key, broke)
             finished = True
         finally:
@@ -367,55 +357,6 @@ class Proxy:
             resp.close()
             raise
 
-    async def _relay_translated(
-        self, req: GenRequest, resp: h1.Response, first: bytes, headers: Headers, send: Send, rec: RequestRecord
-    ) -> BaseException | bool:
-        conv = translate.SseToNdjson(req.kind, req.model, req.t0)
-        headers.append((b"content-type", b"application/x-ndjson"))
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        pending = first
-        try:
-            while True:
-                for line in pending.splitlines(keepends=True):
-                    out = conv.line(line)
-                    if out:
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-                        if out.startswith(b'{"error"'):  # the backend's error record, translated: the end
-                            await send({"type": "http.response.body", "body": b""})
-                            return ErrorRecord(line)
-                if conv.done:
-                    await resp.hold(self.config.max_record_bytes, False)  # drain what follows [DONE]: reused
-                    break
-                pending = await resp.content.readline(self.config.max_record_bytes)
-                if not pending:
-                    break
-        except (TimeoutError, h1.ClientError) as e:
-            await send({"type": "http.response.body", "body": relay.ndjson_error(e), "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-            return e
-        tail = conv.final()
-        if tail:
-            await send({"type": "http.response.body", "body": tail, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
-        if isinstance(conv.usage, dict):  # the backend's counts (translation asks for them)
-            rec.prompt_tokens = conv.usage.get("prompt_tokens")
-            rec.completion_tokens = conv.usage.get("completion_tokens")
-        return False
-
-    async def _send_translated(self, req: GenRequest, status: int, data: bytes, headers: Headers, send: Send) -> None:
-        if status != 200:
-            await _send_whole(
-                send, status, error_body("ollama", status, translate.error_message(data)), b"application/json", headers
-            )
-            return
-        try:
-            out = translate.response_to_ollama(
-                req.kind, json.loads(data), req.model, int((time.perf_counter() - req.t0) * 1e9)
-            )
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise ApiError(502, f"backend sent a response that could not be translated: {e}") from None
-        await _send_whole(send, 200, json.dumps(out).encode(), b"application/json", headers)
-
 
 async def _nothing() -> None:
     return None
@@ -427,20 +368,6 @@ async def _first_chunk(resp: h1.Response, line: int) -> bytes:
     if not chunk:
         raise h1.Cut("backend closed the stream before the first chunk")
     return chunk
-
-
-async def _send_whole(
-    send: Send, status: int, body: bytes, content_type: bytes | None, headers: Headers, writer: Any = None
-) -> None:
-    """`writer`: the protocol's `BodyWriter`, which writes the whole response at once when it may."""
-    h = list(headers)
-    if content_type is not None:
-        h.append((b"content-type", content_type))
-    h.append((b"content-length", b"%d" % len(body)))
-    if writer is not None and writer.whole(status, h, body):
-        return
-    await send({"type": "http.response.start", "status": status, "headers": h})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _unknown_model(req: GenRequest) -> ApiError:

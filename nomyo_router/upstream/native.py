@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import h1
 from .error_record import Check, find
 from .errors import ErrorRecord
+
+if TYPE_CHECKING:
+    from .relay import DirectWriter
 
 try:
     from . import _pump
@@ -84,7 +87,7 @@ def _pump_of(upstream: h1.Upstream, loop: asyncio.AbstractEventLoop) -> Pump:
 async def relay(
     upstream: h1.Upstream,
     resp: h1.Response,
-    writer: Any,
+    writer: DirectWriter,
     sep: bytes,
     pending: bytes,
     keep: Callable[[bytes], None],
@@ -163,7 +166,7 @@ class _Idle:
     __slots__ = ("pump", "handle", "fut", "read_s", "loop", "timer")
 
     def __init__(
-        self, pump: Any, handle: int, fut: asyncio.Future[int], read_s: float, loop: asyncio.AbstractEventLoop
+        self, pump: _pump.Pump, handle: int, fut: asyncio.Future[int], read_s: float, loop: asyncio.AbstractEventLoop
     ) -> None:
         self.pump, self.handle, self.fut, self.read_s, self.loop = pump, handle, fut, read_s, loop
         self.timer: asyncio.TimerHandle | None = loop.call_at(loop.time() + read_s, self.check)

@@ -18,16 +18,31 @@ ASGI path as before, which waits (back-pressure) or fails as uvicorn decides.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
 
-from .error_record import find, marked
+from . import h1, native
+from .error_record import CHECKS, find, marked
 from .errors import ErrorRecord, TooLarge, record_too_large
 
 if TYPE_CHECKING:
-    from . import usage
+    from . import token_counts
     from .resume import Seam, Sent
+
+
+class DirectWriter(Protocol):
+    """What the relays need of the server's direct writer (`protocol.BodyWriter`)."""
+
+    transport: asyncio.WriteTransport
+
+    def ready(self) -> bool: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool: ...
 
 
 class Records:
@@ -48,7 +63,13 @@ class Records:
     __slots__ = ("sep", "seam", "sent", "strip", "head", "parts", "held", "limit", "busy", "writer", "plain", "error")
 
     def __init__(
-        self, sep: bytes, seam: Seam | None, sent: Sent, strip: usage.Strip | None, writer: Any = None, limit: int = 0
+        self,
+        sep: bytes,
+        seam: Seam | None,
+        sent: Sent,
+        strip: token_counts.Strip | None,
+        writer: DirectWriter | None = None,
+        limit: int = 0,
     ) -> None:
         self.sep, self.seam, self.sent, self.strip, self.writer = sep, seam, sent, strip, writer
         self.head = b""  # a record's beginning, in one piece, waiting for its end
@@ -147,7 +168,7 @@ class Records:
     def take(self, chunk: bytes) -> bool:
         """The sink: process and write `chunk` now, or refuse it (False)."""
         w = self.writer
-        if self.busy or not w.ready():
+        if self.busy or w is None or not w.ready():
             return False
         if self.plain and not self.head and not self.parts and chunk.endswith(self.sep) and not marked(chunk):
             self.sent.add(chunk)  # whole records, none an error: as they are
@@ -170,14 +191,14 @@ class Passthrough:
 
     __slots__ = ("before", "last", "busy", "writer")
 
-    def __init__(self, first: bytes, writer: Any = None) -> None:
+    def __init__(self, first: bytes, writer: DirectWriter | None = None) -> None:
         self.before, self.last = b"", first
         self.busy = False
         self.writer = writer
 
     def take(self, chunk: bytes) -> bool:
         w = self.writer
-        if self.busy or not w.ready() or marked(chunk):  # (maybe an error record: the task looks)
+        if self.busy or w is None or not w.ready() or marked(chunk):  # (maybe an error record: the task looks)
             return False
         self.keep(chunk)
         w.write(chunk)
@@ -203,7 +224,7 @@ def ndjson_error(e: BaseException | bool | None) -> bytes:
     return json.dumps({"error": _why(e)}).encode() + b"\n"
 
 
-def stream_error(resp: Any, e: BaseException | bool | None) -> bytes:
+def stream_error(resp: h1.Response, e: BaseException | bool | None) -> bytes:
     """A last chunk telling the client the stream broke, in the stream's own format: the
     backend's own error record when that is what broke it."""
     if isinstance(e, ErrorRecord):
@@ -212,3 +233,51 @@ def stream_error(resp: Any, e: BaseException | bool | None) -> bytes:
         msg = {"error": {"message": _why(e), "type": "server_error", "param": None, "code": "upstream_error"}}
         return b"data: " + json.dumps(msg).encode() + b"\n\n"
     return ndjson_error(e)
+
+
+async def relay_records(
+    resp: h1.Response,
+    first: bytes,
+    sep: bytes,
+    seam: Seam | None,
+    sent: Sent,
+    body: Callable[[bytes], Awaitable[None]],
+    strip: token_counts.Strip | None = None,
+    writer: DirectWriter | None = None,
+    upstream: h1.Upstream | None = None,
+    limit: int = 0,
+) -> BaseException | None:
+    """The record-wise relay: send whole records of `resp` on through `body` (keeping what was
+    sent in `sent`); None when the stream ended, else what broke it. With a `writer`, pieces
+    go from the connection's callback straight to the client (`Records.take`); with
+    `upstream` too, the rest of a plain stream goes through the compiled pump (native.py).
+    `limit`: max_record_bytes (h1.TooLarge beyond it)."""
+    whole = Records(sep, seam, sent, strip, writer, limit)
+    chunk = first
+    try:
+        while chunk and whole.error is None:  # (an error record the sink met: `chunk` was fed there)
+            out = whole.feed(chunk)
+            if out:
+                whole.busy = True
+                await body(out)
+                whole.busy = False
+            if whole.error is not None:
+                break
+            if writer is not None:
+                if upstream is not None and whole.plain:
+                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add, limit, CHECKS[sep])
+                    if rest is not None:
+                        whole.pending = rest
+                        break
+                resp.sink(whole.take)
+            chunk = await resp.content.readany()
+    except (TimeoutError, h1.ClientError) as e:
+        return e
+    finally:
+        resp.sink(None)
+    if whole.error is not None:
+        return ErrorRecord(whole.error)
+    rest = whole.pending
+    if rest:  # a last record without its terminator
+        await body(rest)
+    return None

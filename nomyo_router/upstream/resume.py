@@ -15,6 +15,11 @@ What is resumed: chat on both APIs (pass-through); `/api/generate` only with `ra
 (then the partial answer is appended to the prompt) and `/v1/completions` (prompt plus
 partial answer). Everything else ends with an error chunk in its own format, as before.
 
+Here are the mechanics: what can be resumed, the bytes kept (`Sent`), the text recovered
+(`produced`), the continuing request (`continuation`) and the mended seam (`Seam`). The
+record-wise relay is `relay.relay_records`; the flow that continues a cut stream on another
+endpoint is `forward/relays/records.py`.
+
 The backend's error record inside the stream (error_record.py: a crashed model runner) is a
 cut at that record: it is not sent, and the stream is continued elsewhere like any cut, or,
 when it cannot be, the record is what the client gets last. A broken stream's endpoint gets
@@ -27,11 +32,7 @@ import json
 import zlib
 from typing import Any
 
-from ..state import NoEndpoint, QueueFull, QueueTimeout
-from . import h1, native, records, usage
-from .error_record import CHECKS, blame
-from .errors import ErrorRecord
-from .relay import Records
+from . import records
 
 
 def resumable(api: str, kind: str, body: dict[str, Any]) -> bool:
@@ -172,161 +173,3 @@ class Seam:
         if isinstance(obj.get("eval_count"), int):
             obj["eval_count"] += self.tokens
         return json.dumps(obj).encode() + b"\n"
-
-
-class Resumer:
-    """Relays a resumable stream and continues it elsewhere when the backend cuts it.
-
-    `call(ep, path, body)` sends one stream request and returns (response, first chunk),
-    raising on anything but a good start (the proxy's own `_call`, with its deadline)."""
-
-    def __init__(
-        self,
-        scheduler: Any,
-        health: Any,
-        events: Any,
-        call: Any,
-        max_attempts: int,
-        upstream: h1.Upstream | None = None,
-        record_limit: int = 0,
-    ) -> None:
-        self.record_limit = record_limit  # max_record_bytes (0: none)
-        self.scheduler = scheduler
-        self.upstream = upstream  # for native.py's relay (None: the relay stays in Python)
-        self.health = health
-        self.events = events
-        self.call = call
-        self.max_attempts = max_attempts
-
-    async def relay(
-        self,
-        req: Any,
-        ctx: Any,
-        rec: Any,
-        ep: Any,
-        resp: Any,
-        first: bytes,
-        send: Any,
-        strip: usage.Strip | None = None,
-        writer: Any = None,
-        lease: Any = None,
-    ) -> bool | h1.TooLarge | ErrorRecord:
-        """Relay `resp` (already started) to the client; True when it ended broken, or what
-        ended it: the `TooLarge` (a record beyond max_record_bytes: not resumed), the
-        backend's `ErrorRecord` when no other endpoint continued the stream (the caller sends
-        it). `strip`: take out the usage event the router asked for on the client's behalf;
-        `writer`: the protocol's `BodyWriter` (relay.py); `lease`: `ep`'s slot, released as
-        soon as the stream there broke (the caller's release of it later is harmless)."""
-        sep = record_end(req.api == "openai")
-        # With no other endpoint for the model there is nowhere to resume: keep only the tail.
-        sent = Sent(whole=self.scheduler.serving(req.key) > 1)
-        seam: Seam | None = None
-        tried = [ep.name]
-        leases = []
-        try:
-            while True:
-                broke = await _pump(resp, first, sep, seam, sent, send, strip, writer, self.upstream, self.record_limit)
-                if broke is None:
-                    resp.release()
-                    if seam is not None:
-                        self.health.success(ep)
-                    tail = sent.last() + (strip.removed if strip is not None else b"")
-                    rec.prompt_tokens, rec.completion_tokens = usage.counts(tail)
-                    return False
-                resp.close()
-                if lease is not None:
-                    lease.release()  # the dead endpoint's slot, now: not when the continuation ends
-                if isinstance(broke, h1.TooLarge):  # not resumed: another backend would likely send the same
-                    self.health.failure(ep, str(broke))
-                    return broke
-                blame(self.health, self.events, ep, req.key, broke)
-                last = broke if isinstance(broke, ErrorRecord) else True  # (the error record: relayed)
-                if not sent.whole:
-                    return last
-                text, tokens = produced(req.api, req.kind, sent.all())
-                nxt = await self._next(req, ctx, tried, text, tokens)
-                if nxt is None:
-                    return last
-                lease, resp, first = nxt
-                leases.append(lease)
-                ep = lease.endpoint
-                seam = Seam(req.api, tokens)
-                rec.resumed += 1
-                rec.endpoint = ep.name
-                self.events.count("resumed", ep.name, req.key)
-        except BaseException:
-            resp.close()  # the client left: closing the connection stops the backend
-            raise
-        finally:
-            for lease in leases:
-                lease.release()
-
-    async def _next(self, req: Any, ctx: Any, tried: list[str], text: str, tokens: int) -> Any:
-        for _ in range(self.max_attempts):
-            try:
-                lease = await self.scheduler.acquire(ctx, tried)
-            except (NoEndpoint, QueueFull, QueueTimeout):
-                return None
-            ep = lease.endpoint
-            tried.append(ep.name)
-            if ep.type == "openai" and req.api == "ollama":
-                lease.release()  # a translated stream is not resumed on another API
-                continue
-            body = dict(req.body)
-            if ep.type == "openai":
-                body["model"] = ep.models[req.key]
-            try:
-                resp, first = await self.call(ep, req.path, continuation(req.api, req.kind, body, text, tokens))
-            except Exception as e:  # any failure to start: try the next endpoint
-                lease.release()
-                self.health.failure(ep, f"resumption failed to start: {type(e).__name__}")
-                continue
-            return lease, resp, first
-        return None
-
-
-async def _pump(
-    resp: Any,
-    first: bytes,
-    sep: bytes,
-    seam: Seam | None,
-    sent: Sent,
-    send: Any,
-    strip: usage.Strip | None = None,
-    writer: Any = None,
-    upstream: h1.Upstream | None = None,
-    limit: int = 0,
-) -> BaseException | None:
-    """Send whole records of `resp` on (keeping what was sent); None when it ended, else what
-    broke it. With a `writer` (relay.py), pieces go from the connection's callback straight
-    to the client; with `upstream` too, the rest of a plain stream goes through native.py.
-    `limit`: max_record_bytes (h1.TooLarge beyond it)."""
-    whole = Records(sep, seam, sent, strip, writer, limit)
-    chunk = first
-    try:
-        while chunk and whole.error is None:  # (an error record the sink met: `chunk` was fed there)
-            out = whole.feed(chunk)
-            if out:
-                whole.busy = True
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-                whole.busy = False
-            if whole.error is not None:
-                break
-            if writer is not None:
-                if upstream is not None and whole.plain:
-                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add, limit, CHECKS[sep])
-                    if rest is not None:
-                        whole.pending = rest
-                        break
-                resp.sink(whole.take)
-            chunk = await resp.content.readany()
-    except (TimeoutError, h1.ClientError) as e:
-        return e
-    finally:
-        resp.sink(None)
-    if whole.error is not None:
-        return ErrorRecord(whole.error)
-    rest = whole.pending
-    if rest:  # a last record without its terminator
-        await send({"type": "http.response.body", "body": rest, "more_body": True})
-    return None

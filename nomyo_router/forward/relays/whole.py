@@ -1,8 +1,8 @@
-"""Whole (non-stream) answers larger than the router should hold.
+"""Whole (non-stream) answers, and error answers of streams.
 
 The router reads a whole answer before it sends a byte of it: a failure until then is retried
-on another endpoint, and the answer goes out in one write (`proxy._send_whole`). That holds
-all of it in memory — a hostile backend's 200 MiB answer cost the router +387 MB — so an
+on another endpoint, and the answer goes out in one write (`send`, through `Exchange.whole`).
+That holds all of it in memory — a hostile backend's 200 MiB answer cost the router +387 MB — so an
 answer is held only up to a bound (`bound`). Beyond it (`finish`):
 
 - an answer the router must read whole (translated to the Ollama API) is refused: 502
@@ -16,13 +16,15 @@ answer is held only up to a bound (`bound`). Beyond it (`finish`):
 
 from __future__ import annotations
 
-from ..api.asgi import Headers, Send
-from ..api.errors import ApiError
-from ..config import RouterConfig
-from ..domain import Endpoint
-from ..events import RequestRecord
-from ..upstream import h1, usage
-from ..upstream.health import Health
+from ...api.asgi import Headers
+from ...api.errors import ApiError
+from ...api.requests import GenRequest
+from ...config import RouterConfig
+from ...domain import Endpoint
+from ...upstream import h1
+from ...upstream.health import Health
+from ..exchange import Exchange
+from . import translated
 
 HOLD = 1024 * 1024  # a pass-through answer up to this is held: one write, retried when cut
 
@@ -34,13 +36,27 @@ def bound(config: RouterConfig, translating: bool) -> tuple[int, bool]:
     return min(HOLD, config.max_response_bytes), True
 
 
-async def finish(
+async def send(
+    ex: Exchange, req: GenRequest, resp: h1.Response, data: bytes, headers: Headers, translating: bool
+) -> None:
+    """Answer the client with a whole answer the router holds (`data`: all of `resp`'s body)."""
+    resp.release()
+    try:
+        if translating:
+            await translated.whole(ex, req, resp.status, data, headers)
+        else:
+            await ex.whole(resp.status, data, headers)
+    finally:  # (accounting once the answer left, or the client did: the backend did the work)
+        if resp.status == 200:
+            ex.tokens(data)
+
+
+async def relay_large(
+    ex: Exchange,
     resp: h1.Response,
     translating: bool,
     config: RouterConfig,
     headers: Headers,
-    send: Send,
-    rec: RequestRecord,
     health: Health,
     ep: Endpoint,
 ) -> None:
@@ -59,19 +75,19 @@ async def finish(
         h.append((b"content-length", length.encode("latin-1")))
     before = last = b""  # the final counts may span the last two pieces
     try:
-        await send({"type": "http.response.start", "status": resp.status, "headers": h})
+        await ex.start(resp.status, h)
         while piece := await resp.readany():
             before, last = last, piece
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await ex.body(piece)
     except (TimeoutError, h1.ClientError) as e:
         resp.close()
-        rec.error = "answer_cut"
+        ex.note_error("answer_cut")
         health.failure(ep, f"whole answer cut after its head went out: {type(e).__name__}")
         return  # without the answer's end: its connection is closed
     except BaseException:
         resp.close()  # the client left: closing the connection stops the backend
         raise
     resp.release()
-    await send({"type": "http.response.body", "body": b""})
+    await ex.end()
     if resp.status == 200:
-        rec.prompt_tokens, rec.completion_tokens = usage.counts((before + last)[-usage.TAIL :])
+        ex.tokens(before + last)

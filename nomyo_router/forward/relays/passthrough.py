@@ -12,30 +12,23 @@ seen then, but at the end, in the stream's tail (which the final counts are read
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..api.asgi import Headers, Send
-from ..events import RequestRecord
-from ..upstream import h1, native, usage
-from ..upstream.error_record import CHECKS, find, marked
-from ..upstream.errors import ErrorRecord
-from ..upstream.relay import Passthrough, stream_error
+from ...api.asgi import Headers
+from ...upstream import h1, native
+from ...upstream.error_record import CHECKS, find, marked
+from ...upstream.errors import ErrorRecord
+from ...upstream.relay import Passthrough, stream_error
+from ..exchange import Exchange
 
 
 async def relay(
-    resp: h1.Response,
-    first: bytes,
-    headers: Headers,
-    send: Send,
-    rec: RequestRecord,
-    writer: Any = None,
-    upstream: h1.Upstream | None = None,
+    ex: Exchange, resp: h1.Response, first: bytes, headers: Headers, upstream: h1.Upstream | None = None
 ) -> BaseException | None:
     """Relay `resp` (a 200 stream whose `first` chunk was read) to the client; None when it
-    ended well, else what broke it (the client was told). `writer`: the protocol's
-    BodyWriter (relay.py); `upstream`: for the compiled pump (None: the relay stays in Python)."""
+    ended well, else what broke it (the client was told). `upstream`: for the compiled pump
+    (None: the relay stays in Python)."""
     sep = b"\n\n" if resp.headers.get("Content-Type", "").startswith("text/event-stream") else b"\n"
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    writer = ex.writer
+    await ex.start(200, headers)
     cut: BaseException | None = None
     flow = Passthrough(b"", writer)  # the counts sit in the last record, which may span two chunks
     chunk = first
@@ -49,7 +42,7 @@ async def relay(
             if chunk:
                 flow.keep(chunk)
                 flow.busy = True
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await ex.body(chunk)
                 flow.busy = False
             if error is not None:
                 raise error
@@ -65,7 +58,7 @@ async def relay(
                 break
     except (TimeoutError, h1.ClientError) as e:
         cut = e
-        await send({"type": "http.response.body", "body": stream_error(resp, e), "more_body": True})
+        await ex.body(stream_error(resp, e))
     else:
         tail = flow.tail()
         if marked(tail):  # an error record split across two reads, sent already: still the backend's failure
@@ -73,8 +66,8 @@ async def relay(
             if start >= 0:
                 cut = ErrorRecord(tail[start:end])
         if cut is None:
-            rec.prompt_tokens, rec.completion_tokens = usage.counts(tail[-usage.TAIL :])
+            ex.tokens(tail)
     finally:
         resp.sink(None)
-    await send({"type": "http.response.body", "body": b""})
+    await ex.end()
     return cut

@@ -1,4 +1,5 @@
-"""Token counts from the backend's own answer, without parsing it.
+"""Token counts in the backend's own answer: asked for where a stream would lack them, and
+read without parsing the answer.
 
 Ollama puts `prompt_eval_count`/`eval_count` in its final object, OpenAI-compatible servers
 `prompt_tokens`/`completion_tokens` in `usage`, Anthropic's API `input_tokens`/

@@ -1,0 +1,157 @@
+"""The one way a generation response leaves the router: an `Exchange`.
+
+One is made per request in `RouterApp.generate` (and one per step of an ensemble). It carries
+the request's `RequestRecord`, the client's `send` (with the protocol's `BodyWriter`, which
+writes a whole answer, or a relayed piece, without the ASGI round trip) and the slot (`Lease`)
+the request holds. Every path out writes through it — `start`, `body` and `end` for a stream
+or an answer relayed as it comes, `whole` for an answer in one piece, `fail` for an error in
+the caller's API shape — and notes on it what the client got (`cut`, `tokens`).
+
+It has one completion point, `finish` (idempotent, called in `generate`'s `finally`): the slot
+goes back, the record is settled (its total time; `events.settle` says 499 or 500 when no head
+went out) and `Events.request_done` is told once, so metrics, usage, the access line and the
+trace are written in one place whatever the path. The relays in `relays/` are the strategies
+behind it: each writes only through the Exchange.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from ..api.asgi import Headers, Send, send_response
+from ..api.errors import ApiError, render
+from ..api.requests import GenRequest
+from ..events import Events, RequestRecord
+from ..upstream import error_record, token_counts
+
+if TYPE_CHECKING:
+    from ..state import Lease
+    from ..upstream.relay import DirectWriter
+
+_END = {"type": "http.response.body", "body": b""}
+
+# What answers a generation request through its exchange: the proxy's `forward`, the
+# ensemble's `handle`, and the wrappers around them (trim-and-retry, the response cache).
+Handle = Callable[[GenRequest, "Exchange"], Awaitable[None]]
+
+
+class Exchange:
+    """One request's way out: its record, its client's `send`, its slot, one `finish`."""
+
+    __slots__ = ("send", "writer", "rec", "t0", "lease", "_client", "_events", "_done")
+
+    def __init__(
+        self, send: Send, rec: RequestRecord, t0: float, events: Events | None, writer: DirectWriter | None = None
+    ) -> None:
+        """`events`: told at `finish` (None: the caller tells them itself); `writer`: the
+        protocol's direct writer, when the server offers one."""
+        self.send = send
+        self.writer = writer
+        self.rec = rec
+        self.t0 = t0
+        self.lease: Lease | None = None
+        self._client = send  # errors go here, not through a wrapper's `send` (see `via`)
+        self._events = events
+        self._done = False
+
+    # ---- the slot --------------------------------------------------------------------------
+    def hold(self, lease: Lease) -> None:
+        """The slot this request now holds; one it held before (an earlier try's, a broken
+        stream's endpoint's) goes back now."""
+        old, self.lease = self.lease, lease
+        if old is not None:
+            old.release()
+
+    def let_go(self) -> None:
+        """Give the slot back now (a failed attempt, a stream cut there): not at `finish`."""
+        lease = self.lease
+        if lease is not None:
+            self.lease = None
+            lease.release()
+
+    def again(self) -> None:
+        """The answer so far was held back and the request is asked again (trim-and-retry):
+        the slot goes back before the next one is taken, the record counts a retry."""
+        self.let_go()
+        rec = self.rec
+        rec.status, rec.error = 0, None
+        rec.retries += 1
+
+    # ---- the answer ------------------------------------------------------------------------
+    def via(self, send: Send) -> Exchange:
+        """This exchange with its answer passing `send`, a wrapper that reads or adds to it (an
+        ensemble's header, trim-and-retry, the response cache): then every byte takes `send`,
+        never the direct writer. An error (`fail`) still goes to the client's own `send`."""
+        self.send, self.writer = send, None
+        return self
+
+    async def start(self, status: int, headers: Headers) -> None:
+        """A relayed answer's head; `body` and `end` follow."""
+        self.rec.status = status
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end(self, data: bytes = b"") -> None:
+        await self.send({"type": "http.response.body", "body": data} if data else _END)
+
+    async def whole(self, status: int, body: bytes, headers: Headers, content_type: bytes | None = None) -> None:
+        """An answer in one piece (`headers` is added to: the caller's own list)."""
+        self.rec.status = status
+        if content_type is not None:
+            headers.append((b"content-type", content_type))
+        headers.append((b"content-length", b"%d" % len(body)))
+        w = self.writer
+        if w is not None and w.whole(status, headers, body):
+            return
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body})
+
+    async def fail(self, e: ApiError) -> None:
+        """The request failed before its answer: the error in the caller's API shape."""
+        rec = self.rec
+        rec.status, rec.error = e.status, e.code or "error"
+        status, body, headers = render(rec.api, e)
+        await send_response(self._client, status, body, headers=headers)
+
+    # ---- what the client got ---------------------------------------------------------------
+    def cut(self, why: BaseException | bool) -> None:
+        """The answer broke after its head went out (`error_record.ended` says how it counts)."""
+        error_record.ended(self.rec, why)
+
+    def note_error(self, code: str) -> None:
+        """The answer failed after its head went out, as `code` says (its status stands)."""
+        self.rec.error = code
+
+    def tokens(self, tail: bytes) -> None:
+        """The backend's token counts, from the last bytes of its answer."""
+        self.rec.prompt_tokens, self.rec.completion_tokens = token_counts.counts(tail[-token_counts.TAIL :])
+
+    def counted(self, prompt: object, completion: object) -> None:
+        """The backend's token counts, read from its answer's usage object."""
+        rec = self.rec
+        rec.prompt_tokens = prompt if isinstance(prompt, int) else None
+        rec.completion_tokens = completion if isinstance(completion, int) else None
+
+    def resumed_on(self, endpoint: str) -> None:
+        """A cut stream goes on at `endpoint` (the record names the last endpoint that answered)."""
+        self.rec.resumed += 1
+        self.rec.endpoint = endpoint
+
+    # ---- the one completion point ----------------------------------------------------------
+    def finish(self) -> None:
+        """The request is over: the slot goes back, the record is settled and told, once."""
+        if self._done:
+            return
+        self._done = True
+        lease = self.lease
+        if lease is not None:
+            self.lease = None
+            lease.release()
+        events = self._events
+        if events is not None:
+            self.rec.total_s = time.perf_counter() - self.t0
+            events.request_done(self.rec)
