@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ..domain import Endpoint, model_key
 from ..state import StateStore
@@ -129,6 +129,21 @@ def version(endpoints: Sequence[Endpoint]) -> bytes:
     return json.dumps({"version": best}).encode()
 
 
+class _Lag(Protocol):
+    def recent_max(self) -> float: ...
+
+
+class Verdicts(Protocol):
+    """What /health shows of the process's health verdicts (upstream/health.Health)."""
+
+    @property
+    def lag(self) -> _Lag:
+        """The event loop's lag."""
+
+    def snapshot(self) -> Mapping[str, object]:
+        """Each endpoint's health row, by name."""
+
+
 def _version_tuple(v: str) -> tuple[int, ...]:
     parts = []
     for p in v.split("-")[0].split("."):
@@ -137,7 +152,7 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 async def health(
-    endpoints: Sequence[Endpoint], store: StateStore, verdicts: Any = None, details: bool = True
+    endpoints: Sequence[Endpoint], store: StateStore, verdicts: Verdicts | None = None, details: bool = True
 ) -> tuple[int, bytes]:
     """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag).
     Without `details`, only whether the router is up: {"status": "ok" | "unavailable"}."""

@@ -21,7 +21,7 @@ import msgspec
 class Choice(msgspec.Struct, omit_defaults=True):
     text: str = ""
     thinking: str = ""
-    tool_calls: list[Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # as the backend wrote them
     finish: str | None = None
 
 
@@ -159,9 +159,9 @@ def _merge_call(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) -> None
     call["function"]["arguments"] += fn.get("arguments") or ""
 
 
-def _calls(calls: dict[int, dict[str, Any]]) -> list[Any] | None:
+def _calls(calls: dict[int, dict[str, Any]]) -> list[dict[str, Any]] | None:
     return [c for _, c in sorted(calls.items())] or None
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -61,7 +61,7 @@ def cacheable(req: GenRequest) -> bool:
     )
 
 
-def canonical(value: Any) -> Any:
+def canonical(value: object) -> object:
     """`value` with every integral float as an int (`1.0` and `1` mean the same temperature)."""
     if isinstance(value, float):
         return int(value) if value.is_integer() else value

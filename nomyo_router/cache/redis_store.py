@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from ..config import CacheConfig
-from .stores import Store, Vectors
+from .stores import Cursor, Store, Vectors
 
 
 class RedisStore(Store):
@@ -56,8 +56,8 @@ class RedisStore(Store):
             if gone:
                 await self._redis.delete(*(self.p.encode() + b"e:" + k for k in gone))
 
-    async def vectors(self, cursor: Any) -> tuple[Vectors, Any]:
-        rows = await self._redis.xrange(self.p + "vec", min="(" + cursor if cursor else "-", count=10_000)
+    async def vectors(self, cursor: Cursor) -> tuple[Vectors, Cursor]:
+        rows = await self._redis.xrange(self.p + "vec", min=f"({cursor}" if cursor else "-", count=10_000)
         out = [(f[b"k"].decode(), f[b"n"].decode(), f[b"v"]) for _, f in rows]
         return out, (rows[-1][0].decode() if rows else cursor)
 

@@ -22,16 +22,18 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from ..api.asgi import Send
 from ..api.errors import ApiError
 from ..api.requests import GenRequest
 from ..config import CacheConfig
-from ..events import RequestRecord
+from ..events import Events, RequestRecord
 from .answer import Answer
 from .keys import DELIVERY, request_key
+from .stores import Cursor, Store
 
 HISTORY_CHARS = 600
 HISTORY_WEIGHT = 0.25
@@ -47,7 +49,7 @@ def personal(*texts: str) -> bool:
     return any(PERSONAL.search(t) for t in texts if t)
 
 
-def _text(content: Any) -> str:
+def _text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # OpenAI's content parts: their text
@@ -99,13 +101,28 @@ class Index:
         self.size = 0
 
 
+class _Handler(Protocol):
+    async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None: ...
+
+
+class Owner(Protocol):
+    """The Router, as semantic mode uses it: its proxy asks the embedding model, and the
+    request that asks is recorded on its events like any."""
+
+    @property
+    def proxy(self) -> _Handler | None: ...
+
+    @property
+    def events(self) -> Events: ...
+
+
 class Semantic:
-    def __init__(self, cfg: CacheConfig, owner: Any) -> None:
+    def __init__(self, cfg: CacheConfig, owner: Owner, store: Store | None = None) -> None:
         self.threshold, self.model, self.max_entries = cfg.similarity, cfg.embed_model or "", cfg.max_entries
-        self.owner = owner  # the Router: its proxy asks the embedding model
-        self.store: Any = None  # stores.Store, set by routes.make_cache
+        self.owner = owner
+        self.store = store  # where the vectors are read from (routes.make_cache sets it)
         self.index = Index()
-        self.cursor: Any = None
+        self.cursor: Cursor = None
 
     def applies(self, req: GenRequest) -> bool:
         return req.kind in KINDS
@@ -154,6 +171,8 @@ class Semantic:
         if self.index.size > 2 * self.max_entries:  # many stale vectors: read the store's afresh
             self.index.clear()
             self.cursor = None
+        if self.store is None:  # (no store: nothing kept to find)
+            return None
         rows, self.cursor = await self.store.vectors(self.cursor)
         for key, space, v in rows:
             self.index.add(key, space, v)
@@ -173,6 +192,8 @@ class Semantic:
         """`texts` embedded by the embedding model through this router's own endpoints, as a
         request of its own (`<request id>.embed`: accounted like any)."""
         router = self.owner
+        if router.proxy is None:  # (not serving yet)
+            return None
         body = {"model": self.model, "input": texts}
         sub = GenRequest(
             "ollama", "embed", "/api/embed", self.model, False, body, json.dumps(body).encode(), time.perf_counter()

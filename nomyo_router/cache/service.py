@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..api.asgi import Headers, Send
 from ..api.requests import GenRequest
@@ -29,11 +29,15 @@ from . import answer as answers
 from . import keys, render
 from .stores import Store
 
+if TYPE_CHECKING:  # (numpy is imported only in semantic mode)
+    from .semantic import Semantic
+
 log = logging.getLogger("nomyo_router.cache")
 
 Handle = Callable[[GenRequest, Send, RequestRecord], Awaitable[None]]
 FLUSH_S = 1.0
 HIT, MISS, BYPASS = b"hit", b"miss", b"bypass"
+T = TypeVar("T")
 
 
 class Capture:
@@ -67,9 +71,9 @@ class Capture:
 
 
 class ResponseCache:
-    def __init__(self, cfg: CacheConfig, store: Store, events: Events, semantic: Any = None) -> None:
+    def __init__(self, cfg: CacheConfig, store: Store, events: Events, semantic: Semantic | None = None) -> None:
         self.cfg, self.store, self.events = cfg, store, events
-        self.semantic = semantic  # semantic.Semantic in semantic mode, else None
+        self.semantic = semantic  # in semantic mode, else None
         self.hits = self.misses = 0  # this process's, not yet added to the store's counters
         self._inflight: dict[str, asyncio.Future[bytes | None]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -181,12 +185,12 @@ class ResponseCache:
         if found.prompt_tokens is None and found.completion_tokens is None:  # (a stream without usage)
             found.prompt_tokens, found.completion_tokens = rec.prompt_tokens, rec.completion_tokens
         kept = answers.encode(found)
-        if vector is not None and not self.semantic.keepable(req, found):
+        if vector is not None and self.semantic is not None and not self.semantic.keepable(req, found):
             vector = None  # personal: found by its exact question only
         await self._guarded(self.store.put(key, ns, kept, vector))
         return kept
 
-    async def _guarded(self, work: Awaitable[Any]) -> Any:
+    async def _guarded(self, work: Awaitable[T]) -> T | None:
         """`work`'s result, or None when the store fails (logged once per outage)."""
         try:
             result = await work

@@ -17,13 +17,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar, TypeVarTuple
+from typing import TypeVar, TypeVarTuple
 
 from ..config import CacheConfig
 from ..ops.usage_store import _private_db_file
 
 ENTRY_OVERHEAD = 200  # bytes a memory entry costs besides its value and vector (dict slot, tuple, key)
 Vectors = list[tuple[str, str, bytes]]  # (key, namespace, vector)
+# Where a reader of `Store.vectors` got to, as the store marks it (a sequence number, a Redis
+# stream id); None: from the start.
+Cursor = int | str | None
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
@@ -41,7 +44,7 @@ class Store:
     async def put(self, key: str, ns: str, value: bytes, vector: bytes | None = None) -> None:
         raise NotImplementedError
 
-    async def vectors(self, cursor: Any) -> tuple[Vectors, Any]:
+    async def vectors(self, cursor: Cursor) -> tuple[Vectors, Cursor]:
         """Embeddings added after `cursor` (None: from the start), and the next cursor."""
         raise NotImplementedError
 
@@ -100,8 +103,8 @@ class MemoryStore(Store):
         _, size, _ = self._entries.pop(key)
         self.bytes -= size
 
-    async def vectors(self, cursor: Any) -> tuple[Vectors, Any]:
-        start = max((cursor or 0) - self._dropped, 0)
+    async def vectors(self, cursor: Cursor) -> tuple[Vectors, Cursor]:
+        start = max(int(cursor or 0) - self._dropped, 0)
         return self._log[start:], self._dropped + len(self._log)
 
     async def size(self) -> tuple[int, int]:
@@ -198,10 +201,10 @@ class SqliteStore(Store):
                     (n - self.max_entries,),
                 )
 
-    async def vectors(self, cursor: Any) -> tuple[Vectors, Any]:
-        return await self._run(self._vectors, cursor or 0)
+    async def vectors(self, cursor: Cursor) -> tuple[Vectors, Cursor]:
+        return await self._run(self._vectors, int(cursor or 0))
 
-    def _vectors(self, cursor: int) -> tuple[Vectors, Any]:
+    def _vectors(self, cursor: int) -> tuple[Vectors, Cursor]:
         rows = (
             self._sql()
             .execute(

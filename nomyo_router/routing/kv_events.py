@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 from ..config import EndpointConfig
@@ -53,7 +53,7 @@ class KVEventState:
     def __init__(self, endpoint: str, index: PrefixIndex) -> None:
         self.endpoint = endpoint
         self.index = index
-        self.live: set[Any] = set()
+        self.live: set[Hashable] = set()  # the backend's block hashes (ints, or bytes)
         self.block_size = 16  # vLLM's default until a BlockStored says otherwise
         self.batches = 0
 
@@ -61,8 +61,15 @@ class KVEventState:
     def backend_tokens(self) -> int:
         return len(self.live) * self.block_size
 
-    def apply(self, batch: Any) -> None:
-        events = batch.get("events", []) if isinstance(batch, dict) else batch[1]
+    def apply(self, batch: object) -> None:
+        """One decoded batch: vLLM's `[timestamp, events, ...]`, or a map with `events`. A batch
+        of another shape raises TypeError, KeyError or IndexError (the subscriber logs it)."""
+        if isinstance(batch, dict):
+            events = batch.get("events", [])
+        elif isinstance(batch, (list, tuple)):
+            events = batch[1]
+        else:
+            raise TypeError(f"a KV event batch is an array or a map, not {type(batch).__name__}")
         removed = False
         for ev in events:
             kind, f = _event(ev)

@@ -63,7 +63,7 @@ class Lease:
         self.endpoint = endpoint
         self.queued_s = queued_s
         self.affinity: str | None = None  # hit | miss | spill | repin, when affinity applied
-        self.token: Any = None  # the store's handle on this lease, if it needs one
+        self.token: object = None  # the store's handle on this lease, if it needs one
         self._store = store
         self._released = False
 
@@ -97,7 +97,7 @@ class StateStore(ABC):
         waits is placed. Raises QueueFull, QueueTimeout, NoEndpoint."""
 
     @abstractmethod
-    def release(self, endpoint: Endpoint, token: Any = None) -> None: ...
+    def release(self, endpoint: Endpoint, token: object = None) -> None: ...
 
     @abstractmethod
     def in_flight(self, endpoint: Endpoint) -> int:
@@ -133,7 +133,7 @@ class StateStore(ABC):
     @abstractmethod
     async def drop_pin(self, key: str) -> None: ...
 
-    def publish(self, topic: str, data: Any) -> None:
+    def publish(self, topic: str, data: object) -> None:
         """Tell every other process sharing this state (best effort, no reply): how the
         routing layer keeps per-process indexes converged. One process: nothing to do."""
         return None

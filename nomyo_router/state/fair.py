@@ -26,7 +26,7 @@ key's start is V or its last finish, so a single client's requests keep arrival 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Protocol
 
 PRIORITY_MAX = 100  # client_keys[].priority is between -PRIORITY_MAX and PRIORITY_MAX
 PRIORITY_STEP = 1 << 45  # orders stay integers below 2^53 (exact as Redis scores)
@@ -40,7 +40,20 @@ def spec(client: str, priority: int, weight: float) -> Fair:
     return client, priority, max(1, round(STEP / weight))
 
 
-def specs_of(client_keys: Iterable[Any]) -> dict[str, Fair]:
+class Share(Protocol):
+    """A client key's place in the queue, as configured (`client_keys[]`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def weight(self) -> float: ...
+
+
+def specs_of(client_keys: Iterable[Share]) -> dict[str, Fair]:
     """Every client key's share (each key is a client of its own, whatever its weight)."""
     return {c.name: spec(c.name, c.priority, c.weight) for c in client_keys}
 

@@ -15,8 +15,9 @@ host's (every worker asks it, so the count is one). Redis keeps the same count i
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 WINDOW_S = 60.0
 DAY_S = 86400
@@ -54,13 +55,28 @@ class Verdict(NamedTuple):
     reset_requests: float
     reset_tokens: float
 
-    def wire(self) -> list[Any]:
+    def wire(self) -> list[str | float | None]:
         """Its fields in order: how it travels from the host and Redis (which answer strings)."""
         return list(self)
 
     @classmethod
-    def from_wire(cls, v: list[Any]) -> Verdict:
-        return cls(v[0] or None, float(v[1]), int(v[2]), int(v[3]), int(v[4]), float(v[5]), float(v[6]))
+    def from_wire(cls, v: Sequence[str | float | None]) -> Verdict:
+        refused = v[0]
+        return cls(
+            str(refused) if refused else None,
+            float(_number(v[1])),
+            int(_number(v[2])),
+            int(_number(v[3])),
+            int(_number(v[4])),
+            float(_number(v[5])),
+            float(_number(v[6])),
+        )
+
+
+def _number(v: str | float | None) -> str | float:
+    if v is None:
+        raise TypeError("a verdict's numbers are never null")
+    return v
 
 
 class _Use:

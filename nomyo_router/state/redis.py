@@ -38,7 +38,7 @@ from .fair import Fair
 from .limits import Limits, Verdict
 from .memory import MemoryStore
 from .redis_limits import RedisLimits
-from .redis_link import RedisLink, end
+from .redis_link import Arg, RedisLink, end
 from .redis_messages import Messages
 from .redis_pins import RedisPins
 from .redis_reconcile import Ledger, as_str
@@ -223,7 +223,7 @@ class RedisStore(StateStore):
         lid = ledger.new_id()
         shuffled = list(candidates)
         random.shuffle(shuffled)  # ties go to a random endpoint, never always the first
-        args: list[Any] = [
+        args: list[Arg] = [
             lid,
             self.config.max_queue,
             self.owner,
@@ -238,9 +238,9 @@ class RedisStore(StateStore):
         try:
             try:
                 if self.rehoming.sent_back(order):  # placed again after a reload: oldest first
-                    res = await self.rehoming.in_turn(order, lambda: self.link.run("ACQUIRE", *args))
+                    res = await self.rehoming.in_turn(order, lambda: self.link.run_list("ACQUIRE", *args))
                 else:
-                    res = await self.link.run("ACQUIRE", *args)
+                    res = await self.link.run_list("ACQUIRE", *args)
             except (RedisError, OSError) as e:
                 self._degrade(e)
                 raise _RedisLost from None  # if it ran after all, the reconciliation undoes it
@@ -328,7 +328,9 @@ class RedisStore(StateStore):
         except (RedisError, OSError) as e:
             self._degrade(e)  # the reconciliation removes the entry
 
-    def release(self, endpoint: Endpoint, token: Any = None) -> None:
+    def release(self, endpoint: Endpoint, token: object = None) -> None:
+        if not isinstance(token, str):  # (its lease id, always)
+            return
         name = self.ledger.held.pop(token, None)
         if name is None:
             return
@@ -364,12 +366,12 @@ class RedisStore(StateStore):
     async def _sweep(self) -> None:
         res = None
         try:
-            res = await self.link.run("SWEEP", *self.ledger.sweep_args())
+            res = await self.link.run_list("SWEEP", *self.ledger.sweep_args())
         finally:  # releases it held back: sent if it was answered (the reconciliation too)
             for name, lid in self.ledger.swept(res):
                 self._background(self._release(name, lid))
 
-    def publish(self, topic: str, data: Any) -> None:
+    def publish(self, topic: str, data: object) -> None:
         self.messages.publish(topic, data)
 
     def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:

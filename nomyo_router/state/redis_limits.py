@@ -15,7 +15,7 @@ While Redis is away (the store is degraded) the process's own count stands in, a
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -100,7 +100,7 @@ class RedisLimits:
         local: StateStore,
         degraded: Callable[[], bool],
         degrade: Callable[[BaseException], None],
-        background: Callable[[Any], None],
+        background: Callable[[Coroutine[object, object, None]], None],
     ) -> None:
         self.link, self.local = link, local
         self._degraded, self._degrade, self._background = degraded, degrade, background

@@ -15,18 +15,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Protocol, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import redis_scripts as lua
 
 T = TypeVar("T")
+# What a Lua script is passed (redis-py encodes each), and what it answers: a Lua table
+# of strings and numbers comes back as a list of bytes and ints.
+Arg = str | int | float | bytes
+Reply = int | bytes | list[int | bytes] | None
+
+
+class Subscription(Protocol):
+    """A pub/sub connection (redis-py's PubSub), as the store reads and closes it."""
+
+    def listen(self) -> AsyncIterator[Mapping[str, object]]: ...
+
+    async def aclose(self) -> None: ...
 
 
 class RedisTimeout(RedisTimeoutError):
@@ -55,11 +68,19 @@ class RedisLink:
         except TimeoutError:
             raise RedisTimeout(f"no answer within redis_timeout ({self.timeout:g}s)") from None
 
-    async def run(self, name: str, *args: Any) -> Any:
+    async def run(self, name: str, *args: Arg) -> Reply:
         """One of the Lua scripts (redis_scripts.py), with the prefix and lease time first."""
-        return await self.call(self._scripts[name](args=[self.prefix, self.lease_ms, *args]))
+        reply: Reply = await self.call(self._scripts[name](args=[self.prefix, self.lease_ms, *args]))
+        return reply
 
-    async def subscribe(self, *channels: str) -> Any:
+    async def run_list(self, name: str, *args: Arg) -> list[int | bytes]:
+        """`run` for a script that answers a table: its items (RedisError if it did not)."""
+        reply = await self.run(name, *args)
+        if not isinstance(reply, list):
+            raise RedisError(f"{name} answered {reply!r}, not a table")
+        return reply
+
+    async def subscribe(self, *channels: str) -> Subscription:
         """A pub/sub connection subscribed to `channels` (reading from it has no deadline:
         it is quiet when nothing happens; the store replaces it after every outage)."""
         pubsub = self.client.pubsub()
@@ -70,7 +91,7 @@ class RedisLink:
             raise
         return pubsub
 
-    async def close_pubsub(self, pubsub: Any) -> None:
+    async def close_pubsub(self, pubsub: Subscription) -> None:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.timeout):
                 await pubsub.aclose()
@@ -88,7 +109,7 @@ class RedisLink:
                 await self.client.aclose()
 
 
-async def end(task: asyncio.Task[Any]) -> None:
+async def end(task: asyncio.Task[None]) -> None:
     """Cancel `task` until it has ended. One cancel is not always enough with redis-py: on
     Python 3.11 its writes go through `asyncio.wait_for`, which returns the result, and drops
     the cancel, when both arrive together; the task then carries on. A pub/sub reader cancelled

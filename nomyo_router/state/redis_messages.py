@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from .redis_link import RedisLink, end
+from .redis_link import RedisLink, Subscription, end
 from .redis_reconcile import Ledger, as_str
 
 
@@ -27,7 +27,7 @@ class Messages:
         ledger: Ledger,
         degraded: Callable[[], bool],
         degrade: Callable[[BaseException], None],
-        background: Callable[[Coroutine[Any, Any, None]], None],
+        background: Callable[[Coroutine[object, object, None]], None],
     ) -> None:
         self.link = link
         self.ledger = ledger
@@ -38,7 +38,7 @@ class Messages:
         self._background = background
         self._subs: dict[str, Callable[[Any], None]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._pubsub: Any = None
+        self._pubsub: Subscription | None = None
 
     async def listen(self) -> None:
         """A fresh subscription, in place before this returns (so no wake-up can be missed)."""
@@ -54,9 +54,10 @@ class Messages:
         task, pubsub, self._task, self._pubsub = self._task, self._pubsub, None, None
         if task is not None:
             await end(task)
+        if pubsub is not None:
             await self.link.close_pubsub(pubsub)
 
-    async def _read(self, pubsub: Any) -> None:
+    async def _read(self, pubsub: Subscription) -> None:
         try:
             async for msg in pubsub.listen():
                 if msg.get("type") != "message":
@@ -73,7 +74,7 @@ class Messages:
         finally:
             await self.link.close_pubsub(pubsub)
 
-    def publish(self, topic: str, data: Any) -> None:
+    def publish(self, topic: str, data: object) -> None:
         if not self._degraded() and topic in self._subs:
             self._background(self._publish(json.dumps([self.ledger.owner, topic, data])))
 

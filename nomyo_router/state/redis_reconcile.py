@@ -23,7 +23,11 @@ queue's length, which the gauges read without a round trip of their own.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .redis_link import Arg
 
 
 class Ledger:
@@ -45,10 +49,11 @@ class Ledger:
         return f"{self.owner}:{self.seq}"
 
     # ---- the shared counts, kept current between sweeps by what this instance does ------
-    def granted(self, name: str, loads: list[Any] | None = None) -> None:
+    def granted(self, name: str, loads: Sequence[int | bytes] | None = None) -> None:
         """Redis granted a slot on `name`; `loads`: endpoint, count pairs as of the grant."""
-        for i in range(0, len(loads or ()) - 1, 2):
-            self.shared[as_str(loads[i])] = int(loads[i + 1])  # type: ignore[index]
+        loads = loads or ()
+        for i in range(0, len(loads) - 1, 2):
+            self.shared[as_str(loads[i])] = int(loads[i + 1])
         self.shared[name] = self.shared.get(name, 0) + 1
 
     def released(self, name: str) -> None:
@@ -63,9 +68,9 @@ class Ledger:
         self.shared_queue = max(self.shared_queue - 1, 0)
 
     # ---- the sweep -------------------------------------------------------------------
-    def sweep_args(self) -> list[Any]:
+    def sweep_args(self) -> list[Arg]:
         """SWEEP's arguments after the prefix and lease time; marks the sweep as on its way."""
-        args: list[Any] = [self.owner, self.seq]
+        args: list[Arg] = [self.owner, self.seq]
         for lid, name in self.held.items():
             args += [name, lid]
         for lid in self.waiting:
@@ -84,7 +89,7 @@ class Ledger:
             return True
         return False
 
-    def swept(self, res: list[Any] | None) -> list[tuple[str, str]]:
+    def swept(self, res: Sequence[int | bytes] | None) -> list[tuple[str, str]]:
         """The sweep returned (`res`) or failed (None). The releases it held back: to send now,
         or, if it failed, to leave to the next reconciliation."""
         self._sweeping = None
@@ -99,5 +104,5 @@ class Ledger:
         return deferred
 
 
-def as_str(value: Any) -> str:
+def as_str(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

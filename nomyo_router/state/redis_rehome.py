@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any, TypeGuard
+from typing import TypeGuard, TypeVar
 
 from .base import Rehome
 
 # What a waiter's future is woken with when it is sent back (endpoint names never are this).
 REHOME = "\x00rehome"
+T = TypeVar("T")
 
 
 class Rehoming:
@@ -58,7 +59,7 @@ class Rehoming:
     def sent_back(self, order: int | None) -> TypeGuard[int]:
         return order is not None and order in self._orders
 
-    async def in_turn(self, order: int, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def in_turn(self, order: int, call: Callable[[], Awaitable[T]]) -> T:
         """Run `call` (the ACQUIRE of a request sent back) after those that came back before."""
         try:
             async with self.gate:

@@ -274,7 +274,7 @@ class SharedStore(StateStore):
             self._replies.pop(rid, None)
             self._acquiring.pop(rid, None)
 
-    def release(self, endpoint: Endpoint, token: Any = None) -> None:
+    def release(self, endpoint: Endpoint, token: object = None) -> None:
         if self._table.give_back(endpoint.name):  # somebody waits: the host hands it on
             host = self._coordinator
             if host is not None:
@@ -309,7 +309,7 @@ class SharedStore(StateStore):
         else:
             self._send({"op": "spend", "client": client, "tokens": tokens, "limits": limits.wire()})
 
-    def publish(self, topic: str, data: Any) -> None:
+    def publish(self, topic: str, data: object) -> None:
         self._send({"op": "pub", "topic": topic, "data": data})
 
     def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -113,8 +114,8 @@ def request_to_openai(kind: str, body: dict[str, Any], model: str, stream: bool)
     return json.dumps(out).encode()
 
 
-def messages_to_openai(messages: list[Any]) -> list[Any]:
-    out: list[Any] = []
+def messages_to_openai(messages: Sequence[object]) -> list[object]:
+    out: list[object] = []
     pending: list[tuple[str, str]] = []  # (function name, call id) not answered yet
     count = 0
     for m in messages:
@@ -208,7 +209,7 @@ def _calls_to_ollama(calls: Any) -> list[dict[str, Any]]:
     return out
 
 
-def response_to_ollama(kind: str, data: Any, model: str, elapsed_ns: int) -> dict[str, Any]:
+def response_to_ollama(kind: str, data: object, model: str, elapsed_ns: int) -> dict[str, Any]:
     """The Ollama response body for a complete OpenAI response body."""
     if not isinstance(data, dict):
         raise ValueError("backend answered with a non-object body")
@@ -240,7 +241,7 @@ def response_to_ollama(kind: str, data: Any, model: str, elapsed_ns: int) -> dic
     return out
 
 
-def _done_reason(finish: Any) -> str:
+def _done_reason(finish: object) -> str:
     return "length" if finish == "length" else "stop"
 
 
@@ -261,8 +262,8 @@ class SseToNdjson:
 
     def __init__(self, kind: str, model: str, t0: float) -> None:
         self.kind, self.model, self.t0 = kind, model, t0
-        self.finish: Any = None
-        self.usage: Any = None
+        self.finish: object = None  # the last finish_reason sent
+        self.usage: object = None  # the last usage sent (an object, when the backend sends one)
         self.done = False
         self.created_at = _now_iso()
         self.first: float | None = None  # when the first token arrived
