@@ -24,7 +24,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import _children, free_port, mock_process, wait_http  # noqa: E402
-from peers import _served  # noqa: E402
+from spawn import _served  # noqa: E402
 
 
 def memory(pid: int) -> dict[str, float]:

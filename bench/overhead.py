@@ -13,14 +13,14 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
 
 from common import free_port, mock_process, router_process, rss_mb, wait_tcp, wrk
+from mock.runner import stop_group
+from rivals import floor_argv
 
 BODY = {"model": "llama3", "messages": [{"role": "user", "content": "hello there"}]}
 
@@ -29,24 +29,7 @@ BODY = {"model": "llama3", "messages": [{"role": "user", "content": "hello there
 def floor_process(upstream: str):
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "minimal_passthrough:app",
-            "--app-dir",
-            os.path.dirname(os.path.abspath(__file__)),
-            "--port",
-            str(port),
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-            "--no-proxy-headers",
-        ],
+        floor_argv(port),
         env={**os.environ, "UPSTREAM": upstream},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -57,8 +40,7 @@ def floor_process(upstream: str):
         wait_tcp(port)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
+        stop_group(proc)
 
 
 def _pin_listener(url: str, core: int) -> None:
