@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest_asyncio
 import redis.asyncio as aioredis
 
 from mock import run_mock
@@ -50,6 +51,29 @@ async def until(check: Callable[[], bool], within: float) -> float:
         assert time.monotonic() - t0 < within, "condition not met in time"
         await asyncio.sleep(0.02)
     return time.monotonic() - t0
+
+
+class Calls:
+    """Counts the calls of `obj`'s coroutine method `name` begun and ended, so that a test
+    waits for the store's next sweep (or usage flush) instead of sleeping past it."""
+
+    def __init__(self, obj: object, name: str) -> None:
+        inner = getattr(obj, name)  # (fails loudly if the method is renamed)
+        self.begun = self.ended = 0
+
+        async def counted(*args: Any) -> Any:
+            self.begun += 1
+            try:
+                return await inner(*args)
+            finally:
+                self.ended += 1
+
+        setattr(obj, name, counted)
+
+    async def next(self, within: float = 3.0) -> None:
+        """Until a call begun after this one has ended (calls run one after another)."""
+        target = self.begun + 1
+        await until(lambda: self.ended >= target, within)
 
 
 async def metrics(s: aiohttp.ClientSession, url: str) -> str:
@@ -94,6 +118,7 @@ async def _stall_under_load(stall: Callable[[RedisServer, aioredis.Redis], Await
             async with run_router(cfg) as r, aiohttp.ClientSession() as s:
                 admin = aioredis.from_url(redis.url, socket_timeout=30)  # waits out the stall
                 store = r.router.store
+                sweeps = Calls(store, "_sweep")
                 async with s.post(r.url + "/api/chat", json=CHAT) as resp:
                     await resp.read()
                 load = Load(s, r.url, 6)
@@ -107,13 +132,13 @@ async def _stall_under_load(stall: Callable[[RedisServer, aioredis.Redis], Await
                 m.update(first_byte_delay_ms=0.0, tok_ms=50.0, tokens=400)  # one 20 s stream
                 held = await s.post(r.url + "/api/chat", json={**CHAT, "stream": True})
                 await held.content.readline()
-                await asyncio.sleep(1.3)  # a sweep later
+                await sweeps.next()  # a sweep later
                 keys_held = await router_keys(admin, store)
                 text_held = await metrics(s, r.url)
                 mock_held = m.stats()["in_flight"]
                 held.close()
                 await until(lambda: m.stats()["in_flight"] == 0, 3.0)
-                await asyncio.sleep(1.3)
+                await sweeps.next()
                 keys_idle = await router_keys(admin, store)
                 text_idle = await metrics(s, r.url)
                 await admin.aclose()
@@ -157,23 +182,41 @@ def _check(out: dict[str, Any]) -> None:
     assert value(out["text_idle"], "nomyo_router_in_flight", endpoint="m0") == 0
 
 
-async def test_debug_sleep_is_an_outage_and_leaves_nothing_behind():
-    async def stall(redis: RedisServer, admin: aioredis.Redis) -> None:
-        await admin.execute_command("DEBUG", "SLEEP", 5)
-
-    _check(await _stall_under_load(stall))
+async def _debug_sleep(redis: RedisServer, admin: aioredis.Redis) -> None:
+    await admin.execute_command("DEBUG", "SLEEP", 5)
 
 
-async def test_sigstop_is_a_partition_without_rst_and_sigcont_heals_it():
-    async def stall(redis: RedisServer, admin: aioredis.Redis) -> None:
-        assert redis.proc is not None
-        os.kill(redis.proc.pid, signal.SIGSTOP)
-        try:
-            await asyncio.sleep(5)
-        finally:
-            os.kill(redis.proc.pid, signal.SIGCONT)
+async def _sigstop(redis: RedisServer, admin: aioredis.Redis) -> None:
+    assert redis.proc is not None
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(5)
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
 
-    _check(await _stall_under_load(stall))
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stalls() -> dict[str, dict[str, Any] | BaseException]:
+    """Both stalls under load, at once: each has its own Redis, mock and router, and most of
+    their time is spent waiting (for the stall, the deadline, a sweep), so together they take
+    the time of one."""
+    kinds = {"debug_sleep": _debug_sleep, "sigstop": _sigstop}
+    outs = await asyncio.gather(*(_stall_under_load(stall) for stall in kinds.values()), return_exceptions=True)
+    return dict(zip(kinds, outs, strict=True))
+
+
+def _outcome(out: dict[str, Any] | BaseException) -> dict[str, Any]:
+    if isinstance(out, BaseException):
+        raise out
+    return out
+
+
+def test_debug_sleep_is_an_outage_and_leaves_nothing_behind(stalls):
+    _check(_outcome(stalls["debug_sleep"]))
+
+
+def test_sigstop_is_a_partition_without_rst_and_sigcont_heals_it(stalls):
+    _check(_outcome(stalls["sigstop"]))
 
 
 async def test_waiters_and_acquires_caught_in_a_stall_leave_no_ghosts():
@@ -191,6 +234,7 @@ async def test_waiters_and_acquires_caught_in_a_stall_leave_no_ghosts():
             async with run_router(cfg) as r, aiohttp.ClientSession() as s:
                 admin = aioredis.from_url(redis.url, socket_timeout=30)
                 store = r.router.store
+                sweeps = Calls(store, "_sweep")
                 queue_key = f"{store.prefix}:queue"
                 held = await s.post(r.url + "/api/chat", json={**CHAT, "stream": True})
                 await held.content.readline()
@@ -209,14 +253,14 @@ async def test_waiters_and_acquires_caught_in_a_stall_leave_no_ghosts():
                 await sleeper
                 await until(lambda: not store.degraded, 5.0)
                 await until(lambda: store.queue_length() == 6, 3.0)
-                await asyncio.sleep(1.3)  # and a sweep later
+                await sweeps.next()  # and a sweep later
                 after = [x.decode() for x in await admin.zrange(queue_key, 0, -1)]
                 waiting_ids = set(store.ledger.waiting)
                 assert not any(t.done() for t in waiting)
                 t_release = time.monotonic()
                 held.close()
                 results = await asyncio.gather(*waiting)
-                await asyncio.sleep(1.3)
+                await sweeps.next()
                 keys_idle = await router_keys(admin, store)
                 await admin.aclose()
     assert len(before) == 4 and len(after) == 6
@@ -231,16 +275,17 @@ async def test_gauges_count_what_every_instance_holds(redis_url):
     async with run_mock(ttft_ms=0.0, tok_ms=50.0, tokens=400, parallel=64) as m:
         cfg = {"endpoints": endpoints(m, slots=2), "state": redis_url}
         async with run_router(cfg) as r1, run_router(cfg) as r2, aiohttp.ClientSession() as s:
+            sweeps = [Calls(r.router.store, "_sweep") for r in (r1, r2)]
             streams = [await s.post(r1.url + "/api/chat", json={**CHAT, "stream": True}) for _ in range(2)]
             for st in streams:
                 await st.content.readline()
             waiter = asyncio.create_task(s.post(r1.url + "/api/chat", json=SHORT))
-            await asyncio.sleep(1.3)  # a sweep of each instance
+            await asyncio.gather(*(sw.next() for sw in sweeps))  # a sweep of each instance
             busy = [await metrics(s, r.url) for r in (r1, r2)]
             for st in streams:
                 st.close()
             (await waiter).close()
-            await asyncio.sleep(1.3)
+            await asyncio.gather(*(sw.next() for sw in sweeps))
             idle = [await metrics(s, r.url) for r in (r1, r2)]
     for text in busy:
         assert value(text, "nomyo_router_in_flight", endpoint="m0") == 2
@@ -262,6 +307,7 @@ async def test_a_health_verdict_and_usage_given_during_a_stall_reach_redis_once_
         store = RedisStore(redis.url, [ep], cfg)
         admin = aioredis.from_url(redis.url, socket_timeout=30)
         unhealthy, usage = f"{store.prefix}:unhealthy", f"{store.prefix}:usage:e"
+        flushes = Calls(store.usage, "flush")
         await store.start()
         try:
             store.set_healthy(ep, False)
@@ -283,7 +329,7 @@ async def test_a_health_verdict_and_usage_given_during_a_stall_reach_redis_once_
             await until(lambda: not store.degraded, 4.0)
             await asyncio.sleep(0.2)
             assert await admin.smembers(unhealthy) == set()
-            await asyncio.sleep(1.3)  # the next sweep sends the batch again
+            await flushes.next()  # the next sweep's flush sends the batch again
             assert await admin.hgetall(usage) == {b"m": b"3"}
             assert (await store.snapshot())["usage"] == {"e": {"m": 3}}
             # had the stalled call run after all, its batch would have come again just so
