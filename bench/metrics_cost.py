@@ -1,5 +1,5 @@
 """CPU per request of the metrics hook (ops/metrics.py), single process and multiprocess mode,
-and of the usage hook (ops/usage_store.py: what a request pays; the flush runs on a thread).
+and of the usage hook (ops/usage/store.py: what a request pays; the flush runs on a thread).
 
     python bench/metrics_cost.py [--n 200000]
 """
@@ -43,7 +43,7 @@ def measure(n: int, per_iteration: int) -> float:
 def usage_cost(n: int) -> float:
     """µs per request added to the usage batch (the SQLite/Redis write is off the loop)."""
     from nomyo_router.events import Events, RequestRecord
-    from nomyo_router.ops.usage_store import Usage
+    from nomyo_router.ops.usage.store import Usage
 
     usage = Usage(Events())
     rec = RequestRecord(

@@ -2,24 +2,22 @@
 
 `uvicorn nomyo_router.app:app` serves it; the config path comes from
 NOMYO_ROUTER_CONFIG (default ./config.yaml). Everything long-lived (config, upstream client,
-state store, scheduler, discovery) is built in the lifespan and held by `Router`.
+state store, scheduler, discovery) is built in the lifespan and held by `Router`
+(`runtime/`); the routes off the request path reach only what their handler objects were
+given (`runtime/handlers.py`), built and imported on first use.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-import multiprocessing
 import os
 import re
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from .api import access, listing, manage
-from .api import status as ollama_status
+from .api import access, listing
 from .api.asgi import (
     BODY_WRITER,
     BodyTooLarge,
@@ -36,183 +34,21 @@ from .api.asgi import (
 from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
 from .api.ratelimits import SCOPE_KEY as RATELIMIT_HEADERS
-from .api.ratelimits import RateLimits
 from .api.requests import GENERATION_ROUTES, parse
 from .cache import hook as response_cache
-from .cache import routes as cache_routes
-from .config import CONFIG_ENV, ConfigError, RouterConfig, load_config
-from .domain import Endpoint, model_key
-from .events import Events, RequestRecord
+from .config import RouterConfig
+from .events import RequestRecord
 from .forward import moe, overflow
 from .forward.exchange import Exchange, Handle
-from .forward.proxy import Proxy
-from .ops import dashboard, reload, tracing, usage_api, usage_stream
-from .ops.accesslog import AccessLog
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
-from .ops.metrics import Metrics, state_gauges
-from .ops.usage_store import make_usage
-from .routing import kv_events
-from .routing.context import TooLong, Windows
-from .routing.policies import Policy, make_policy, picker
-from .routing.scheduler import Scheduler
-from .state import MemoryStore, QueueFull, SharedStore, StateStore, private
-from .state.fair import specs_of
-from .upstream.discovery import Discovery
-from .upstream.gcpace import GcPace
-from .upstream.health import Health
-from .upstream.looplag import LoopLag
-from .upstream.session import ManageSession
+from .routing.context import TooLong
+from .runtime import lifespan
+from .runtime.handlers import Handlers, Route
+from .runtime.router import Router
+from .state import QueueFull
 from .upstream.unload import is_unload, unload
 
 log = logging.getLogger("nomyo_router")
-
-
-class Router:
-    """The running router: one per process, built at start-up, closed at shutdown."""
-
-    def __init__(self, config: RouterConfig) -> None:
-        self.config = config
-        self.endpoints = [Endpoint.from_config(e) for e in config.endpoints]
-        policy = make_policy(config.routing, {e.name: e.kv_cache_tokens for e in config.endpoints})
-        self.store: StateStore = make_store(config, self.endpoints, policy)
-        share_index(policy, self.store)
-        self.scheduler = Scheduler(
-            self.endpoints,
-            self.store,
-            policy,
-            config.queue_timeout,
-            config.affinity_wait_ms / 1000 if config.conversation_affinity else None,
-        )
-        self.scheduler.fair = specs_of(config.client_keys)  # priorities and fair shares of the queue
-        self.session_header = config.session_header.lower().encode("latin-1")
-        self.events = Events()
-        self.client_limits = ClientLimits(access.caps_of(config), self.store, config.max_queue)
-        self.rate_limits = RateLimits(config, self.store, self.events)  # rpm, tpm, tokens_per_day
-        self.keys = access.keys_of(config)
-        self.origins = access.Origins(config.allowed_origins)
-        self.loop_lag = LoopLag()
-        # full collections on a timer, not by growth (thousands of open streams)
-        self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
-        self.metrics = Metrics(
-            self.events,
-            lambda: [*state_gauges(self.endpoints, self.store, self.loop_lag), *self.rate_limits.gauges()],
-            self.serves,
-        )
-        self.history = dashboard.history_for(self.metrics)  # the dashboard's last hour, sampled on a timer
-        self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
-        self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
-        self.cache = cache_routes.make_cache(config, self.events, self)  # the response cache; None: off
-        self.ensemble = moe.Ensemble(self)  # moe-<model> requests
-        self.usage_stream = usage_stream.UsageStream(self.events, lambda: usage_stream.snapshot_of(self))
-        self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
-        # the one client of every upstream call but model management (traced when tracing is on)
-        self.tracer, self.upstream = tracing.make(config, self.events)
-        self.manage_session = ManageSession(config)  # aiohttp, made when first needed
-        self.discovery: Discovery | None = None
-        # context-length-aware routing (None: context_routing off)
-        self.windows = (
-            Windows(config.context_routing, self.upstream, lambda: self.endpoints)
-            if config.context_routing != "off"
-            else None
-        )
-        self.proxy: Proxy | None = None
-        self.kv_tasks: list[asyncio.Task[None]] = []  # precise mode: KV-event subscribers
-        self.kv_states: dict[str, kv_events.KVEventState] = {}
-
-    def serves(self, model: str) -> bool:
-        key = model_key(model)
-        return any(ep.serves(key) for ep in self.endpoints)
-
-    async def start(self) -> None:
-        await self.store.start()
-        if self.usage is not None:
-            await self.usage.start()
-        if self.cache is not None:
-            await self.cache.start()
-        self.loop_lag.start()
-        self.rate_limits.start()
-        if self.gc is not None:
-            self.gc.start()
-        if self.tracer is not None:
-            self.tracer.exporter.start()
-        self.proxy = Proxy(self.scheduler, self.upstream, self.store, self.config, self.events, self.health)
-        self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, self.config, self.health)
-        await self.discovery.start()
-        if self.windows is not None:
-            self.windows.start()
-        self.proxy.rediscover = self.discovery.refresh_now
-        self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
-        reload.install(self)
-        self.history.start()
-        for ep in self.endpoints:
-            log.info(
-                "endpoint %s (%s): %d slots, healthy=%s, models=%s",
-                ep.name,
-                ep.type,
-                ep.slots,
-                self.store.is_healthy(ep),
-                sorted(ep.models.values()),
-            )
-
-    async def close(self) -> None:
-        reload.uninstall()
-        await self.history.stop()
-        self.metrics.flush()  # (under several workers, counts wait up to 20 ms to be handed on)
-        for task in self.kv_tasks:
-            task.cancel()
-        if self.discovery:
-            await self.discovery.stop()
-        if self.windows is not None:
-            await self.windows.stop()
-        await self.loop_lag.stop()
-        await self.rate_limits.stop()
-        if self.gc is not None:
-            self.gc.stop()
-        if self.usage is not None:
-            await self.usage.close()
-        if self.cache is not None:
-            await self.cache.close()
-        self.upstream.close()
-        if self.tracer is not None:  # (what is left is sent, within a few seconds)
-            await asyncio.to_thread(self.tracer.close)
-        await self.manage_session.close()
-        await self.store.close()
-
-
-def share_index(policy: Policy, store: StateStore) -> None:
-    """Every worker and instance learns what the others routed where, so they all route
-    from the same prefix index (it converges within one message, not by chance)."""
-    index = getattr(policy, "index", None)
-    if index is None:
-        return
-    index.publish = lambda endpoint, keys: store.publish("prefix", [endpoint, keys])
-    store.subscribe("prefix", lambda data: index.apply(data[0], data[1]))
-
-
-def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) -> StateStore:
-    """`auto`: in-memory for one process (the fast path), shared when uvicorn runs workers."""
-    mode = config.state
-    if mode == "auto":
-        mode = "shared" if multiprocessing.parent_process() is not None else "memory"
-    if mode == "memory":
-        return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
-    if mode == "shared":
-        return SharedStore(
-            shared_state_path(),
-            endpoints,
-            config.max_queue,
-            config.affinity_ttl,
-            config.affinity_max_pins,
-            picker(policy),
-        )
-    from .state.redis import RedisStore
-
-    return RedisStore(mode, endpoints, config)
-
-
-def shared_state_path() -> str:
-    """Where the workers of one master meet (see `state/private.py`): private to this user."""
-    return private.shared_state_path(os.getppid(), os.environ.get(CONFIG_ENV, "config.yaml"))
 
 
 _request_ids = itertools.count(1)
@@ -250,22 +86,14 @@ class RouterApp:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
-                try:
-                    config = self._config or load_config(os.environ.get(CONFIG_ENV, "config.yaml"))
-                    self.router = Router(config)
-                    await self.router.start()
-                except ConfigError as e:
-                    print(f"nomyo-router: bad config: {e}", file=sys.stderr, flush=True)
-                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                started = await lifespan.startup(self._config)
+                if isinstance(started, str):
+                    await send({"type": "lifespan.startup.failed", "message": started})
                     return
-                except Exception as e:  # start-up must fail loudly, never half-start
-                    log.exception("start-up failed")
-                    await send({"type": "lifespan.startup.failed", "message": f"{type(e).__name__}: {e}"})
-                    return
+                self.router = started
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
-                if self.router:
-                    await self.router.close()
+                await lifespan.shutdown(self.router)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -449,7 +277,7 @@ class RouterApp:
         return self.current()
 
     def current(self) -> Router:
-        """The running router, for handlers in other modules; 503 while starting."""
+        """The running router; 503 while starting."""
         if self.router is None:
             raise ApiError(503, "router is starting")
         return self.router
@@ -500,17 +328,49 @@ PREFIX_ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v1/models/", RouterApp.model),
     ("HEAD", "/v1/models/", RouterApp.model),
 ]
-ROUTES.update(usage_api.ROUTES)
-ROUTES.update(reload.ROUTES)
-ROUTES.update(dashboard.ROUTES)
-# New capabilities register their routes here from their own module (one line each), e.g.
-# `ROUTES.update(manage.ROUTES)`; a handler is `async def h(app: RouterApp, scope, receive, send, t0)`
-# and reaches the running router through `app.current()`.
-ROUTES.update(manage.ROUTES)
-PREFIX_ROUTES.extend(manage.PREFIX)  # noqa: E702
-ROUTES.update(ollama_status.ROUTES)
-ROUTES.update(cache_routes.ROUTES)
-ROUTES.update(usage_stream.ROUTES)
+
+
+def operator(pick: Callable[[Handlers], Route]) -> Handler:
+    """A route off the request path: its handler object is built, and its module imported,
+    the first time the route is asked (`runtime/handlers.py`)."""
+
+    async def handler(app: RouterApp, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        await pick(app.current().handlers)(scope, receive, send)
+
+    return handler
+
+
+async def dashboard_page(app: RouterApp, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+    """The dashboard's page is static and open: served while the router starts too."""
+    from .ops.dashboard import dashboard
+
+    await dashboard(scope, receive, send)
+
+
+_manage = operator(lambda h: h.manager.manage)
+ROUTES.update(
+    {
+        ("GET", "/dashboard"): dashboard_page,
+        ("GET", "/dashboard/data"): operator(lambda h: h.dashboard.data),
+        ("GET", "/api/usage"): operator(lambda h: h.usage.usage_report),
+        ("GET", "/api/usage-stream"): operator(lambda h: h.usage_stream.route),
+        ("POST", "/admin/reload"): operator(lambda h: h.reload.admin_reload),
+        ("GET", "/api/cache/stats"): operator(lambda h: h.cache.stats),
+        ("POST", "/api/cache/clear"): operator(lambda h: h.cache.clear),
+        ("GET", "/api/status"): operator(lambda h: h.status.status),
+        ("POST", "/api/pull"): _manage,
+        ("POST", "/api/push"): _manage,
+        ("POST", "/api/create"): _manage,
+        ("POST", "/api/copy"): _manage,
+        ("DELETE", "/api/delete"): _manage,
+    }
+)
+PREFIX_ROUTES.extend(
+    [
+        ("HEAD", "/api/blobs/", operator(lambda h: h.blobs.head)),
+        ("POST", "/api/blobs/", operator(lambda h: h.blobs.post)),
+    ]
+)
 
 
 def prefix_route(method: str, path: str) -> Handler | None:

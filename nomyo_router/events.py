@@ -77,7 +77,7 @@ class Events:
 
     def __init__(self) -> None:
         self._request: list[RequestHook] = []
-        self._start: list[RequestHook] = []  # (empty unless someone watches: ops/usage_stream.py)
+        self._start: list[RequestHook] = []  # (empty unless someone watches: ops/usage/stream.py)
         self._endpoint: list[EndpointHook] = []
         self._count: list[CountHook] = []
 

@@ -168,7 +168,7 @@ async def test_workers_share_the_index_through_the_shared_store(tmp_path):
     pol_a, pol_b = CacheAware(PrefixIndex()), CacheAware(PrefixIndex())
     a = SharedStore(base, endpoints_, 100, 600, 1000, picker(pol_a))
     b = SharedStore(base, endpoints_, 100, 600, 1000, picker(pol_b))
-    from nomyo_router.app import share_index
+    from nomyo_router.runtime.router import share_index
 
     share_index(pol_a, a)
     share_index(pol_b, b)

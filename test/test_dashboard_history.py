@@ -15,8 +15,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from mock import MockConfig, MockProcess
-from nomyo_router.ops import dashboard
-from nomyo_router.ops.history import COARSE_S, FINE_S, INTERVAL_ENV, KEEP_S, History
+from nomyo_router.ops.history import COARSE_S, FINE_S, INTERVAL_ENV, KEEP_S, History, history_for
 from test.helpers import endpoints, run_router
 from test.router_proc import router_workers
 from test.test_dashboard import wait_for
@@ -81,7 +80,7 @@ async def test_a_dashboard_opened_after_a_minute_of_traffic_draws_that_minute(mo
     }
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
         await r.router.history.stop()  # this test stamps the samples itself
-        history = r.router.history = dashboard.history_for(r.router.metrics)
+        history = r.router.history = history_for(r.router.metrics)
         team = {"Authorization": "Bearer team-key-12345678"}
 
         async def chat(model: str, n: int) -> None:

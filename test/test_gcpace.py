@@ -1,4 +1,4 @@
-"""upstream/gcpace.py: while a router runs, the oldest generation is collected on a timer,
+"""runtime/gc_pacing.py: while a router runs, the oldest generation is collected on a timer,
 start-up's objects are frozen out of collections, and the process gets its settings back."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from mock import run_mock
 from nomyo_router.config import ConfigError, parse_config
-from nomyo_router.upstream.gcpace import GcPace
+from nomyo_router.runtime.gc_pacing import GcPace
 from test.helpers import endpoints, run_router
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Top to bottom. Entry points and wiring; the request's path (forward) and what operators
+# Top to bottom. Entry points and wiring (runtime); the request's path (forward) and what operators
 # read (ops, fed by events); the HTTP shapes of the APIs; the backend client; routing
 # policies and the scheduler; shared state; the domain types everything uses.
 LAYERS: list[set[str]] = [
-    {"__main__", "cli", "app", "protocol", "config_doc"},
+    {"__main__", "cli", "app", "protocol", "config_doc", "runtime"},
     {"forward", "ops", "cache"},
     {"api"},
     {"upstream"},

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from nomyo_router.events import Events
-from nomyo_router.ops.usage_store import SqliteUsage
+from nomyo_router.ops.usage.store import SqliteUsage
 from nomyo_router.state import private
 from test.helpers import endpoints, run_router
 from test.router_proc import router_workers

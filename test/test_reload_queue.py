@@ -19,9 +19,9 @@ import yaml
 from mock import MockConfig, MockProcess, run_mock
 from nomyo_router.config import parse_config
 from nomyo_router.domain import Endpoint
-from nomyo_router.ops import reload
 from nomyo_router.routing.policies import LeastBusy, RouteContext, picker
 from nomyo_router.routing.scheduler import Scheduler
+from nomyo_router.runtime import reconfigure as reload
 from nomyo_router.state import SharedStore
 from test.helpers import TEST_USAGE_DB, run_router
 from test.router_proc import router_workers

@@ -189,7 +189,7 @@ async def test_csv_cells_that_a_spreadsheet_would_run_are_made_text(tmp_path):
 
 
 def test_to_csv_quotes_every_formula_start():
-    from nomyo_router.ops.usage_api import to_csv
+    from nomyo_router.ops.usage.routes import to_csv
 
     starts = ["=1", "+1", "-1", "@1", "\t1", "\r1"]
     out = to_csv([(("2024-01-01", s, "ep", "plain"), [1, 0, 2, 3]) for s in starts])

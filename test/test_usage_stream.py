@@ -18,7 +18,7 @@ import pytest
 
 from mock import run_mock
 from nomyo_router.events import RequestRecord
-from nomyo_router.ops import usage_stream
+from nomyo_router.ops.usage import stream as usage_stream
 from test.helpers import endpoints, run_router
 
 MSGS = [{"role": "user", "content": "hi"}]

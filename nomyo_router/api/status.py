@@ -9,31 +9,35 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..domain import Endpoint
-from ..upstream.h1 import ClientError
+from ..state import StateStore
+from ..upstream.h1 import ClientError, Upstream
 from .asgi import Receive, Scope, Send, send_response
 
 FALLBACK = json.dumps({"cloud": {"disabled": True, "source": "none"}}).encode()
 
 
-async def status(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-    router = app.current()
-    timeout = router.config.health_timeout
+class Status:
+    """`GET /api/status`, asked of the healthy Ollama endpoints (each within `timeout` seconds)."""
 
-    async def one(ep: Endpoint) -> bytes | None:
-        try:
-            code, _, data = await router.upstream.fetch(ep, "/api/status", total=timeout)
-            return data if code == 200 and isinstance(json.loads(data), dict) else None
-        except (ClientError, TimeoutError, ValueError):
-            return None
+    def __init__(
+        self, endpoints: Callable[[], Sequence[Endpoint]], store: StateStore, upstream: Upstream, timeout: float
+    ) -> None:
+        self.endpoints = endpoints  # (a reload replaces the list: read it at each call)
+        self.store, self.upstream, self.timeout = store, upstream, timeout
 
-    eps = [ep for ep in router.endpoints if ep.type == "ollama" and router.store.is_healthy(ep)]
-    answers = await asyncio.gather(*(one(ep) for ep in eps))
-    await send_response(
-        send, 200, next((a for a in answers if a is not None), FALLBACK), b"application/json; charset=utf-8"
-    )
+    async def status(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def one(ep: Endpoint) -> bytes | None:
+            try:
+                code, _, data = await self.upstream.fetch(ep, "/api/status", total=self.timeout)
+                return data if code == 200 and isinstance(json.loads(data), dict) else None
+            except (ClientError, TimeoutError, ValueError):
+                return None
 
-
-ROUTES = {("GET", "/api/status"): status}
+        eps = [ep for ep in self.endpoints() if ep.type == "ollama" and self.store.is_healthy(ep)]
+        answers = await asyncio.gather(*(one(ep) for ep in eps))
+        await send_response(
+            send, 200, next((a for a in answers if a is not None), FALLBACK), b"application/json; charset=utf-8"
+        )

@@ -7,32 +7,32 @@ asks alike, and clearing changes what every client gets.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..api.access import require_admin
 from ..api.asgi import Receive, Scope, Send, read_body, send_response
 from ..api.errors import ApiError
 from ..config import RouterConfig
 from ..events import Events
-from .redis_store import RedisStore
 from .service import ResponseCache
 from .stores import MemoryStore, SqliteStore, Store
 
+if TYPE_CHECKING:
+    from .semantic import Owner
 
-def make_cache(config: RouterConfig, events: Events, owner: Any = None) -> ResponseCache | None:
+
+def make_cache(config: RouterConfig, events: Events, owner: Owner) -> ResponseCache | None:
     """The response cache `config` asks for, or None when it is off. `owner`: the Router, whose
     proxy semantic mode asks for embeddings (semantic.py)."""
     cfg = config.cache
     if not cfg.enabled:
         return None
+    store = make_store(config)
     semantic = None
     if cfg.similarity < 1.0:
         from .semantic import Semantic
 
-        semantic = Semantic(cfg, owner)
-    store = make_store(config)
-    if semantic is not None:
-        semantic.store = store
+        semantic = Semantic(cfg, owner, store)
     return ResponseCache(cfg, store, events, semantic)
 
 
@@ -41,28 +41,31 @@ def make_store(config: RouterConfig) -> Store:
     if cfg.backend == "sqlite":
         return SqliteStore(cfg)
     if cfg.backend == "redis":
+        from .redis_store import RedisStore
+
         return RedisStore(cfg, cfg.url or config.state, config.redis_timeout)
     return MemoryStore(cfg)
 
 
-def _cache(app: Any, scope: Scope, what: str) -> ResponseCache:
-    router = app.current()
-    require_admin(router, scope, what)
-    if router.cache is None:
-        raise ApiError(404, "the response cache is off; set cache.enabled: true in the config to turn it on")
-    cache: ResponseCache = router.cache
-    return cache
+class CacheRoutes:
+    """The operator's routes over the process's response cache (None: the cache is off);
+    `require_admin(scope, what)` refuses anyone but the admin when keys are configured."""
 
+    def __init__(self, cache: ResponseCache | None, require_admin: Callable[[Scope, str], None]) -> None:
+        self.cache = cache
+        self.require_admin = require_admin
 
-async def stats(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-    cache = _cache(app, scope, "GET /api/cache/stats")
-    await send_response(send, 200, json.dumps(await cache.stats()).encode())
+    def _cache(self, scope: Scope, what: str) -> ResponseCache:
+        self.require_admin(scope, what)
+        if self.cache is None:
+            raise ApiError(404, "the response cache is off; set cache.enabled: true in the config to turn it on")
+        return self.cache
 
+    async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cache = self._cache(scope, "GET /api/cache/stats")
+        await send_response(send, 200, json.dumps(await cache.stats()).encode())
 
-async def clear(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-    cache = _cache(app, scope, "POST /api/cache/clear")
-    await read_body(scope, receive, 1024)
-    await send_response(send, 200, json.dumps({"cleared": await cache.clear()}).encode())
-
-
-ROUTES = {("GET", "/api/cache/stats"): stats, ("POST", "/api/cache/clear"): clear}
+    async def clear(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cache = self._cache(scope, "POST /api/cache/clear")
+        await read_body(scope, receive, 1024)
+        await send_response(send, 200, json.dumps({"cleared": await cache.clear()}).encode())

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, TypeVarTuple
 
 from ..config import CacheConfig
-from ..ops.usage_store import _private_db_file
+from ..ops.usage.store import _private_db_file
 
 ENTRY_OVERHEAD = 200  # bytes a memory entry costs besides its value and vector (dict slot, tuple, key)
 Vectors = list[tuple[str, str, bytes]]  # (key, namespace, vector)

@@ -16,15 +16,24 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from ..api import listing
 from ..api.asgi import Receive, Scope, Send, send_response
-from .history import History
+from .history import History, counters
 from .metrics import LATENCY_BUCKETS
-from .usage_api import summary
+from .usage.routes import summary
+
+if TYPE_CHECKING:
+    from ..api.ratelimits import RateLimits
+    from ..domain import Endpoint
+    from ..state import StateStore
+    from ..upstream.health import Health
+    from .metrics import Metrics
+    from .usage.store import Usage
 
 _PAGE: bytes | None = None
 
@@ -36,69 +45,10 @@ def page() -> bytes:
     return _PAGE
 
 
-def _add(into: dict[str, Any], key: str, value: float) -> None:
-    into[key] = into.get(key, 0) + value
-
-
-_LE = {b: i for i, b in enumerate(LATENCY_BUCKETS)}
-_HISTOGRAMS = {
-    "nomyo_router_time_to_first_byte_seconds_bucket": ("ttft", "model"),
-    "nomyo_router_endpoint_time_to_first_byte_seconds_bucket": ("endpoint_ttft", "endpoint"),
-    "nomyo_router_endpoint_queue_wait_seconds_bucket": ("endpoint_queue", "endpoint"),
-}
-
-
-def _bucket(into: dict[str, list[float]], key: str, le: str, value: float) -> None:
-    """Cumulative counts per bucket, in LATENCY_BUCKETS order, +Inf last."""
-    counts = into.setdefault(key, [0.0] * (len(LATENCY_BUCKETS) + 1))
-    counts[_LE.get(float(le), len(LATENCY_BUCKETS))] += value
-
-
-def counters(registry: Any) -> dict[str, Any]:
-    """The counters the page needs, summed over label sets it does not show: one sample."""
-    out: dict[str, Any] = {
-        "requests": {},
-        "errors": {},
-        "prompt_tokens": {},
-        "completion_tokens": {},
-        "affinity": {},
-        "events": {},
-        "endpoint_requests": {},
-        "endpoint_tokens": {},
-        "error_classes": {},
-        "ttft": {},
-        "endpoint_ttft": {},
-        "endpoint_queue": {},
-    }
-    for family in registry.collect():
-        for s in family.samples:
-            name, labels, value = s.name, s.labels, s.value
-            if name == "nomyo_router_requests_total":
-                _add(out["requests"], labels["model"], value)
-                if labels["endpoint"]:
-                    _add(out["endpoint_requests"], labels["endpoint"], value)
-                if not labels["status"].startswith(("2", "3")):
-                    _add(out["errors"], labels["model"], value)
-            elif name == "nomyo_router_tokens_total":
-                _add(out[f"{labels['kind']}_tokens"], labels["model"], value)
-                if labels["kind"] == "completion" and labels["endpoint"]:
-                    _add(out["endpoint_tokens"], labels["endpoint"], value)
-            elif name in _HISTOGRAMS:
-                key, label = _HISTOGRAMS[name]
-                _bucket(out[key], labels[label], labels["le"], value)
-            elif name == "nomyo_router_errors_total":
-                by_status = out["error_classes"].setdefault(labels["endpoint"], {})
-                _add(by_status.setdefault(labels["status"], {}), labels["class"], value)
-            elif name == "nomyo_router_affinity_total":
-                _add(out["affinity"], labels["outcome"], value)
-            elif name == "nomyo_router_events_total":
-                _add(out["events"], labels["what"], value)
-    return out
-
-
-def history_for(metrics: Any) -> History:
-    """The router's history, sampled from what a scrape of any worker sees."""
-    return History(lambda: counters(metrics.scrape_registry()))
+async def dashboard(scope: Scope, receive: Receive, send: Send) -> None:
+    """The page: static, open (it asks for a key when its data need one), served while the
+    router is still starting too."""
+    await send_response(send, 200, page(), b"text/html; charset=utf-8", headers=[(b"cache-control", b"no-cache")])
 
 
 def _since(scope: Scope) -> float | None:
@@ -109,29 +59,38 @@ def _since(scope: Scope) -> float | None:
         return None
 
 
-async def data(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-    router = app.current()
-    _, health = await listing.health(router.endpoints, router.store, router.health)
-    body: dict[str, Any] = {
-        "t": round(time.time(), 3),
-        "pid": os.getpid(),
-        "health": json.loads(health),
-        "counters": counters(router.metrics.scrape_registry()),
-        "le": list(LATENCY_BUCKETS),
-        "history": router.history.describe(),
-    }
-    if router.usage is not None:
-        body["usage"] = summary(await router.usage.rows())["totals"]
-    if router.rate_limits.by_client:  # each limited key's use against its limits, read now
-        await router.rate_limits.refresh()
-        body["limits"] = router.rate_limits.describe()
-    samples = router.history.encoded(_since(scope))  # encoded once, when sampled
-    raw = json.dumps(body).encode()[:-1] + b',"samples":[' + b",".join(samples) + b"]}"
-    await send_response(send, 200, raw, headers=[(b"cache-control", b"no-store")])
+class Dashboard:
+    """`GET /dashboard/data`: one poll's worth of what the page draws."""
 
+    def __init__(
+        self,
+        endpoints: Callable[[], Sequence[Endpoint]],
+        store: StateStore,
+        health: Health,
+        metrics: Metrics,
+        history: History,
+        usage: Usage | None,
+        rate_limits: RateLimits,
+    ) -> None:
+        self.endpoints = endpoints  # (a reload replaces the list: read it at each poll)
+        self.store, self.health, self.metrics, self.history = store, health, metrics, history
+        self.usage, self.rate_limits = usage, rate_limits
 
-async def dashboard(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-    await send_response(send, 200, page(), b"text/html; charset=utf-8", headers=[(b"cache-control", b"no-cache")])
-
-
-ROUTES = {("GET", "/dashboard"): dashboard, ("GET", "/dashboard/data"): data}
+    async def data(self, scope: Scope, receive: Receive, send: Send) -> None:
+        _, health = await listing.health(self.endpoints(), self.store, self.health)
+        body: dict[str, object] = {
+            "t": round(time.time(), 3),
+            "pid": os.getpid(),
+            "health": json.loads(health),
+            "counters": counters(self.metrics.scrape_registry()),
+            "le": list(LATENCY_BUCKETS),
+            "history": self.history.describe(),
+        }
+        if self.usage is not None:
+            body["usage"] = summary(await self.usage.rows())["totals"]
+        if self.rate_limits.by_client:  # each limited key's use against its limits, read now
+            await self.rate_limits.refresh()
+            body["limits"] = self.rate_limits.describe()
+        samples = self.history.encoded(_since(scope))  # encoded once, when sampled
+        raw = json.dumps(body).encode()[:-1] + b',"samples":[' + b",".join(samples) + b"]}"
+        await send_response(send, 200, raw, headers=[(b"cache-control", b"no-store")])

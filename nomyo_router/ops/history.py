@@ -2,7 +2,7 @@
 opened now draws the past at once instead of starting empty.
 
 What is kept: time-stamped samples (unix seconds) of the cumulative counters and
-histogram buckets the dashboard shows (`dashboard.counters`), every `SAMPLE_S` seconds for
+histogram buckets the dashboard shows (`counters`), every `SAMPLE_S` seconds for
 the last `FINE_S`, and one every `COARSE_S` for the rest of `KEEP_S`. Counters are
 cumulative, so dropping samples only makes the older rates coarser: the difference of any
 two kept samples is still exact. Memory is bounded by the two ring buffers (at most
@@ -34,7 +34,14 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .metrics import LATENCY_BUCKETS
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from .metrics import Metrics
 
 log = logging.getLogger("nomyo_router.dashboard")
 
@@ -109,3 +116,68 @@ class History:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+
+def _add(into: dict[str, Any], key: str, value: float) -> None:
+    into[key] = into.get(key, 0) + value
+
+
+_LE = {b: i for i, b in enumerate(LATENCY_BUCKETS)}
+_HISTOGRAMS = {
+    "nomyo_router_time_to_first_byte_seconds_bucket": ("ttft", "model"),
+    "nomyo_router_endpoint_time_to_first_byte_seconds_bucket": ("endpoint_ttft", "endpoint"),
+    "nomyo_router_endpoint_queue_wait_seconds_bucket": ("endpoint_queue", "endpoint"),
+}
+
+
+def _bucket(into: dict[str, list[float]], key: str, le: str, value: float) -> None:
+    """Cumulative counts per bucket, in LATENCY_BUCKETS order, +Inf last."""
+    counts = into.setdefault(key, [0.0] * (len(LATENCY_BUCKETS) + 1))
+    counts[_LE.get(float(le), len(LATENCY_BUCKETS))] += value
+
+
+def counters(registry: CollectorRegistry) -> dict[str, Any]:
+    """The counters the page needs, summed over label sets it does not show: one sample."""
+    out: dict[str, Any] = {
+        "requests": {},
+        "errors": {},
+        "prompt_tokens": {},
+        "completion_tokens": {},
+        "affinity": {},
+        "events": {},
+        "endpoint_requests": {},
+        "endpoint_tokens": {},
+        "error_classes": {},
+        "ttft": {},
+        "endpoint_ttft": {},
+        "endpoint_queue": {},
+    }
+    for family in registry.collect():
+        for s in family.samples:
+            name, labels, value = s.name, s.labels, s.value
+            if name == "nomyo_router_requests_total":
+                _add(out["requests"], labels["model"], value)
+                if labels["endpoint"]:
+                    _add(out["endpoint_requests"], labels["endpoint"], value)
+                if not labels["status"].startswith(("2", "3")):
+                    _add(out["errors"], labels["model"], value)
+            elif name == "nomyo_router_tokens_total":
+                _add(out[f"{labels['kind']}_tokens"], labels["model"], value)
+                if labels["kind"] == "completion" and labels["endpoint"]:
+                    _add(out["endpoint_tokens"], labels["endpoint"], value)
+            elif name in _HISTOGRAMS:
+                key, label = _HISTOGRAMS[name]
+                _bucket(out[key], labels[label], labels["le"], value)
+            elif name == "nomyo_router_errors_total":
+                by_status = out["error_classes"].setdefault(labels["endpoint"], {})
+                _add(by_status.setdefault(labels["status"], {}), labels["class"], value)
+            elif name == "nomyo_router_affinity_total":
+                _add(out["affinity"], labels["outcome"], value)
+            elif name == "nomyo_router_events_total":
+                _add(out["events"], labels["what"], value)
+    return out
+
+
+def history_for(metrics: Metrics) -> History:
+    """The router's history, sampled from what a scrape of any worker sees."""
+    return History(lambda: counters(metrics.scrape_registry()))

@@ -35,7 +35,7 @@ from ..events import Events, RequestRecord
 if TYPE_CHECKING:
     from ..domain import Endpoint
     from ..state import StateStore
-    from ..upstream.looplag import LoopLag
+    from ..upstream.health import LoopLag
 
 Labels = tuple[str, ...]  # a metric's label values, in its labels' order
 _M = TypeVar("_M", Counter, Histogram)

@@ -8,7 +8,7 @@ operating system's reason, e.g.
     nomyo-router: usage_db: cannot open /nonexistent/dir/u.db: No such file or directory (the directory does not exist)
 
 The check creates nothing: a database that does not exist yet is created (0600, by
-ops/usage_store.py) when the router starts; here only its directory is shown writable, with a
+ops/usage/store.py) when the router starts; here only its directory is shown writable, with a
 probe file that is removed at once. SQLite keeps `-wal` and `-shm` files beside the
 database, so that directory must be writable even when the database file is.
 """

@@ -28,15 +28,25 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..config import RouterConfig
 from ..domain import Endpoint
 from ..events import Events
 from ..state import StateStore
-from .looplag import LoopLag
 
 log = logging.getLogger("nomyo_router.health")
+
+
+class LoopLag(Protocol):
+    """What health reads of this process's event-loop lag (the probe itself runs in the
+    wiring: `runtime/loop_lag.py`)."""
+
+    lag: float  # seconds late, last tick
+
+    def recent_max(self, since: float | None = None) -> float:
+        """The worst lag of the recent window, or since `since` (a monotonic time)."""
+        ...
 
 
 @dataclass

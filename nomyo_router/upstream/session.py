@@ -3,7 +3,7 @@
 Every other upstream call goes through the process's one `h1.Upstream`. Model management
 streams request bodies of any size (blob uploads) and sends HEAD requests, which that client
 does not do; it is rare, so aiohttp (~10 MB of a worker's memory once imported) is imported
-only by a worker that is asked to manage models (issue 15).
+only by a worker that is asked to manage models.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ import re
 from typing import Any
 from urllib.parse import parse_qs
 
-from ..api.asgi import Receive, Scope, Send, send_response
-from ..api.errors import ApiError
-from .usage_store import FIELDS, Counts, Row
+from ...api.asgi import Receive, Scope, Send, send_response
+from ...api.errors import ApiError
+from .store import FIELDS, Counts, Row, Usage
 
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 ALL_CLIENTS = ("default", "admin")  # key names that may read every client's usage
@@ -90,19 +90,21 @@ def to_csv(rows: list[tuple[Row, Counts]]) -> bytes:
     return out.getvalue().encode()
 
 
-async def usage(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-    router = app.current()
-    if router.usage is None:
-        raise ApiError(404, "usage accounting is off; set usage_db in the config to turn it on")
-    p = _params(scope)
-    client = scope.get("nomyo.client")
-    if client is not None and client.name not in ALL_CLIENTS:
-        p["client"] = client.name  # a client key sees its own usage only
-    rows = select(await router.usage.rows(), p)
-    if p.get("format") == "csv":
-        await send_response(send, 200, to_csv(rows), b"text/csv; charset=utf-8")
-    else:
-        await send_response(send, 200, json.dumps(summary(rows)).encode())
+class UsageRoutes:
+    """`GET /api/usage` over the process's usage store (None: accounting is off)."""
 
+    def __init__(self, usage: Usage | None) -> None:
+        self.usage = usage
 
-ROUTES = {("GET", "/api/usage"): usage}
+    async def usage_report(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.usage is None:
+            raise ApiError(404, "usage accounting is off; set usage_db in the config to turn it on")
+        p = _params(scope)
+        client = scope.get("nomyo.client")
+        if client is not None and client.name not in ALL_CLIENTS:
+            p["client"] = client.name  # a client key sees its own usage only
+        rows = select(await self.usage.rows(), p)
+        if p.get("format") == "csv":
+            await send_response(send, 200, to_csv(rows), b"text/csv; charset=utf-8")
+        else:
+            await send_response(send, 200, json.dumps(summary(rows)).encode())

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, TypeVarTuple
 
-from ..events import Events, RequestRecord
+from ...events import Events, RequestRecord
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")

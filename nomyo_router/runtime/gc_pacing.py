@@ -1,4 +1,4 @@
-"""The cyclic garbage collector, paced for thousands of open streams (issue 15, item 6).
+"""The cyclic garbage collector, paced for thousands of open streams.
 
 CPython runs a full collection whenever the oldest generation grew by a quarter since the
 last one. Every open stream holds a hundred-odd tracked objects (its connections, the

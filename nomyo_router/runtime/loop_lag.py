@@ -2,7 +2,7 @@
 
 A timer asks to wake every `interval` seconds and records how late it woke. A saturated
 loop delays everything it runs, health probes included: a probe that times out while
-the loop lags says nothing about the backend (issue 16). The same figure decides when
+the loop lags says nothing about the backend. The same figure decides when
 the router itself is overloaded and should turn work away explicitly.
 """
 

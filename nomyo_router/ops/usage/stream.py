@@ -29,12 +29,16 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from ..api.access import require_admin
-from ..api.asgi import SHUTDOWN_HOOK, ClientGone, Receive, Scope, Send, cancel_on_disconnect
-from ..events import Events, RequestRecord
+from ...api.asgi import SHUTDOWN_HOOK, ClientGone, Receive, Scope, Send, cancel_on_disconnect
+from ...events import Events, RequestRecord
+
+if TYPE_CHECKING:
+    from ...domain import Endpoint
+    from ...state import StateStore
+    from ..metrics import Metrics
 
 TICK_S = 1.0
 FLUSH_S = 0.05  # events written at most this often (many requests, one write)
@@ -84,11 +88,15 @@ class Subscriber:
 
 
 class UsageStream:
-    """One per router process. `snapshot()` is what a `usage` event says."""
+    """One per router process. `snapshot()` is what a `usage` event says; `require_admin(scope,
+    what)` refuses a reader who may not watch every client's traffic."""
 
-    def __init__(self, events: Events, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self, events: Events, snapshot: Callable[[], dict[str, Any]], require_admin: Callable[[Scope, str], None]
+    ) -> None:
         self.events = events
         self.snapshot = snapshot
+        self.require_admin = require_admin
         self.subs: set[Subscriber] = set()
         self._last: tuple[float, bytes] = (0.0, b"")
 
@@ -153,6 +161,11 @@ class UsageStream:
             self._last = (now, sse("usage", {"t": round(time.time(), 3), **self.snapshot()}))
         return self._last[1]
 
+    async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`GET /api/usage-stream`."""
+        self.require_admin(scope, "GET /api/usage-stream")
+        await self.serve(scope, receive, send)
+
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         sub = self.subscribe()
         try:
@@ -199,13 +212,12 @@ async def _write(send: Send, data: bytes, more: bool = True) -> None:
         raise ClientGone from None
 
 
-def snapshot_of(router: Any) -> dict[str, Any]:
+def snapshot_of(store: StateStore, endpoints: Sequence[Endpoint], metrics: Metrics) -> dict[str, Any]:
     """In-flight and queue from the state store, token totals from the metrics registry."""
-    store = router.store
-    in_flight = {ep.name: store.in_flight(ep) for ep in router.endpoints}
+    in_flight = {ep.name: store.in_flight(ep) for ep in endpoints}
     by_model: dict[str, dict[str, int]] = {}
     by_client: dict[str, dict[str, int]] = {}
-    for family in router.metrics.scrape_registry().collect():
+    for family in metrics.scrape_registry().collect():
         if family.name != "nomyo_router_tokens":
             continue
         for s in family.samples:
@@ -220,12 +232,3 @@ def snapshot_of(router: Any) -> dict[str, Any]:
         "queued": store.queue_length(),
         "tokens": {"by_model": by_model, "by_client": by_client},
     }
-
-
-async def usage_stream(app: Any, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-    router = app.current()
-    require_admin(router, scope, "GET /api/usage-stream")
-    await router.usage_stream.serve(scope, receive, send)
-
-
-ROUTES = {("GET", "/api/usage-stream"): usage_stream}

@@ -1,0 +1,32 @@
+"""Start-up and shutdown of one router process (the ASGI lifespan's two halves)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from ..config import CONFIG_ENV, ConfigError, RouterConfig, load_config
+from .router import Router
+
+log = logging.getLogger("nomyo_router")
+
+
+async def startup(config: RouterConfig | None) -> Router | str:
+    """The started router (`config`, else the file NOMYO_ROUTER_CONFIG names), or why it could
+    not start: start-up fails loudly, never half-started."""
+    try:
+        router = Router(config or load_config(os.environ.get(CONFIG_ENV, "config.yaml")))
+        await router.start()
+    except ConfigError as e:
+        print(f"nomyo-router: bad config: {e}", file=sys.stderr, flush=True)
+        return str(e)
+    except Exception as e:
+        log.exception("start-up failed")
+        return f"{type(e).__name__}: {e}"
+    return router
+
+
+async def shutdown(router: Router | None) -> None:
+    if router is not None:
+        await router.close()

@@ -1,0 +1,234 @@
+"""The running router: one per process, every long-lived component built once at start-up,
+each given what it needs in its constructor, started and closed in order.
+
+What serves a generation request is built here at once; what serves the operator's routes
+(model management, the dashboard, usage, the cache's routes, reload, `/api/status`) is built
+on first use (`handlers.py`), and imports its modules then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from ..api import access
+from ..api.fairness import ClientLimits
+from ..api.ratelimits import RateLimits
+from ..config import CONFIG_ENV, RouterConfig
+from ..domain import Endpoint, model_key
+from ..events import Events
+from ..forward import moe
+from ..forward.proxy import Proxy
+from ..ops.accesslog import AccessLog
+from ..ops.history import history_for
+from ..ops.metrics import Metrics, state_gauges
+from ..ops.usage.store import make_usage
+from ..routing.context import Windows
+from ..routing.policies import Policy, make_policy, picker
+from ..routing.scheduler import Scheduler
+from ..state import MemoryStore, SharedStore, StateStore, private
+from ..state.fair import specs_of
+from ..upstream.discovery import Discovery
+from ..upstream.h1 import Upstream
+from ..upstream.health import Health
+from ..upstream.session import ManageSession
+from . import reconfigure
+from .gc_pacing import GcPace
+from .handlers import Handlers
+from .loop_lag import LoopLag
+
+if TYPE_CHECKING:
+    from ..api.asgi import Scope
+    from ..cache.service import ResponseCache
+    from ..ops.tracing import Tracer
+    from ..ops.usage.stream import UsageStream
+    from ..routing.kv_events import KVEventState
+
+log = logging.getLogger("nomyo_router")
+
+
+class Router:
+    """The running router: one per process, built at start-up, closed at shutdown."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.endpoints = [Endpoint.from_config(e) for e in config.endpoints]
+        policy = make_policy(config.routing, {e.name: e.kv_cache_tokens for e in config.endpoints})
+        self.store: StateStore = make_store(config, self.endpoints, policy)
+        share_index(policy, self.store)
+        self.scheduler = Scheduler(
+            self.endpoints,
+            self.store,
+            policy,
+            config.queue_timeout,
+            config.affinity_wait_ms / 1000 if config.conversation_affinity else None,
+        )
+        self.scheduler.fair = specs_of(config.client_keys)  # priorities and fair shares of the queue
+        self.session_header = config.session_header.lower().encode("latin-1")
+        self.events = Events()
+        self.client_limits = ClientLimits(access.caps_of(config), self.store, config.max_queue)
+        self.rate_limits = RateLimits(config, self.store, self.events)  # rpm, tpm, tokens_per_day
+        self.keys = access.keys_of(config)
+        self.origins = access.Origins(config.allowed_origins)
+        self.loop_lag = LoopLag()
+        # full collections on a timer, not by growth (thousands of open streams)
+        self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
+        self.metrics = Metrics(
+            self.events,
+            lambda: [*state_gauges(self.endpoints, self.store, self.loop_lag), *self.rate_limits.gauges()],
+            self.serves,
+        )
+        self.history = history_for(self.metrics)  # the dashboard's last hour, sampled on a timer
+        self.access_log = AccessLog(self.events, config.log_format) if config.access_log else None
+        self.usage = make_usage(self.events, config.usage_db, config.state, config.redis_timeout)
+        self.health = Health(self.endpoints, self.store, self.events, config, self.loop_lag)
+        # the one client of every upstream call but model management (traced when tracing is on)
+        self.tracer: Tracer | None = None
+        self.upstream = Upstream()
+        if config.tracing is not None:
+            from ..ops import tracing
+
+            self.tracer, self.upstream = tracing.make(config, self.events)
+        self.manage_session = ManageSession(config)  # aiohttp, made when first needed
+        self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, config, self.health)
+        self.proxy = Proxy(
+            self.scheduler,
+            self.upstream,
+            self.store,
+            config,
+            self.events,
+            self.health,
+            rediscover=self.discovery.refresh_now,
+        )
+        self.cache = make_cache(config, self)  # the response cache; None: off
+        self.ensemble = moe.Ensemble(self)  # moe-<model> requests
+        # context-length-aware routing (None: context_routing off)
+        self.windows = (
+            Windows(config.context_routing, self.upstream, lambda: self.endpoints)
+            if config.context_routing != "off"
+            else None
+        )
+        self.kv_tasks: list[asyncio.Task[None]] = []  # precise mode: KV-event subscribers
+        self.kv_states: dict[str, KVEventState] = {}
+        self.handlers = Handlers(self)  # the operator's routes, each built when first asked
+
+    def serves(self, model: str) -> bool:
+        key = model_key(model)
+        return any(ep.serves(key) for ep in self.endpoints)
+
+    def require_admin(self, scope: Scope, what: str) -> None:
+        """Routes that show or change what every client shares: the admin key only, when keys
+        are configured (`api.access.require_admin`)."""
+        access.require_admin(self, scope, what)
+
+    @cached_property
+    def usage_stream(self) -> UsageStream:
+        """The live usage events' hub (`GET /api/usage-stream`), made for its first reader."""
+        from ..ops.usage.stream import UsageStream, snapshot_of
+
+        return UsageStream(
+            self.events, lambda: snapshot_of(self.store, self.endpoints, self.metrics), self.require_admin
+        )
+
+    async def start(self) -> None:
+        await self.store.start()
+        if self.usage is not None:
+            await self.usage.start()
+        if self.cache is not None:
+            await self.cache.start()
+        self.loop_lag.start()
+        self.rate_limits.start()
+        if self.gc is not None:
+            self.gc.start()
+        if self.tracer is not None:
+            self.tracer.exporter.start()
+        await self.discovery.start()
+        if self.windows is not None:
+            self.windows.start()
+        if any(e.kv_events for e in self.config.endpoints):
+            from ..routing import kv_events
+
+            self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
+        reconfigure.install(self)  # SIGHUP reloads the config
+        self.history.start()
+        for ep in self.endpoints:
+            log.info(
+                "endpoint %s (%s): %d slots, healthy=%s, models=%s",
+                ep.name,
+                ep.type,
+                ep.slots,
+                self.store.is_healthy(ep),
+                sorted(ep.models.values()),
+            )
+
+    async def close(self) -> None:
+        reconfigure.uninstall()
+        await self.history.stop()
+        self.metrics.flush()  # (under several workers, counts wait up to 20 ms to be handed on)
+        for task in self.kv_tasks:
+            task.cancel()
+        await self.discovery.stop()
+        if self.windows is not None:
+            await self.windows.stop()
+        await self.loop_lag.stop()
+        await self.rate_limits.stop()
+        if self.gc is not None:
+            self.gc.stop()
+        if self.usage is not None:
+            await self.usage.close()
+        if self.cache is not None:
+            await self.cache.close()
+        self.upstream.close()
+        if self.tracer is not None:  # (what is left is sent, within a few seconds)
+            await asyncio.to_thread(self.tracer.close)
+        await self.manage_session.close()
+        await self.store.close()
+
+
+def make_cache(config: RouterConfig, router: Router) -> ResponseCache | None:
+    """The response cache, its modules imported only when it is on."""
+    if not config.cache.enabled:
+        return None
+    from ..cache.routes import make_cache as make
+
+    return make(config, router.events, router)
+
+
+def share_index(policy: Policy, store: StateStore) -> None:
+    """Every worker and instance learns what the others routed where, so they all route
+    from the same prefix index (it converges within one message, not by chance)."""
+    index = getattr(policy, "index", None)
+    if index is None:
+        return
+    index.publish = lambda endpoint, keys: store.publish("prefix", [endpoint, keys])
+    store.subscribe("prefix", lambda data: index.apply(data[0], data[1]))
+
+
+def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) -> StateStore:
+    """`auto`: in-memory for one process (the fast path), shared when uvicorn runs workers."""
+    mode = config.state
+    if mode == "auto":
+        mode = "shared" if multiprocessing.parent_process() is not None else "memory"
+    if mode == "memory":
+        return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
+    if mode == "shared":
+        return SharedStore(
+            shared_state_path(),
+            endpoints,
+            config.max_queue,
+            config.affinity_ttl,
+            config.affinity_max_pins,
+            picker(policy),
+        )
+    from ..state.redis import RedisStore
+
+    return RedisStore(mode, endpoints, config)
+
+
+def shared_state_path() -> str:
+    """Where the workers of one master meet (see `state/private.py`): private to this user."""
+    return private.shared_state_path(os.getppid(), os.environ.get(CONFIG_ENV, "config.yaml"))
