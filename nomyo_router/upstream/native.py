@@ -1,4 +1,4 @@
-"""The relay's compiled fast path (issue 15: one worker, 2,000 streams at 25 tokens a second).
+"""The compiled pump: the relay's fast path (one worker, 2,000 streams at 25 tokens a second).
 
 relay.py's sink already writes each read of the backend to the client from the connection's
 callback, but that is still ~6 µs of Python per chunk beside the kernel's ~12 µs here

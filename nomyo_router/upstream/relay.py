@@ -2,18 +2,23 @@
 
 Per chunk, the ASGI path costs a future woken in the upstream client, a task switch, an
 `http.response.body` message and uvicorn's `send` coroutine: at 2,000 streams × 25 tok/s
-(50,000 chunks a second on one worker, issue 15) that was most of the worker's core.
+(50,000 chunks a second on one worker) that was most of the worker's core.
 When the server is our protocol (`nomyo_router.protocol.BodyWriter` in the scope), the relay
 installs a sink on the upstream response (`h1.Response.sink`): what one read of the backend's
 connection brought (however many chunks) is processed and written to the client in one
 piece from the connection's data callback, and the request's task only wakes at the end, on
 an error, or for a piece the sink refused. So a slow stream costs one callback per chunk,
 and a fast one still one write per read (writing each chunk as it was parsed cost a send
-per chunk, 20–30% more CPU per chunk at 32 zero-delay streams: reverted in 0c5711c).
+per chunk, 20–30% more CPU per chunk at 32 zero-delay streams, so that was undone).
 
 The sink refuses while the client's transport is paused or gone, or while the task itself
 has a piece in flight (so the order of the bytes never changes); refused pieces take the
 ASGI path as before, which waits (back-pressure) or fails as uvicorn decides.
+
+`Passthrough` is the sink of a stream relayed as it comes (forward/relays/passthrough.py);
+`Records` and `relay_records`, the record-wise relay: whole records only, rewritten when a
+resumption's seam or a stripped usage event needs it (forward/relays/records.py). Either
+hands a plain stream to the compiled pump (native.py) when it can.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def _piece(api: str, kind: str, obj: dict[str, Any]) -> str:
 class Sent:
     """The bytes the client received, kept for a resumption: all but the last KiB compressed
     (raw deflate, level 1) in blocks of a few KiB — an NDJSON or SSE stream compresses about
-    10×, so a long stream costs little memory per open connection (issue 16), for under 1 µs
+    10×, so a long stream costs little memory per open connection, for under 1 µs
     of CPU per relayed record."""
 
     __slots__ = ("blocks", "tail", "whole")
