@@ -1,6 +1,7 @@
 """`RedisStore`: state shared by router instances on several hosts, kept in Redis.
 
-- Acquire, release, cancel and health changes are atomic Lua scripts (redis_scripts.py).
+- Acquire, release, cancel and health changes are atomic Lua scripts (redis_scripts.py); a
+  request's grant or place in the queue every instance shares: redis_queue.py.
 - Every Redis call has a deadline, `redis_timeout` (redis_link.py): a Redis that stalls is an
   outage exactly like a Redis that is dead, with the same fallback and the same recovery.
 - Slot leases expire after `lease_ttl`; each instance extends the leases it holds every
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import random
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -32,26 +32,22 @@ from redis.exceptions import RedisError
 
 from ..config import RouterConfig
 from ..domain import Endpoint
-from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
-from .fair import DEFAULT as DEFAULT_FAIR
+from .base import Changes, Choose, Lease, QueueTimeout, Rehome, StateStore
 from .fair import Fair
 from .limits import Limits, Verdict
 from .memory import MemoryStore
 from .redis_limits import RedisLimits
-from .redis_link import Arg, RedisLink, end
+from .redis_link import RedisLink, end
 from .redis_messages import Messages
 from .redis_pins import RedisPins
+from .redis_queue import RedisLost, SharedQueue
 from .redis_reconcile import Ledger, as_str
-from .redis_rehome import REHOME, Rehoming
+from .redis_rehome import Rehoming
 from .redis_usage import UsageBatches
 
 log = logging.getLogger("nomyo_router.redis")
 
 RETRY_S = 1.0
-
-
-class _RedisLost(Exception):
-    """Redis failed or stalled during an acquire: the request waits locally instead."""
 
 
 class RedisStore(StateStore):
@@ -80,6 +76,9 @@ class RedisStore(StateStore):
         self.usage = UsageBatches(self.owner)
         self.rehoming = Rehoming()
         self.limits = RedisLimits(self.link, self.local, self._is_degraded, self._degrade, self._background)
+        self.queue = SharedQueue(
+            self.link, self.ledger, self.rehoming, config.max_queue, self._is_degraded, self._degrade, self._background
+        )
 
     # ---- life cycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -210,72 +209,12 @@ class RedisStore(StateStore):
                     continue  # Redis is back: queue there
             else:
                 try:
-                    lease = await self._acquire_shared(model, candidates, left, order, fair)
-                except _RedisLost:
+                    name, lid = await self.queue.acquire(model, candidates, left, order, fair)
+                except RedisLost:
                     continue
+                lease = self._hold_granted(name, lid)
             lease.queued_s = time.monotonic() - t0
             return lease
-
-    async def _acquire_shared(
-        self, model: str, candidates: Sequence[Endpoint], timeout: float, order: int | None, fair: Fair | None = None
-    ) -> Lease:
-        ledger = self.ledger
-        lid = ledger.new_id()
-        shuffled = list(candidates)
-        random.shuffle(shuffled)  # ties go to a random endpoint, never always the first
-        args: list[Arg] = [
-            lid,
-            self.config.max_queue,
-            self.owner,
-            "" if order is None else order,
-            int((timeout + 5) * 1000),
-            *(fair or DEFAULT_FAIR),
-        ]
-        for e in shuffled:
-            args += [e.name, 1 if model in e.loaded else 0]
-        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        ledger.waiting[lid] = fut  # before the script: the wake-up may beat its reply
-        try:
-            try:
-                if self.rehoming.sent_back(order):  # placed again after a reload: oldest first
-                    res = await self.rehoming.in_turn(order, lambda: self.link.run_list("ACQUIRE", *args))
-                else:
-                    res = await self.link.run_list("ACQUIRE", *args)
-            except (RedisError, OSError) as e:
-                self._degrade(e)
-                raise _RedisLost from None  # if it ran after all, the reconciliation undoes it
-            kind = as_str(res[0])
-            if kind == "ok":
-                name = as_str(res[1])
-                ledger.granted(name, res[2:])
-                return self._hold_granted(name, lid)
-            if kind == "none":
-                raise NoEndpoint(model)
-            if kind == "full":
-                raise QueueFull(model)
-            queued_order = int(as_str(res[1]))
-            ledger.enqueued()
-            self.rehoming.queued(lid, model, queued_order)
-            try:
-                async with asyncio.timeout(timeout):
-                    ep = await fut
-                    if ep is REHOME:  # the endpoints changed: the scheduler places it again
-                        raise self.rehoming.signal(lid)
-            except BaseException as exc:
-                if not self.degraded:
-                    self._background(self._cancel(lid))  # gives the slot back if it came too late
-                if isinstance(exc, TimeoutError):
-                    raise QueueTimeout(model, queued_order) from None
-                raise
-            finally:
-                ledger.dequeued()
-                self.rehoming.left(lid)
-            if ep is None:
-                raise _RedisLost  # Redis went away while we waited; the entry is reconciled away
-            ledger.granted(ep)
-            return self._hold_granted(ep, lid)
-        finally:
-            ledger.waiting.pop(lid, None)
 
     def _hold_granted(self, name: str, lid: str) -> Lease:
         endpoint = self.endpoints[name]
@@ -321,12 +260,6 @@ class RedisStore(StateStore):
         lease = Lease(self, endpoint)
         lease.token = lid
         return lease
-
-    async def _cancel(self, lid: str) -> None:
-        try:
-            await self.link.run("CANCEL", lid)
-        except (RedisError, OSError) as e:
-            self._degrade(e)  # the reconciliation removes the entry
 
     def release(self, endpoint: Endpoint, token: object = None) -> None:
         if not isinstance(token, str):  # (its lease id, always)
