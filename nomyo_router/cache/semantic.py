@@ -110,17 +110,17 @@ class Owner(Protocol):
     request that asks is recorded on its events like any."""
 
     @property
-    def proxy(self) -> _Handler | None: ...
+    def proxy(self) -> _Handler: ...
 
     @property
     def events(self) -> Events: ...
 
 
 class Semantic:
-    def __init__(self, cfg: CacheConfig, owner: Owner, store: Store | None = None) -> None:
+    def __init__(self, cfg: CacheConfig, owner: Owner, store: Store) -> None:
         self.threshold, self.model, self.max_entries = cfg.similarity, cfg.embed_model or "", cfg.max_entries
         self.owner = owner
-        self.store = store  # where the vectors are read from (routes.make_cache sets it)
+        self.store = store  # where the vectors are read from
         self.index = Index()
         self.cursor: Cursor = None
 
@@ -171,8 +171,6 @@ class Semantic:
         if self.index.size > 2 * self.max_entries:  # many stale vectors: read the store's afresh
             self.index.clear()
             self.cursor = None
-        if self.store is None:  # (no store: nothing kept to find)
-            return None
         rows, self.cursor = await self.store.vectors(self.cursor)
         for key, space, v in rows:
             self.index.add(key, space, v)
@@ -192,8 +190,6 @@ class Semantic:
         """`texts` embedded by the embedding model through this router's own endpoints, as a
         request of its own (`<request id>.embed`: accounted like any)."""
         router = self.owner
-        if router.proxy is None:  # (not serving yet)
-            return None
         body = {"model": self.model, "input": texts}
         sub = GenRequest(
             "ollama", "embed", "/api/embed", self.model, False, body, json.dumps(body).encode(), time.perf_counter()
