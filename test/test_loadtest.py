@@ -3,7 +3,6 @@ the JSON document, compare's exit codes, and clean teardown on Ctrl-C."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -22,6 +21,7 @@ from loadtest.report import SCHEMA, document, write_json
 from loadtest.workload import WorkloadSpec
 from mock import MockConfig, MockProcess, free_port, run_mock
 from test.helpers import endpoints, run_router
+from test.loadtest_run import loadtest
 
 
 async def stage(url: str, spec: WorkloadSpec, **kw) -> dict:
@@ -155,35 +155,25 @@ def _children_gone(ports: list[int]) -> bool:
 def test_cli_end_to_end_writes_json_and_html(tmp_path):
     out, page = tmp_path / "out.json", tmp_path / "out.html"
     mport, rport = free_port(), free_port()
-    p = subprocess.run(
-        [
-            sys.executable,
-            "loadtest.py",
-            "--mock-backend",
-            "--ramp",
-            "2,4",
-            "--duration",
-            "1",
-            "--warmup",
-            "0.2",
-            "--mock-port",
-            str(mport),
-            "--router-port",
-            str(rport),
-            "--direct",
-            "--json",
-            str(out),
-            "--html",
-            str(page),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
+    doc, p = loadtest(
+        "--mock-backend",
+        "--ramp",
+        "2,4",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+        "--mock-port",
+        str(mport),
+        "--router-port",
+        str(rport),
+        "--direct",
+        "--html",
+        str(page),
+        json_out=out,
         timeout=120,
     )
-    assert p.returncode == 0, p.stderr + p.stdout
     assert "knee:" in p.stdout and "ttftP99" in p.stdout
-    doc = json.loads(out.read_text())
     assert doc["schema"] == SCHEMA
     assert {"config", "environment", "stages", "knee", "direct", "overhead"} <= set(doc)
     assert doc["environment"]["cpu_count"] == os.cpu_count()

@@ -12,6 +12,7 @@ import pytest
 from loadtest import compare as compare_mod
 from loadtest.report import document, write_json
 from mock import free_port
+from test.loadtest_run import loadtest
 
 
 def _stage(thr, p50, p99=None, ttft=10.0, err=0.0, load=8, reps=None, target="router"):
@@ -190,33 +191,24 @@ def test_find_max_rate_finds_the_slo_limited_rate_within_one_step(tmp_path):
 
     out = tmp_path / "search.json"
     with MockProcess(MockConfig(ttft_ms=400.0, tokens=1, tok_ms=0.0, parallel=8, max_queue=10_000)) as m:
-        p = subprocess.run(
-            [
-                sys.executable,
-                "loadtest.py",
-                "--url",
-                m.url,
-                "--no-stream",
-                "--quiet",
-                "--slo",
-                "e2el=700ms",
-                "--find-max-rate",
-                "10,40",
-                "--search-stages",
-                "6",
-                "--duration",
-                "2",
-                "--warmup",
-                "0",
-                "--json",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
+        doc, p = loadtest(
+            "--url",
+            m.url,
+            "--no-stream",
+            "--slo",
+            "e2el=700ms",
+            "--find-max-rate",
+            "10,40",
+            "--search-stages",
+            "6",
+            "--duration",
+            "2",
+            "--warmup",
+            "0",
+            json_out=out,
             timeout=180,
         )
-    assert p.returncode == 0, p.stdout + p.stderr
-    r = json.loads(out.read_text())["max_rate"]
+    r = doc["max_rate"]
     truth = 20 / (1 - 0.3 / (0.95 * 2))
     good, bad = r["bracket"]
     assert r["stages"] <= 6 and r["max_rate"] == good

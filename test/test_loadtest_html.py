@@ -6,55 +6,45 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 from selenium.webdriver.common.by import By
 
 from mock import free_port
+from test.loadtest_run import loadtest
 
 
 def test_report_renders_in_chromium(tmp_path, browser):
     page, out = tmp_path / "r.html", tmp_path / "r.json"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "loadtest.py",
-            "--mock-backend",
-            "--ramp",
-            "2,4",
-            "--duration",
-            "0.8",
-            "--warmup",
-            "0.2",
-            "--repeat",
-            "2",
-            "--direct",
-            "--slo",
-            "e2el=5s",
-            "--timeslice",
-            "0.4",
-            "--mock-port",
-            str(free_port()),
-            "--router-port",
-            str(free_port()),
-            "--quiet",
-            "--html",
-            str(page),
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    doc, _ = loadtest(
+        "--mock-backend",
+        "--ramp",
+        "2,4",
+        "--duration",
+        "0.8",
+        "--warmup",
+        "0.2",
+        "--repeat",
+        "2",
+        "--direct",
+        "--slo",
+        "e2el=5s",
+        "--timeslice",
+        "0.4",
+        "--mock-port",
+        str(free_port()),
+        "--router-port",
+        str(free_port()),
+        "--html",
+        str(page),
+        json_out=out,
         timeout=180,
     )
-    assert p.returncode == 0, p.stdout + p.stderr
     text = page.read_text()
     # self-contained: no script, stylesheet or image fetched from anywhere
     assert not re.search(r"(src|href)\s*=", text) and "<script" not in text
     browser.get(page.as_uri())
     charts = {c.get_attribute("data-title"): c for c in browser.find_elements(By.CSS_SELECTOR, "svg.chart")}
-    stages = json.loads(out.read_text())["stages"]
+    stages = doc["stages"]
 
     def points(title: str) -> int:
         return len(charts[title].find_elements(By.CSS_SELECTOR, "circle.pt"))
@@ -157,33 +147,23 @@ def test_a_crowded_report_has_no_overlapping_text(tmp_path, browser):
     from loadtest.report_html import render
 
     page, out = tmp_path / "r.html", tmp_path / "r.json"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "loadtest.py",
-            "--mock-backend",
-            "--ramp",
-            "1,2",
-            "--duration",
-            "0.5",
-            "--warmup",
-            "0.1",
-            "--mock-port",
-            str(free_port()),
-            "--router-port",
-            str(free_port()),
-            "--quiet",
-            "--timeslice",
-            "0.1",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    doc, _ = loadtest(
+        "--mock-backend",
+        "--ramp",
+        "1,2",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0.1",
+        "--mock-port",
+        str(free_port()),
+        "--router-port",
+        str(free_port()),
+        "--timeslice",
+        "0.1",
+        json_out=out,
         timeout=180,
     )
-    assert p.returncode == 0, p.stdout + p.stderr
-    doc = json.loads(out.read_text())
     base = doc["stages"][0]
     stages = []
     for k, load in enumerate([1, 2, 4, 8, 16, 32, 64, 128, 256, 512]):

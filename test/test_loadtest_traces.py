@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import aiohttp
 import pytest
 
 from loadtest.blocks import block_text, prompt_from_blocks
@@ -22,11 +21,7 @@ from loadtest.engine import Stage, arrival_gaps, run_stage
 from loadtest.metrics import summarize
 from loadtest.workload import WorkloadSpec
 from mock import MockConfig, MockProcess, run_mock
-
-
-async def _kv(url: str) -> dict:
-    async with aiohttp.ClientSession() as s, s.get(url + "/mock/stats") as r:
-        return (await r.json())["kv_cache"]
+from test.loadtest_run import loadtest, mock_kv
 
 
 def _jsonl(path, rows) -> str:
@@ -72,7 +67,7 @@ async def test_mooncake_hash_ids_give_the_backend_the_traces_prefix_reuse(tmp_pa
                 m.url, WorkloadSpec(trace=trace), Stage("trace", trace.mean_rate, duration=None, warmup=0.0), 30
             )
         )
-        kv = await _kv(m.url)
+        kv = await mock_kv(m.url)
     assert s["completed"] == 5 and s["total_output_tokens"] == 10
     assert kv["hit_tokens"] == sum(n // 64 * 64 for n in SHARED)
     assert kv["hit_tokens"] + kv["miss_tokens"] == sum(n + 2 for _, n, _ in MOONCAKE)
@@ -141,26 +136,16 @@ def test_burstgpt_from_the_command_line_by_its_header(tmp_path):
     path.write_text(BURST)
     out = tmp_path / "o.json"
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=9)) as m:
-        p = subprocess.run(
-            [
-                sys.executable,
-                "loadtest.py",
-                "--url",
-                m.url,
-                "--trace",
-                str(path),
-                "--trace-speed",
-                "4",
-                "--quiet",
-                "--json",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        doc, _ = loadtest(
+            "--url",
+            m.url,
+            "--trace",
+            str(path),
+            "--trace-speed",
+            "4",
+            json_out=out,
         )
-    assert p.returncode == 0, p.stdout + p.stderr
-    s = json.loads(out.read_text())["stages"][0]
+    s = doc["stages"][0]
     assert s["mode"] == "trace" and s["completed"] == 6 and s["failed"] == 0
     assert s["lateness"]["late_share"] is not None
 
@@ -208,34 +193,24 @@ def test_timeslices_add_up_to_the_stage(tmp_path):
     to the stage's."""
     out = tmp_path / "o.json"
     with MockProcess(MockConfig(ttft_ms=10.0, tok_ms=1.0, tokens=4, busy_rate=0.2)) as m:
-        p = subprocess.run(
-            [
-                sys.executable,
-                "loadtest.py",
-                "--url",
-                m.url,
-                "--concurrency",
-                "4",
-                "--duration",
-                "1",
-                "--warmup",
-                "0.2",
-                "--repeat",
-                "2",
-                "--timeslice",
-                "0.3",
-                "--max-error-rate",
-                "1",
-                "--quiet",
-                "--json",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        doc, _ = loadtest(
+            "--url",
+            m.url,
+            "--concurrency",
+            "4",
+            "--duration",
+            "1",
+            "--warmup",
+            "0.2",
+            "--repeat",
+            "2",
+            "--timeslice",
+            "0.3",
+            "--max-error-rate",
+            "1",
+            json_out=out,
         )
-    assert p.returncode == 0, p.stdout + p.stderr
-    s = json.loads(out.read_text())["stages"][0]
+    s = doc["stages"][0]
     slices = s["timeslices"]
     assert s["timeslice_s"] == 0.3 and [t["repetition"] for t in slices] == [1] * 4 + [2] * 4
     assert sum(t["count"] for t in slices) == s["requests"]

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-import aiohttp
 import pytest
 
 from loadtest.dataset import Dataset, Trace
@@ -15,11 +14,7 @@ from loadtest.engine import Stage, run_stage
 from loadtest.metrics import summarize
 from loadtest.workload import WorkloadSpec
 from mock import MockConfig, MockProcess, run_mock
-
-
-async def _kv(url):  # the mock runs in this loop: ask it without blocking
-    async with aiohttp.ClientSession() as s, s.get(url + "/mock/stats") as r:
-        return (await r.json())["kv_cache"]
+from test.loadtest_run import loadtest, mock_kv
 
 
 def _write(path, rows):
@@ -53,7 +48,7 @@ async def test_dataset_opens_conversations_with_turns(tmp_path):
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=8) as m:
         spec = WorkloadSpec(dataset=Dataset(path), turns=3)
         s = summarize(await run_stage(m.url, spec, Stage("closed", 1, duration=None, requests=6, warmup=0.0), 30))
-        kv = await _kv(m.url)
+        kv = await mock_kv(m.url)
     assert s["completed"] == 6 and s["total_output_tokens"] == 24
     assert set(s["turns"]) == {"1", "2", "3"}
     assert kv["hit_tokens"] > 0  # turns 2 and 3 carry the dataset's history: a prefix the mock has seen
@@ -89,7 +84,7 @@ async def test_trace_replay_keeps_sessions_and_sizes(tmp_path):
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=9) as m:
         spec = WorkloadSpec(trace=trace, session_header="X-Session")
         s = summarize(await run_stage(m.url, spec, Stage("trace", trace.mean_rate, duration=None, warmup=0.0), 30))
-        kv = await _kv(m.url)
+        kv = await mock_kv(m.url)
     assert s["completed"] == 4 and s["total_output_tokens"] == 2 + 3 + 4 + 5
     # session a's second request carries its first prompt and answer: about 300 of its
     # 500 tokens are a prefix the mock has cached
@@ -106,28 +101,19 @@ def test_trace_with_turns_from_the_command_line(tmp_path):
     )
     out = tmp_path / "o.json"
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=4)) as m:
-        p = subprocess.run(
-            [
-                sys.executable,
-                "loadtest.py",
-                "--url",
-                m.url,
-                "--trace",
-                path,
-                "--turns",
-                "2",
-                "--trace-speed",
-                "4",
-                "--quiet",
-                "--json",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
+        doc, _ = loadtest(
+            "--url",
+            m.url,
+            "--trace",
+            path,
+            "--turns",
+            "2",
+            "--trace-speed",
+            "4",
+            json_out=out,
             timeout=120,
         )
-    assert p.returncode == 0, p.stdout + p.stderr
-    s = json.loads(out.read_text())["stages"][0]
+    s = doc["stages"][0]
     assert s["mode"] == "trace" and s["completed"] == 6 and s["total_output_tokens"] == 12
     assert set(s["turns"]) == {"1", "2"}
 
@@ -146,7 +132,7 @@ def test_file_workload_errors_exit_2(tmp_path, args, msg):
 
 
 def test_request_options_go_where_each_api_reads_them():
-    from loadtest.cli import build_parser
+    from loadtest.options import build_parser
 
     args = build_parser().parse_args(
         ["--request-option", "temperature=0", "--request-option", "seed=7", "--max-tokens", "5"]
