@@ -5,6 +5,8 @@ from __future__ import annotations
 import ollama
 import pytest
 
+from mock.text import WORDS
+
 MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
 
 
@@ -13,16 +15,7 @@ async def test_ollama_chat_stream_equals_nonstream(mock, clients):
     full = await c.chat(model="llama3", messages=MSGS, stream=False)
     parts = [p async for p in await c.chat(model="llama3", messages=MSGS, stream=True)]
     assert full.message.content == "".join(p.message.content for p in parts)
-    assert full.message.content.split() == [
-        "lorem",
-        "ipsum",
-        "dolor",
-        "sit",
-        "amet",
-        "consectetur",
-        "adipiscing",
-        "elit",
-    ]
+    assert full.message.content.split() == list(WORDS[:8])
     last = parts[-1]
     assert last.done and last.done_reason == "stop" and last.eval_count == 8
     assert last.prompt_eval_count == full.prompt_eval_count > 0

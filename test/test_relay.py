@@ -17,27 +17,10 @@ import aiohttp
 import pytest
 
 from mock import MockConfig, MockProcess, run_mock
+from mock.text import WORDS
 from nomyo_router.protocol import BodyWriter
 from test.helpers import endpoints, post_stream_raw, run_router
 
-WORDS = [
-    "lorem",
-    "ipsum",
-    "dolor",
-    "sit",
-    "amet",
-    "consectetur",
-    "adipiscing",
-    "elit",
-    "sed",
-    "do",
-    "eiusmod",
-    "tempor",
-    "incididunt",
-    "ut",
-    "labore",
-    "et",
-]
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from mock import run_mock
+from mock.text import WORDS
 from test.helpers import endpoints, post_stream_raw, run_router
 
 TOKENS = 40_000  # ~5 MB: more than the kernel buffers, so the router's transport pauses
@@ -48,26 +49,6 @@ async def test_relayed_stream_is_complete_and_in_order_with_a_slow_client(http, 
     text = "".join((d.get("message") or {}).get("content", "") or d.get("response", "") for d in lines)
     words = text.split()
     assert len(words) == TOKENS and words[:3] == ["lorem", "ipsum", "dolor"]
-    assert words == [
-        [
-            "lorem",
-            "ipsum",
-            "dolor",
-            "sit",
-            "amet",
-            "consectetur",
-            "adipiscing",
-            "elit",
-            "sed",
-            "do",
-            "eiusmod",
-            "tempor",
-            "incididunt",
-            "ut",
-            "labore",
-            "et",
-        ][i % 16]
-        for i in range(TOKENS)
-    ]
+    assert words == [WORDS[i % len(WORDS)] for i in range(TOKENS)]
     assert lines[-1]["done"] is True and lines[-1]["eval_count"] == TOKENS
     assert not any(d.get("done") for d in lines[:-1])
