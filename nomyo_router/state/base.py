@@ -59,11 +59,12 @@ class Lease:
 
     __slots__ = ("endpoint", "queued_s", "affinity", "token", "_store", "_released")
 
-    def __init__(self, store: StateStore, endpoint: Endpoint, queued_s: float = 0.0) -> None:
+    def __init__(self, store: StateStore, endpoint: Endpoint, queued_s: float = 0.0, token: object = None) -> None:
+        """`token`: the store's handle on this lease, if it needs one (given back to its `release`)."""
         self.endpoint = endpoint
         self.queued_s = queued_s
         self.affinity: str | None = None  # hit | miss | spill | repin, when affinity applied
-        self.token: object = None  # the store's handle on this lease, if it needs one
+        self.token = token
         self._store = store
         self._released = False
 

@@ -257,9 +257,7 @@ class RedisStore(StateStore):
 
     def _hold(self, endpoint: Endpoint, lid: str) -> Lease:
         self.ledger.held[lid] = endpoint.name
-        lease = Lease(self, endpoint)
-        lease.token = lid
-        return lease
+        return Lease(self, endpoint, token=lid)
 
     def release(self, endpoint: Endpoint, token: object = None) -> None:
         if not isinstance(token, str):  # (its lease id, always)
