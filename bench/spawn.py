@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,25 +39,8 @@ def _spawn(cmd: list[str], core: int | None, **kw) -> subprocess.Popen:
 
 def _served(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     """Wait until a chat request through `url` answers 200 (the peer found the mock's model)."""
-    import urllib.request
-
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"{url}: process exited with {proc.returncode}: {proc.stderr.read().decode(errors='replace')[-2000:]}"
-            )
-        try:
-            req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} did not serve a chat request within {timeout:g}s")
-        time.sleep(0.2)
+    wait_http(url, timeout, proc, body)
 
 
 @contextmanager

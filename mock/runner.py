@@ -122,21 +122,23 @@ def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
         proc.wait()
 
 
-def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    """Block until `url` answers 200; fail early if `proc` died."""
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, body: bytes | None = None) -> None:
+    """Block until `url` answers 200 (to a GET, or to a JSON POST of `body`); fail early if
+    `proc` died."""
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
             raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready:\n{err}")
         try:
-            with urllib.request.urlopen(url, timeout=1) as r:
+            request = urllib.request.Request(url, body, {"Content-Type": "application/json"} if body else {})
+            with urllib.request.urlopen(request, timeout=2 if body else 1) as r:
                 if r.status == 200:
                     return
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} not ready after {timeout}s")
+            raise TimeoutError(f"{url} not ready after {timeout:g}s")
         time.sleep(0.05)
 
 
