@@ -35,20 +35,7 @@ def wrk(
 
 def wrk_script(url: str, lua: str, conc: int, seconds: float) -> dict[str, float]:
     """req/s, p50/p99 (ms) and non-2xx count of a wrk run driven by the Lua script `lua`."""
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk not found: apt-get install wrk")
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(lua)
-        script = f.name
-    try:
-        out = subprocess.run(
-            ["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script, url],
-            capture_output=True,
-            text=True,
-            timeout=seconds + 30,
-        ).stdout
-    finally:
-        os.unlink(script)
+    out = wrk_output(url, lua, conc, seconds, latency=True)
     res = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
     for pct in ("50", "99"):
         m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
@@ -56,6 +43,34 @@ def wrk_script(url: str, lua: str, conc: int, seconds: float) -> dict[str, float
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     res["non2xx"] = int(errors.group(1)) if errors else 0
     return res
+
+
+def wrk_output(url: str, lua: str, conc: int, seconds: float, latency: bool = False) -> str:
+    """What a wrk run driven by the Lua script `lua` prints (one thread, `conc` connections,
+    whole seconds); `latency`: with its latency distribution."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk not found: apt-get install wrk")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(lua)
+        script = f.name
+    try:
+        return subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                f"-c{conc}",
+                f"-d{max(1, round(seconds))}s",
+                *(["--latency"] if latency else []),
+                "-s",
+                script,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 30,
+        ).stdout
+    finally:
+        os.unlink(script)
 
 
 def wait_tcp(port: int, timeout: float = 20.0) -> None:

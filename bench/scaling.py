@@ -27,9 +27,7 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -58,18 +56,9 @@ end
 
 
 def tallied_wrk(url: str, conc: int, seconds: float) -> tuple[float, dict[int, int]]:
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(TALLY % BODY.replace("'", "\\'"))
-        script = f.name
-    try:
-        out = subprocess.run(
-            ["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "-s", script, url],
-            capture_output=True,
-            text=True,
-            timeout=seconds + 30,
-        ).stdout
-    finally:
-        os.unlink(script)
+    from common import wrk_output
+
+    out = wrk_output(url, TALLY % BODY.replace("'", "\\'"), conc, seconds)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     tally = {int(pid): int(n) for pid, n in re.findall(r"^TALLY (\d+) (\d+)$", out, re.M)}
     return rps, tally
