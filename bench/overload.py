@@ -1,4 +1,4 @@
-"""Issues 15 and 16: one router worker under 2,000 slow streams — errors, ejections, memory, TTFT.
+"""One router worker under 2,000 slow streams: errors, ejections, memory, TTFT.
 
     python bench/overload.py [--streams 2000] [--seconds 60] [--direct] [--floor] [--tick-ms 5] [--load go|python]
 

@@ -1,4 +1,4 @@
-"""The router's CPU per relayed chunk of slow streams, user and kernel apart (issue 15, item 6).
+"""The router's CPU per relayed chunk of slow streams, user and kernel apart.
 
     python bench/relay_cost.py [--streams 2000] [--seconds 20]
 

@@ -1,4 +1,4 @@
-"""Abusive connections against one router worker (issue 10).
+"""Abusive connections against one router worker.
 
     python bench/slowloris.py [--slow 1000] [--big 100] [--seconds 30]
 
