@@ -51,6 +51,7 @@ class MockBackend:
         self.rid_prefix = uuid.uuid4().hex[:12]
         self.rid_counter = itertools.count()
         self.started = time.time()
+        self.ticker: Ticker | None = None  # made on the first stream that uses one
         self.reset_stats()
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/api/chat"): self._gen("ollama", "chat"),
@@ -288,7 +289,7 @@ class MockBackend:
             for piece in fidelity.tool_chunks(gen.api, ex, gen.model, rid, chunker.created, formats.now_iso()):
                 await resp.write(piece)
         if c.stream_tick_ms > 0 and ex is None and cut_at < 0:  # thousands of slow streams
-            await Ticker.of(self).stream(
+            await self._ticker().stream(
                 resp, chunker.token, tokens, deadline, tok_s, lambda: chunker.tail(done_reason, timing)
             )
             return resp
@@ -311,6 +312,13 @@ class MockBackend:
         await resp.write(tail)
         await resp.write_eof()
         return resp
+
+    def _ticker(self) -> Ticker:
+        """The stream wheel at the current `stream_tick_ms` (a new one when the knob changed)."""
+        tick = self.config.stream_tick_ms / 1000
+        if self.ticker is None or self.ticker.tick != tick:
+            self.ticker = Ticker(tick, self._slowdown)
+        return self.ticker
 
     def _slowdown(self) -> float:
         c = self.config

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import Any
 
 from .http import StreamResponse
 
@@ -50,15 +49,6 @@ class Ticker:
         self._next = 0  # the first tick not processed yet
         self._timer: asyncio.TimerHandle | None = None
         self._armed = 0  # the tick the timer is set for
-
-    @staticmethod
-    def of(backend: Any) -> Ticker:
-        """The backend's ticker at its current `stream_tick_ms` (a new one if the knob changed)."""
-        tick = backend.config.stream_tick_ms / 1000
-        t = getattr(backend, "_stream_ticker", None)
-        if t is None or t.tick != tick:
-            t = backend._stream_ticker = Ticker(tick, backend._slowdown)
-        return t
 
     async def stream(
         self,
