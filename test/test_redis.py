@@ -14,6 +14,7 @@ from mock import MockConfig, MockProcess, run_mock
 from test.conftest import FAST, RedisServer
 from test.helpers import endpoints, fifo, run_router
 from test.router_proc import router_workers
+from test.waits import Calls, until
 
 CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "x"}]}
 
@@ -22,6 +23,7 @@ async def test_two_instances_share_slots_and_one_fifo_queue(redis_url):
     async with run_mock(ttft_ms=200.0, tok_ms=0.0, tokens=1, parallel=64) as m:
         cfg = {"endpoints": endpoints(m, slots=2), "state": redis_url}
         async with run_router(cfg) as r1, run_router(cfg) as r2, aiohttp.ClientSession() as s:
+            flushes = [Calls(r.router.store.usage, "flush") for r in (r1, r2)]
             for r in (r1, r2):  # warm each instance (Redis connections, script loading): the
                 async with s.post(r.url + "/api/chat", json=CHAT) as resp:  # queue order is
                     await resp.read()  # what is tested, not a cold first call
@@ -36,7 +38,7 @@ async def test_two_instances_share_slots_and_one_fifo_queue(redis_url):
                     return r.status, i, time.perf_counter() - t0
 
             results = await asyncio.gather(*[one(i) for i in range(40)])
-            await asyncio.sleep(1.2)  # usage is flushed to Redis with the next sweep
+            await asyncio.gather(*(f.next() for f in flushes))  # usage goes to Redis with the next sweep
             async with s.get(r1.url + "/health") as h:
                 health = await h.json()
     assert [st for st, _, _ in results] == [200] * 40
@@ -97,13 +99,16 @@ async def test_redis_restart_mid_load_loses_nothing_and_sharing_resumes():
                             out.append(r.status)
                     return out
 
+                stores = [r.router.store for r in (r1, r2)]
                 load = [asyncio.create_task(client(r.url)) for r in (r1, r2, r1, r2)]
                 await asyncio.sleep(0.5)
                 redis.stop()
-                await asyncio.sleep(1.5)
+                await until(lambda: all(st.degraded for st in stores), 3.0)  # both serve on local limits
+                await asyncio.sleep(0.5)  # (and do, under the load)
                 degraded = (await (await s.get(r1.url + "/health")).json())["state"]
                 redis.start()
-                await asyncio.sleep(2.5)
+                await until(lambda: not any(st.degraded for st in stores), 4.0)  # both share again
+                await asyncio.sleep(0.5)  # (and do, under the load)
                 stop.set()
                 statuses = [st for t in await asyncio.gather(*load) for st in t]
                 h1 = await (await s.get(r1.url + "/health")).json()

@@ -23,6 +23,7 @@ from nomyo_router.state.redis import RedisStore
 from test.conftest import RedisServer
 from test.helpers import endpoints, run_router
 from test.test_metrics import value
+from test.waits import Calls, until
 
 CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "x"}]}
 SHORT = {**CHAT, "options": {"num_predict": 1}}
@@ -42,38 +43,6 @@ async def router_keys(admin: aioredis.Redis, store: Any) -> dict[str, list[str]]
         elif kind in ("waiter", "granted", "own"):
             out[key] = []
     return out
-
-
-async def until(check: Callable[[], bool], within: float) -> float:
-    """Seconds until `check()` holds; fails the test after `within`."""
-    t0 = time.monotonic()
-    while not check():
-        assert time.monotonic() - t0 < within, "condition not met in time"
-        await asyncio.sleep(0.02)
-    return time.monotonic() - t0
-
-
-class Calls:
-    """Counts the calls of `obj`'s coroutine method `name` begun and ended, so that a test
-    waits for the store's next sweep (or usage flush) instead of sleeping past it."""
-
-    def __init__(self, obj: object, name: str) -> None:
-        inner = getattr(obj, name)  # (fails loudly if the method is renamed)
-        self.begun = self.ended = 0
-
-        async def counted(*args: Any) -> Any:
-            self.begun += 1
-            try:
-                return await inner(*args)
-            finally:
-                self.ended += 1
-
-        setattr(obj, name, counted)
-
-    async def next(self, within: float = 3.0) -> None:
-        """Until a call begun after this one has ended (calls run one after another)."""
-        target = self.begun + 1
-        await until(lambda: self.ended >= target, within)
 
 
 async def metrics(s: aiohttp.ClientSession, url: str) -> str:
