@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import sys
 
@@ -24,9 +23,11 @@ import uvicorn  # noqa: E402
 from uvicorn.supervisors import Multiprocess  # noqa: E402
 
 # Not `.app`: the master only supervises, and importing the app (aiohttp, ...) cost it ~11 MB.
+# What only the start-up checks and a supervisor of several workers use (the leftovers'
+# sweep, the private state directory, SQLite, shutil with its compression modules, ctypes) is
+# imported in main(): with one worker this process is the worker, and every worker of several
+# imports this module again as its __mp_main__.
 from .config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, load_config  # noqa: E402
-from .ops import leftovers, lifecycle, preflight  # noqa: E402
-from .state import private  # noqa: E402
 
 DEFAULT_PORT = 12434
 
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"nomyo-router: bad config: {e}", file=sys.stderr)
         return 2
+    from .ops import leftovers, preflight
+    from .state import private
+
     problems = preflight.check_config_paths(config)  # a path that cannot be opened: say so now
     for problem in problems:
         print(f"nomyo-router: {problem}", file=sys.stderr)
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         leftovers.record_owner(private.state_dir())  # before any file named after this pid
     if args.workers > 1 and own_metrics:
+        import shutil
+
         # every worker writes its metrics here, any worker's /metrics sums them (ops/metrics.py)
         metrics_dir = os.path.join(private.ensure_private_dir(private.state_dir()), f"metrics-{os.getpid()}")
         shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -118,9 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         date_header=False,
         timeout_graceful_shutdown=config.shutdown_grace,
     )
-    if args.workers == 1:  # the worker itself handles SIGHUP (ops/reload.py)
+    if args.workers == 1:  # the worker itself handles SIGHUP (runtime/reconfigure.py)
         uvicorn.run("nomyo_router.app:app", **settings)
         return 0
+    from .ops import lifecycle
+
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     server_config = uvicorn.Config("nomyo_router.app:app", **settings)
     lifecycle.use_bound_workers()  # workers end with this process, even when it is SIGKILLed

@@ -30,7 +30,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
 import stat
 import tempfile
 
@@ -97,6 +96,8 @@ def _is_ours(path: str, name: str) -> bool:
 
 def _remove(path: str, name: str) -> None:
     if name.startswith(METRICS_PREFIX):
+        import shutil  # (rarely needed: with one worker this process serves, and shutil costs it modules)
+
         shutil.rmtree(path)
     else:
         os.unlink(path)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sqlite3
 import stat
 from urllib.parse import quote
 
@@ -61,8 +60,6 @@ def check_usage_db(path: str) -> None:
         raise PathProblem(describe("usage_db", path, e, _DIR_HINT)) from None
     except OSError as e:
         raise PathProblem(describe("usage_db", path, e)) from None
-    except sqlite3.Error as e:
-        raise PathProblem(f"usage_db: cannot open {path}: {e}") from None
 
 
 def describe(key: str, path: str, e: OSError, hint: str | None = None) -> str:
@@ -108,10 +105,16 @@ def _probe_writable(directory: str) -> None:
 
 
 def _read_header(path: str) -> None:
-    """A file that is not an SQLite database (or is damaged) fails here, not in every worker."""
+    """A file that is not an SQLite database (or is damaged) fails here, not in every worker.
+    (SQLite is imported here, only for a database that has content already.)"""
+    import sqlite3
+
     uri = f"file:{quote(os.path.abspath(path))}?mode=rw"
-    db = sqlite3.connect(uri, uri=True, timeout=5)
     try:
-        db.execute("PRAGMA schema_version").fetchone()
-    finally:
-        db.close()
+        db = sqlite3.connect(uri, uri=True, timeout=5)
+        try:
+            db.execute("PRAGMA schema_version").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        raise PathProblem(f"usage_db: cannot open {path}: {e}") from None

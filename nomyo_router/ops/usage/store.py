@@ -22,13 +22,15 @@ import contextlib
 import datetime
 import logging
 import os
-import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar, TypeVarTuple
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 from ...events import Events, RequestRecord
+
+if TYPE_CHECKING:
+    import sqlite3
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -153,6 +155,8 @@ class SqliteUsage(Usage):
         await self._run(self._connect)
 
     def _connect(self) -> None:
+        import sqlite3  # (here: a router that keeps usage in Redis, or none, never loads SQLite)
+
         _private_db_file(self.path)
         db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
