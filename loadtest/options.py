@@ -17,13 +17,13 @@ from . import slo as slo_mod
 
 USAGE = """loadtest: drive a router or an LLM server, ramp to the knee, report and gate.
 
-python loadtest.py --mock-backend --ramp 8,32,64,128          # spawn mock + router, ramp
-python loadtest.py --url http://127.0.0.1:12434 --concurrency 32
-python loadtest.py --serve-mock --mock-port 11434              # only the mock
-python loadtest.py --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
-python loadtest.py --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
-python loadtest.py --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
-loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
+  python loadtest.py --mock-backend --ramp 8,32,64,128          # spawn mock + router, ramp
+  python loadtest.py --url http://127.0.0.1:12434 --concurrency 32
+  python loadtest.py --serve-mock --mock-port 11434              # only the mock
+  python loadtest.py --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
+  python loadtest.py --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
+  python loadtest.py --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
+  loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
 """
 
 # The mock the load tester spawns is cheap and wide, so the router is what gets measured.
