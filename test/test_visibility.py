@@ -41,7 +41,7 @@ async def test_a_limited_key_lists_and_shows_only_its_models(mock):
                 assert ids == expect
         async with s.get(r.url + "/api/ps", headers=bearer(LIMITED)) as resp:
             assert resp.status == 200
-            assert all(m["model"].startswith("qwen2.5") for m in (await resp.json())["models"])
+            assert [m["model"] for m in (await resp.json())["models"]] == ["qwen2.5:7b"]  # (both are loaded)
         async with s.get(r.url + "/v1/models/llama3", headers=bearer(LIMITED)) as resp:
             assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
         async with s.get(r.url + "/v1/models/llama3", headers=bearer(FULL)) as resp:
