@@ -98,15 +98,24 @@ class Exchange:
     async def end(self, data: bytes = b"") -> None:
         await self.send({"type": "http.response.body", "body": data} if data else _END)
 
-    async def whole(self, status: int, body: bytes, headers: Headers, content_type: bytes | None = None) -> None:
-        """An answer in one piece (`headers` is added to: the caller's own list)."""
-        self.rec.status = status
+    def written(self, status: int, body: bytes, headers: Headers, content_type: bytes | None = None) -> bool:
+        """`whole`'s first try, without a coroutine: the answer written directly (True), or
+        nothing done (False: `await whole_asgi(...)` then). `headers` is added to."""
         if content_type is not None:
             headers.append((b"content-type", content_type))
         headers.append((b"content-length", b"%d" % len(body)))
+        self.rec.status = status
         w = self.writer
-        if w is not None and w.whole(status, headers, body):
-            return
+        return w is not None and w.whole(status, headers, body)
+
+    async def whole(self, status: int, body: bytes, headers: Headers, content_type: bytes | None = None) -> None:
+        """An answer in one piece (`headers` is added to: the caller's own list)."""
+        if not self.written(status, body, headers, content_type):
+            await self.whole_asgi(status, body, headers)
+
+    async def whole_asgi(self, status: int, body: bytes, headers: Headers) -> None:
+        """`whole` when `written` could not: through ASGI, `headers` complete."""
+        self.rec.status = status
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
 

@@ -41,13 +41,14 @@ async def send(
 ) -> None:
     """Answer the client with a whole answer the router holds (`data`: all of `resp`'s body)."""
     resp.release()
+    status = resp.status
     try:
         if translating:
-            await translated.whole(ex, req, resp.status, data, headers)
-        else:
-            await ex.whole(resp.status, data, headers)
+            await translated.whole(ex, req, status, data, headers)
+        elif not ex.written(status, data, headers):  # (the common case: one direct write, no await)
+            await ex.whole_asgi(status, data, headers)
     finally:  # (accounting once the answer left, or the client did: the backend did the work)
-        if resp.status == 200:
+        if status == 200:
             ex.tokens(data)
 
 
