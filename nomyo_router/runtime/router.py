@@ -30,7 +30,7 @@ from ..ops.usage.store import make_usage
 from ..routing.context import Windows
 from ..routing.policies import Policy, make_policy, picker
 from ..routing.scheduler import Scheduler
-from ..state import MemoryStore, SharedStore, StateStore, private
+from ..state import MemoryStore, StateStore, private
 from ..state.fair import specs_of
 from ..upstream.discovery import Discovery
 from ..upstream.h1 import Upstream
@@ -216,6 +216,8 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
     if mode == "memory":
         return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
     if mode == "shared":
+        from ..state.shared import SharedStore  # (workers only: mmap tables and the host's link)
+
         return SharedStore(
             shared_state_path(),
             endpoints,
