@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from random import getrandbits
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -28,6 +28,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from .. import __version__
 from ..events import RequestRecord
+
+if TYPE_CHECKING:
+    from .tracing import Settings
 
 log = logging.getLogger("nomyo_router.tracing")
 
@@ -45,7 +48,7 @@ class Exporter:
     """Finished requests in, OTLP out. `submit` runs on the event loop (a deque append); the
     rest on the exporter's own thread, started with the router."""
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: Settings) -> None:
         parts = urlsplit(settings.url)
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname or "localhost", parts.port or (443 if self.https else 80)

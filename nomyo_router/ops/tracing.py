@@ -21,13 +21,16 @@ import os
 import re
 from random import getrandbits
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..api.asgi import Scope, header
-from ..config import ConfigError, TracingConfig
+from ..config import ConfigError, RouterConfig, TracingConfig
 from ..domain import Endpoint
 from ..events import Events, RequestRecord
 from ..upstream.h1 import Response, TimeoutLike, Upstream
+
+if TYPE_CHECKING:
+    from .otlp import Exporter
 
 log = logging.getLogger("nomyo_router.tracing")
 
@@ -116,7 +119,7 @@ def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
 class Tracer:
     """Built only when `tracing` is set. `exporter` takes finished records (`otlp.Exporter`)."""
 
-    def __init__(self, settings: Settings, events: Events, exporter: Any) -> None:
+    def __init__(self, settings: Settings, events: Events, exporter: Exporter) -> None:
         self.settings = settings
         self.exporter = exporter
         self.bound = int(settings.sample_ratio * _ALL)
@@ -182,7 +185,7 @@ class TracedUpstream(Upstream):
         return resp
 
 
-def make(config: Any, events: Events) -> tuple[Tracer | None, Upstream]:
+def make(config: RouterConfig, events: Events) -> tuple[Tracer | None, Upstream]:
     """The tracer and the upstream client for `config`: no tracer and the plain client when
     `tracing` is off."""
     if config.tracing is None or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
