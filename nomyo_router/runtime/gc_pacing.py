@@ -14,7 +14,7 @@ start-up loaded (modules, config) is frozen out of every collection (`gc.freeze`
 generations are collected every `YOUNG_S` (0.1 s), what survives them moves to the oldest,
 and the oldest is collected every `gc_full_interval` seconds (60; 0 leaves CPython's
 collector as it is), an interval that doubles (up to 16×) while those passes find little
-garbage (under `LITTLE` objects: a request's path leaves none, test_gcpace.py checks it),
+garbage (under `LITTLE` objects: a request's path leaves none, test_gc_pacing.py checks it),
 back to `gc_full_interval` after one that finds more. When the last router of the process
 stops, the process gets its settings back (tests run routers inside one process).
 
