@@ -109,11 +109,6 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: S
             gone = True
             task.cancel()
 
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        lost()
-
     hooked = scope is not None and DISCONNECT_HOOK in scope
     watcher = None
     if hooked:
@@ -123,7 +118,7 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: S
             return
         scope[DISCONNECT_HOOK] = lost  # type: ignore[index]
     else:
-        watcher = asyncio.get_running_loop().create_task(watch())
+        watcher = asyncio.get_running_loop().create_task(_watch(receive, lost))
     try:
         await work
     except asyncio.CancelledError:
@@ -136,3 +131,10 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: S
             watcher.cancel()
         elif hooked:
             scope[DISCONNECT_HOOK] = None  # type: ignore[index]
+
+
+async def _watch(receive: Receive, lost: Callable[[], None]) -> None:
+    """Under another server: wait in `receive()` for the client's disconnect, then call `lost`."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    lost()

