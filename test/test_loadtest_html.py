@@ -20,16 +20,16 @@ def test_report_renders_in_chromium(tmp_path, browser):
         "--ramp",
         "2,4",
         "--duration",
-        "0.8",
+        "0.4",
         "--warmup",
-        "0.2",
+        "0.1",
         "--repeat",
         "2",
         "--direct",
         "--slo",
         "e2el=5s",
         "--timeslice",
-        "0.4",
+        "0.2",
         "--mock-port",
         str(free_port()),
         "--router-port",
@@ -54,11 +54,11 @@ def test_report_renders_in_chromium(tmp_path, browser):
     # against load: router, goodput and direct throughput at both stages; p50, p99, TTFT
     assert points("Throughput (req/s)") == 3 * 2 and points("Latency (ms)") == 3 * 2
     # each stage over time in one chart, router and direct: its slices (2 repetitions x 2 of
-    # 0.4 s in a 0.8 s window) as points of req/s, errors/s, TTFT and latency p50/p99, over
+    # 0.2 s in a 0.4 s window) as points of req/s, errors/s, TTFT and latency p50/p99, over
     # two panels, each with the two measured windows shaded
     for target in ("router", "direct"):
         for load in (2, 4):
-            title = f"{target} conc {load}: over time (per 0.4 s slice)"
+            title = f"{target} conc {load}: over time (per 0.2 s slice)"
             assert points(title) == 4 * 6
             assert len(charts[title].find_elements(By.CSS_SELECTOR, "rect.band")) == 2 * 2
     assert not any(t.endswith("latency") for t in charts)  # one timeline per stage, not two charts
