@@ -32,11 +32,9 @@ import asyncio
 import ssl
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
-
-import httptools
 
 # (callers name these h1.ClientError, h1.Response, ...: re-exported)
 from .errors import ClientError as ClientError
@@ -47,6 +45,7 @@ from .errors import Timeout as Timeout
 from .errors import TooLarge as TooLarge
 from .errors import Unreachable as Unreachable
 from .errors import record_too_large as record_too_large
+from .h1_connection import Conn
 from .h1_response import Response as Response
 
 if TYPE_CHECKING:
@@ -64,212 +63,8 @@ class TimeoutLike(Protocol):
     def sock_read(self) -> float | None: ...
 
 
-HIGH_WATER = 256 * 1024  # buffered body bytes before reading pauses
 IDLE_S = 60.0  # an idle connection older than this is not reused (servers drop them)
 FETCH_LIMIT = 64 * 1024 * 1024  # `fetch`'s answers (model lists, /api/show): a larger one is an error
-
-
-class _Conn(asyncio.Protocol):
-    __slots__ = (
-        "transport",
-        "parser",
-        "chunks",
-        "size",
-        "status",
-        "headers",
-        "head",
-        "waiter",
-        "eof",
-        "keep",
-        "lost",
-        "error",
-        "paused",
-        "got_bytes",
-        "idle_since",
-        "deadline",
-        "timer",
-        "sink",
-        "read_s",
-        "due",
-        "until",
-        "loop",
-        "edge",
-        "interim",
-    )
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.chunks: list[bytes] = []  # usually 0 or 1 piece: a list is 56 B, a deque 600
-        self.size = 0
-        self.status = 0
-        self.headers: Headers = Headers()
-        self.head: asyncio.Future[None] | None = None  # resolved when the status and headers are in
-        self.waiter: asyncio.Future[None] | None = None  # a reader waiting for body bytes
-        self.eof = False  # the answer's body is complete
-        self.keep = False  # ... and the connection may carry another request
-        self.lost = False
-        self.error: BaseException | None = None
-        self.paused = False
-        self.got_bytes = False  # any byte of the answer arrived
-        self.idle_since = 0.0
-        self.deadline = 0.0  # when the waiting reader times out (sock_read)
-        self.timer: asyncio.TimerHandle | None = None  # one per connection, not one per read
-        self.sink: Callable[[bytes], bool] | None = None  # takes body pieces as they arrive (Response.sink)
-        self.read_s = 0.0
-        self.due = 0.0  # when `timer` fires (at or before `deadline`)
-        self.until: float | None = None  # the current request's bound (Pool.request's `within`)
-        self.loop = asyncio.get_running_loop()  # (each get_running_loop() is a getpid() syscall)
-        self.edge = False  # the last read ended with a chunk (Response.detach)
-        self.interim = False  # an interim (1xx) answer is being read: it is dropped
-
-    # ---- asyncio.Protocol ------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(Cut("unexpected protocol upgrade from the backend"))
-        except httptools.HttpParserError as e:
-            self._fail(Cut(f"bad HTTP answer from the backend: {e}"))
-        if self.edge and not data.endswith(b"\r\n"):  # (the next chunk's size line began)
-            self.edge = False
-        if self.sink is not None and self.chunks:
-            self._offer()
-
-    def _offer(self) -> None:
-        """The body pieces of this read go to the sink as one piece (relay.py: one write to
-        the client per read, however many chunks it held); a piece it refuses waits for the reader."""
-        chunks = self.chunks
-        if not self.sink(chunks[0] if len(chunks) == 1 else b"".join(chunks)):  # type: ignore[misc]
-            self._wake()
-            return
-        chunks.clear()
-        self.size = 0
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-        if self.timer is not None and self.read_s:  # the waiting reader's sock_read clock restarts
-            self.deadline = self.loop.time() + self.read_s
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        if not self.eof:
-            if self.head is not None and not self.head.done():
-                self._fail(Disconnected("the backend closed the connection before answering"))
-            elif "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", ""):
-                self.eof = True  # a body delimited by the connection's end: it ends here
-            else:
-                self._fail(Cut("the backend closed the connection mid-answer"))
-        self._wake()
-
-    # ---- httptools callbacks ------------------------------------------------------------------
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        status = self.parser.get_status_code()
-        if status < 200:  # interim answers (RFC 9110 15.2) precede the final one: dropped
-            if status == 101:  # a protocol switch no request of ours asked for
-                self._fail(Cut("the backend switched protocols (HTTP 101) unasked"))
-            self.interim = True
-            self.headers = Headers()
-            return
-        self.status = status
-        if self.head is not None and not self.head.done():
-            self.head.set_result(None)
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-        self.size += len(body)
-        if self.size > HIGH_WATER and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
-        if self.sink is None:  # (else data_received offers them to the sink first)
-            self._wake()
-
-    def on_chunk_header(self) -> None:
-        self.edge = False
-
-    def on_chunk_complete(self) -> None:
-        self.edge = True
-
-    def on_message_complete(self) -> None:
-        if self.interim:  # (the end of a 1xx: the final answer follows)
-            self.interim = False
-            return
-        self.eof = True
-        self.keep = self.parser.should_keep_alive()
-        self._wake()
-
-    # ---- internals ------------------------------------------------------------------------------
-    def _wake(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
-        if self.head is not None and not self.head.done():
-            self.head.set_exception(exc)
-        self._wake()
-        if self.transport is not None:
-            self.transport.close()
-
-    def start(self, data: bytes) -> asyncio.Future[None]:
-        """Send one request; the future resolves when its status and headers are in."""
-        assert self.transport is not None
-        self.chunks.clear()
-        self.size, self.status, self.headers = 0, 0, Headers()
-        self.eof = self.keep = self.got_bytes = self.interim = False
-        self.error = self.sink = None
-        self.head = self.loop.create_future()
-        self.transport.write(data)
-        return self.head
-
-    def arm(self, read_s: float | None) -> None:
-        """The waiting reader times out `read_s` from now, or at the request's bound `until` if
-        that is sooner. One timer per connection, moved lazily: it fires, finds the deadline
-        moved on, and sleeps again (a call_later per read cost ~1 µs and ~1 KB per open
-        stream; per request, with asyncio.timeout for the bound, ~9 µs)."""
-        loop = self.loop
-        when = loop.time() + read_s if read_s else None
-        if self.until is not None and (when is None or self.until < when):
-            when = self.until
-        if when is None:
-            return
-        self.deadline = when
-        self.read_s = read_s or 0.0
-        if self.timer is not None:
-            if self.due <= when:
-                return
-            self.timer.cancel()
-        self.timer = loop.call_at(when, self._check)
-        self.due = when
-
-    def _check(self) -> None:
-        self.timer = None
-        w = self.waiter
-        if w is None or w.done():
-            return
-        if self.loop.time() >= self.deadline:
-            w.set_exception(TimeoutError("no data from the backend within sock_read or the request's bound"))
-        else:
-            self.timer = self.loop.call_at(self.deadline, self._check)
-            self.due = self.deadline
-
-    def close(self) -> None:
-        self.lost = True
-        self.sink = None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.transport is not None:
-            self.transport.close()
 
 
 class Pool:
@@ -287,13 +82,13 @@ class Pool:
         self._head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
         ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), None)
         self._ctype = b"Content-Type: %s\r\n" % ctype.encode("latin-1") if ctype else b""
-        self._idle: list[_Conn] = []
+        self._idle: list[Conn] = []
 
-    def put(self, conn: _Conn) -> None:
+    def put(self, conn: Conn) -> None:
         conn.idle_since = time.monotonic()
         self._idle.append(conn)
 
-    def _reuse(self) -> _Conn | None:
+    def _reuse(self) -> Conn | None:
         now = time.monotonic()
         while self._idle:
             c = self._idle.pop()
@@ -302,11 +97,11 @@ class Pool:
             c.close()
         return None
 
-    async def _connect(self, connect_s: float | None) -> _Conn:
+    async def _connect(self, connect_s: float | None) -> Conn:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_s):
-                _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=self.ssl)
+                _, conn = await loop.create_connection(Conn, self.host, self.port, ssl=self.ssl)
         except (OSError, TimeoutError) as e:
             raise Unreachable(f"cannot connect to {self.host}:{self.port}: {type(e).__name__}: {e}") from None
         return conn
@@ -393,7 +188,7 @@ class Upstream:
             pool = self._pools[ep] = Pool(ep.url, ep.headers)
         return pool
 
-    async def post(
+    def post(
         self,
         ep: Endpoint,
         path: str,
@@ -401,10 +196,11 @@ class Upstream:
         timeout: TimeoutLike,
         ctype: str | None = None,
         within: float | None = None,
-    ) -> Response:
-        """`within`: see `Pool.request`."""
+    ) -> Coroutine[object, object, Response]:
+        """`within`: see `Pool.request`. (Its coroutine, awaited by the caller: no frame of its
+        own that every wake-up of the request passes through.)"""
         pool = self._pools.get(ep) or self.pool(ep)
-        return await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype, within)
+        return pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype, within)
 
     async def fetch(
         self, ep: Endpoint, path: str, body: bytes | None = None, *, total: float | None

@@ -4,14 +4,18 @@ it, and the hand-over of its connection's socket to the compiled relay (native.p
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
 
 from .errors import TooLarge, record_too_large
+from .h1_connection import Conn
 
-if TYPE_CHECKING:
-    from .h1 import Pool, _Conn
+
+class Keeper(Protocol):
+    """Where a connection goes back when its answer was read whole (h1.Pool)."""
+
+    def put(self, conn: Conn) -> None: ...
 
 
 class Response:
@@ -20,7 +24,7 @@ class Response:
 
     __slots__ = ("status", "headers", "_conn", "_pool", "_read_s", "_line", "_done")
 
-    def __init__(self, conn: _Conn, pool: Pool, read_s: float | None) -> None:
+    def __init__(self, conn: Conn, pool: Keeper, read_s: float | None) -> None:
         self.status = conn.status
         self.headers = conn.headers
         self._conn = conn
@@ -66,7 +70,8 @@ class Response:
         if self._line:
             data, self._line = self._line, b""
             return data
-        if not await self._more():
+        c = self._conn
+        if not c.chunks and (c.eof or not await self._more()):
             return b""
         return self._take()
 
@@ -111,7 +116,9 @@ class Response:
         parts = [self._line] if self._line else []
         size = len(self._line)
         self._line = b""
-        while await self._more():
+        c = self._conn
+        # (no coroutine made to learn what is already known: a whole answer is usually all in)
+        while c.chunks or (not c.eof and await self._more()):
             piece = self._take()
             parts.append(piece)
             size += len(piece)
