@@ -205,7 +205,12 @@ def share_index(policy: Policy, store: StateStore) -> None:
     if index is None:
         return
     index.publish = lambda endpoint, keys: store.publish("prefix", [endpoint, keys])
-    store.subscribe("prefix", lambda data: index.apply(data[0], data[1]))
+
+    def received(data: object) -> None:  # [endpoint, keys], from another worker or instance
+        if isinstance(data, list) and len(data) == 2 and isinstance(data[0], str) and isinstance(data[1], list):
+            index.apply(data[0], data[1])
+
+    store.subscribe("prefix", received)
 
 
 def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) -> StateStore:

@@ -139,7 +139,7 @@ class StateStore(ABC):
         routing layer keeps per-process indexes converged. One process: nothing to do."""
         return None
 
-    def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:
+    def subscribe(self, topic: str, callback: Callable[[object], None]) -> None:
         """Call `callback(data)` for what other processes `publish` on `topic`."""
         return None
 

@@ -305,7 +305,7 @@ class RedisStore(StateStore):
     def publish(self, topic: str, data: object) -> None:
         self.messages.publish(topic, data)
 
-    def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:
+    def subscribe(self, topic: str, callback: Callable[[object], None]) -> None:
         self.messages.subscribe(topic, callback)
 
     def record(self, endpoint: str, model: str) -> None:

@@ -36,7 +36,7 @@ class Messages:
         self._degraded = degraded
         self._degrade = degrade
         self._background = background
-        self._subs: dict[str, Callable[[Any], None]] = {}
+        self._subs: dict[str, Callable[[object], None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._pubsub: Subscription | None = None
 
@@ -84,7 +84,7 @@ class Messages:
         except (RedisError, OSError) as e:
             self._degrade(e)
 
-    def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:
+    def subscribe(self, topic: str, callback: Callable[[object], None]) -> None:
         self._subs[topic] = callback
 
     def _published(self, raw: Any) -> None:

@@ -55,7 +55,7 @@ class SharedStore(StateStore):
         self._acquiring: dict[int, dict[str, Any]] = {}
         self._unhealthy: set[str] = set()
         self._closing = False
-        self._subs: dict[str, Callable[[Any], None]] = {}
+        self._subs: dict[str, Callable[[object], None]] = {}
         self._table = SlotTable(base + ".slots")
         self._out: list[bytes] = []  # messages written at the end of this loop turn
         self._pins = PinTable(base + ".pins", max_pins, pin_ttl, self._table.column, self._table.name_of)
@@ -312,7 +312,7 @@ class SharedStore(StateStore):
     def publish(self, topic: str, data: object) -> None:
         self._send({"op": "pub", "topic": topic, "data": data})
 
-    def subscribe(self, topic: str, callback: Callable[[Any], None]) -> None:
+    def subscribe(self, topic: str, callback: Callable[[object], None]) -> None:
         self._subs[topic] = callback
 
     def queue_length(self) -> int:
