@@ -22,6 +22,7 @@ equal under case folding, and no key that folds to a field name of the APIs the 
 unless spelt exactly as that field; a multipart body names each text field once, as
 `name="..."`, and no two alike under case folding. Anything else is a 400 naming the key. It is
 refused even when Go would happen to pick the allowed value: a body has one meaning or none.
+The multipart half of the rule is in form_names.py.
 Nested objects are left alone (the router decides nothing on a nested key's spelling).
 
 Cost. Every request is parsed here, so the check must not parse twice. The top level of the
@@ -52,10 +53,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from json import decoder as _jd
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 from .errors import ApiError
 
@@ -225,12 +225,12 @@ def _bad(message: str, key: str) -> ApiError:
     return ApiError(400, message, param=key)
 
 
-def _q(key: str) -> str:
+def quoted(key: str) -> str:
     return json.dumps(key, ensure_ascii=False)  # quoted as in JSON, shown as written (ſ, K)
 
 
 # ---- JSON ----------------------------------------------------------------------------------------
-def loads(raw: bytes) -> Any:
+def loads(raw: bytes) -> object:
     """`json.loads(raw)`, parsed once, with the top-level object's keys checked (400 naming the
     key). Any other JSON value is returned as is; invalid JSON raises json.loads's own error."""
     if raw[:1] == b"{" and raw[1:2] != b"\x00":  # json.detect_encoding's answer is utf-8
@@ -248,7 +248,7 @@ def loads(raw: bytes) -> Any:
     body, twice = read
     if twice is not None:
         raise _bad(
-            f"the key {_q(twice)} appears more than once in the body; "
+            f"the key {quoted(twice)} appears more than once in the body; "
             f"backends disagree on which one counts: send it once",
             twice,
         )
@@ -313,7 +313,7 @@ def _members(s: str, i: int) -> tuple[dict[str, Any], str | None] | None:
     return body, twice
 
 
-def check_spelling(keys: Any, what: str = "key") -> None:
+def check_spelling(keys: Iterable[str], what: str = "key") -> None:
     """400 for a key that folds to an API field without being spelt as it, or two keys that
     fold alike. Python's casefold() folds the long s to s and the Kelvin sign to k, as Go's
     simple folding does (and folds a little more: that only refuses more)."""
@@ -323,115 +323,15 @@ def check_spelling(keys: Any, what: str = "key") -> None:
         field = _FOLDED.get(folded)
         if field is not None and key != field:
             raise _bad(
-                f"the {what} {_q(key)} is the field {_q(field)} spelt another way; "
-                f"some backends read it as {_q(field)}: spell it exactly so",
+                f"the {what} {quoted(key)} is the field {quoted(field)} spelt another way; "
+                f"some backends read it as {quoted(field)}: spell it exactly so",
                 key,
             )
         other = seen.get(folded)
         if other is not None:
             raise _bad(
-                f"the {what}s {_q(other)} and {_q(key)} differ only in case; backends may read them as one: send one",
+                f"the {what}s {quoted(other)} and {quoted(key)} differ only in case; "
+                "backends may read them as one: send one",
                 key,
             )
         seen[folded] = key
-
-
-# ---- multipart/form-data -------------------------------------------------------------------------
-# As Go reads a part's header block (net/textproto) and its Content-Disposition (mime.ParseMediaType):
-_TSPECIALS = '()<>@,;:\\"/[]?='
-_TOKEN = "[" + "".join(re.escape(chr(c)) for c in range(0x21, 0x7F) if chr(c) not in _TSPECIALS) + "]+"
-_HEADER = re.compile(rf"({_TOKEN}):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
-_PARAM = re.compile(rf'[ \t]*;[ \t]*({_TOKEN})[ \t]*=[ \t]*(?:"((?:[^"\\\r\n]|\\[^\r\n])*)"|({_TOKEN}))')
-_TRAILING = re.compile(r"[ \t]*;?[ \t]*")
-
-
-def form_part(head: str) -> tuple[str | None, bool]:
-    """(the form field's name, whether the part is a file) of one part of a multipart body, as
-    Go's mime/multipart reads them; `head` is the part's header block (latin-1 text). None: a
-    part without a name (Go skips it). 400 for anything the router and Go could read apart."""
-    disposition = None
-    for line in head.split("\r\n"):
-        m = _HEADER.fullmatch(line)
-        if m is None:  # folded or bare-LF lines, a space before the colon, no colon...
-            raise ApiError(400, f"a multipart part has a malformed header line: {line[:80]!r}")
-        name = m.group(1).lower()
-        if name == "content-disposition":
-            if disposition is not None:
-                raise ApiError(400, "a multipart part has two Content-Disposition headers")
-            disposition = m.group(2)
-        elif name == "content-transfer-encoding" and m.group(2).lower() not in ("binary", "8bit", "7bit"):
-            # (Go decodes quoted-printable parts: the router would read the value undecoded)
-            raise ApiError(
-                400, f"a multipart part has Content-Transfer-Encoding: {m.group(2)[:40]}; send it as is (binary)"
-            )
-    if disposition is None:
-        return None, False
-    base = disposition.partition(";")[0]
-    if base.strip(" \t").lower() != "form-data":
-        raise ApiError(400, f"a multipart part is not form-data: {base[:80]!r}")
-    params: dict[str, str] = {}
-    spelt: dict[str, str] = {}  # each parameter as written, from its name to its value
-    pos, rest = 0, disposition[len(base) :]
-    while pos < len(rest):
-        m = _PARAM.match(rest, pos)
-        if m is None:
-            if _TRAILING.fullmatch(rest, pos):
-                break
-            raise ApiError(400, f"a multipart part has a malformed Content-Disposition: {disposition[:120]!r}")
-        key = m.group(1).lower()
-        if key in params:
-            raise ApiError(400, f"a multipart part's Content-Disposition gives {key} twice")
-        params[key] = _unquote(m.group(2)) if m.group(2) is not None else m.group(3)
-        spelt[key] = m.group(0).strip(" \t;")
-        pos = m.end()
-    for key in params:
-        if "*" in key and key != "filename*":  # RFC 2231 names and continuations
-            raise ApiError(400, f'a multipart part\'s Content-Disposition has {key}: give the name as name="..."')
-    filename = params.get("filename", "")
-    if "filename*" in params:  # Go decodes it and lets it replace filename
-        filename = _rfc2231(params["filename*"])
-    name = params.get("name")
-    if name is None:
-        return None, False  # (Go: no name, the part is skipped)
-    if spelt["name"] != f'name="{name}"':
-        raise _bad(
-            f"a multipart field is named {spelt['name']!r}; the router reads names only as "
-            f'name="{name}" (lower-case, quoted, no escapes)',
-            name,
-        )
-    return name, filename != ""
-
-
-def _unquote(value: str) -> str:
-    """A quoted-string's content as Go's mime package reads it: a backslash escapes a tspecial
-    character and is kept before any other."""
-    return re.sub(r"\\(.)", lambda m: m.group(1) if m.group(1) in _TSPECIALS else m.group(0), value)
-
-
-def _rfc2231(value: str) -> str:
-    charset, quote, rest = value.partition("'")
-    _lang, quote2, encoded = rest.partition("'")
-    if (
-        not (quote and quote2)
-        or charset.lower() not in ("utf-8", "us-ascii")
-        or re.search(r"%(?![0-9A-Fa-f]{2})", encoded)
-    ):
-        raise ApiError(400, f"a multipart part has an unreadable filename*: {value[:80]!r}")
-    return unquote_to_bytes(encoded).decode("latin-1")
-
-
-def check_form_names(names: list[str]) -> None:
-    """The text fields of a multipart body (in order): each once, no two alike under case
-    folding, none a field name spelt another way (400 naming it)."""
-    if len(set(names)) != len(names):
-        seen: set[str] = set()
-        for name in names:
-            if name in seen:
-                raise _bad(
-                    f"the form field {_q(name)} appears more than once; "
-                    f"backends disagree on which one counts: send it once",
-                    name,
-                )
-            seen.add(name)
-    if not FIELDS.issuperset(names):
-        check_spelling(names, "form field")

@@ -4,14 +4,14 @@ A transcription's body is read once (bounded by `max_body_bytes`, kept for a ret
 endpoint) and forwarded as it came, with its own Content-Type; the model is read from the
 `model` form field without decoding the file part. Field names are read as Go's
 mime/multipart reads them, and a body Ollama could read otherwise (a field twice, a name spelt
-another way, a boundary inside a part) is refused: body_keys.py.
+another way, a boundary inside a part) is refused: form_names.py.
 """
 
 from __future__ import annotations
 
 import re
 
-from . import body_keys
+from . import form_names
 from .errors import ApiError
 
 _MAX_FIELD = 4096
@@ -32,7 +32,7 @@ def form(raw: bytes) -> tuple[str, dict[str, str]]:
         raise _bad("the body must be multipart/form-data with a `file` and a `model` field")
     delimiter = b"\r\n" + first
     fields: dict[str, str] = {}
-    names: list[str] = []  # every text field, in order (body_keys.check_form_names)
+    names: list[str] = []  # every text field, in order (form_names.check_form_names)
     pos = len(first) + 2
     while pos < len(raw):
         head_end = raw.find(b"\r\n\r\n", pos, pos + 8192)
@@ -42,7 +42,7 @@ def form(raw: bytes) -> tuple[str, dict[str, str]]:
         end = raw.find(delimiter, head_end + 4)
         if end < 0:
             raise _bad("the multipart body is cut: no closing boundary")
-        name, is_file = body_keys.form_part(head)  # as Go's mime/multipart reads it
+        name, is_file = form_names.form_part(head)  # as Go's mime/multipart reads it
         if name is not None and not is_file:
             names.append(name)
             if end - head_end - 4 <= _MAX_FIELD:
@@ -55,7 +55,7 @@ def form(raw: bytes) -> tuple[str, dict[str, str]]:
         if raw[pos : pos + 2] != b"\r\n":  # a boundary is followed by CRLF or "--"; else it is part of the content
             raise _bad("a multipart part contains its boundary")
         pos += 2
-    body_keys.check_form_names(names)
+    form_names.check_form_names(names)
     return "multipart/form-data; boundary=" + first[2:].decode("latin-1"), fields
 
 

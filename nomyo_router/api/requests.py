@@ -73,7 +73,7 @@ def _is_int(v: Any) -> bool:
 MAX_DEPTH = 64  # JSON nesting; real requests stay under 10
 
 
-def load_json(raw: bytes) -> Any:
+def load_json(raw: bytes) -> object:
     """Parse a request body, refusing what could crash code further on: nesting deeper than
     MAX_DEPTH and strings with lone surrogates (which cannot be encoded again), and what a
     backend could read otherwise than the router: a top-level key twice, or spelt in another
