@@ -138,7 +138,7 @@ def _run(*args, timeout=180):
 
 def test_repeat_records_repetitions_and_compare_reads_them(tmp_path):
     out = tmp_path / "a.json"
-    p = _run("--ramp", "2,4", "--duration", "0.6", "--warmup", "0.1", "--repeat", "3", "--json", str(out))
+    p = _run("--ramp", "2,4", "--duration", "0.3", "--warmup", "0.1", "--repeat", "3", "--json", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
     assert doc["config"]["workload"] == {
@@ -163,13 +163,13 @@ def test_slo_goodput_and_exit_code(tmp_path):
     request, one of 10 ms TTFT by none — exit 1 with the SLO named in the last line."""
     out = tmp_path / "slo.json"
     p = _run(
-        "--concurrency", "2", "--duration", "0.8", "--warmup", "0.1", "--slo", "ttft=1s,e2el=2s", "--json", str(out)
+        "--concurrency", "2", "--duration", "0.4", "--warmup", "0.1", "--slo", "ttft=1s,e2el=2s", "--json", str(out)
     )
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads(out.read_text())["stages"][0]
     assert s["slo_met_share"] == 1.0 and s["goodput"] == s["request_throughput"] > 0
     assert "good/s" in p.stdout
-    p = _run("--concurrency", "2", "--duration", "0.8", "--warmup", "0.1", "--slo", "ttft=10ms")
+    p = _run("--concurrency", "2", "--duration", "0.4", "--warmup", "0.1", "--slo", "ttft=10ms")
     assert p.returncode == 1
     last = p.stdout.strip().splitlines()[-1]
     assert last.startswith("FAILED:") and "SLO ttft=10ms" in last and "met by 0.0%" in last
@@ -198,9 +198,9 @@ def test_find_max_rate_finds_the_slo_limited_rate_within_one_step(tmp_path):
             "--slo",
             "e2el=700ms",
             "--find-max-rate",
-            "10,40",
+            "15,30",
             "--search-stages",
-            "6",
+            "5",
             "--duration",
             "2",
             "--warmup",
@@ -211,9 +211,9 @@ def test_find_max_rate_finds_the_slo_limited_rate_within_one_step(tmp_path):
     r = doc["max_rate"]
     truth = 20 / (1 - 0.3 / (0.95 * 2))
     good, bad = r["bracket"]
-    assert r["stages"] <= 6 and r["max_rate"] == good
+    assert r["stages"] <= 5 and r["max_rate"] == good
     probes = {q["rate"]: q["pass"] for q in r["probes"]}
-    assert probes[10] and not probes[40]
+    assert probes[15] and not probes[30]
     assert all(ok == (rate <= good) for rate, ok in probes.items())  # one consistent boundary
     assert abs(good - truth) <= (bad - good) + 0.5, r  # within one step of the SLO-limited rate
     assert "max rate at SLO e2el=700ms" in p.stdout
