@@ -18,7 +18,7 @@ import pytest
 
 from mock import MockConfig, MockProcess, run_mock
 from mock.text import WORDS
-from nomyo_router.protocol import BodyWriter
+from nomyo_router.body_writer import BodyWriter
 from test.helpers import endpoints, post_stream_raw, run_router
 
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}

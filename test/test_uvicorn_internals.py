@@ -145,7 +145,7 @@ async def test_protocol_and_cycle_state_read_and_written():
     proto.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     cycle = proto.cycle
     assert isinstance(cycle, RequestResponseCycle)
-    assert type(cycle.transport).__name__ == "_Cork"  # assigned by the override
+    assert type(cycle.transport).__name__ == "Cork"  # assigned by the override
     assert type(cycle.message_event).__name__ == "_LeanEvent"  # it was an asyncio.Event, swapped
     assert isinstance(cycle.scope, dict) and cycle.scope["method"] == "GET"
     for name, kind in [

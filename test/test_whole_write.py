@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from nomyo_router.protocol import BodyWriter
+from nomyo_router.body_writer import BodyWriter
 from test.helpers import endpoints, read_response, run_router
 
 BODY = json.dumps({"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}).encode()

@@ -19,7 +19,7 @@ DISCONNECT_HOOK = "nomyo.on_disconnect"
 # What the protocol leaves under DISCONNECT_HOOK when the client left while no hook was set
 # (between two waits of the app): the next `cancel_on_disconnect` does not start its work.
 GONE = "gone"
-# Set in the scope by nomyo_router.protocol: a `protocol.BodyWriter` that writes a relayed
+# Set in the scope by nomyo_router.protocol: a `body_writer.BodyWriter` that writes a relayed
 # stream's pieces straight to the client's transport (upstream/relay.py).
 BODY_WRITER = "nomyo.body_writer"
 # Set in the scope by an answer that never ends on its own (GET /api/usage-stream): the protocol

@@ -95,7 +95,7 @@ async def relay(
     check: Check | None = None,
 ) -> bytes | None:
     """Relay the rest of `resp`'s body to the client through `writer`'s transport (a
-    protocol.BodyWriter), `pending` (a record's beginning) first. `sep`: records end with it
+    body_writer.BodyWriter), `pending` (a record's beginning) first. `sep`: records end with it
     and only whole ones are written (b"": bytes as they come). `keep` gets what was written,
     in order, a few KiB at a time. `limit`: max_record_bytes — a longer record raises
     h1.TooLarge (the pump holds no more than about that plus a read; 0: no limit). `check`:

@@ -3,7 +3,7 @@
 Per chunk, the ASGI path costs a future woken in the upstream client, a task switch, an
 `http.response.body` message and uvicorn's `send` coroutine: at 2,000 streams × 25 tok/s
 (50,000 chunks a second on one worker) that was most of the worker's core.
-When the server is our protocol (`nomyo_router.protocol.BodyWriter` in the scope), the relay
+When the server is our protocol (`nomyo_router.body_writer.BodyWriter` in the scope), the relay
 installs a sink on the upstream response (`h1.Response.sink`): what one read of the backend's
 connection brought (however many chunks) is processed and written to the client in one
 piece from the connection's data callback, and the request's task only wakes at the end, on
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 
 class DirectWriter(Protocol):
-    """What the relays need of the server's direct writer (`protocol.BodyWriter`)."""
+    """What the relays need of the server's direct writer (`body_writer.BodyWriter`)."""
 
     transport: asyncio.WriteTransport
 
