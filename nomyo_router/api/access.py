@@ -19,11 +19,11 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from ..config import digest_of
-from .asgi import Headers
+from .asgi import Headers, Scope
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
@@ -137,7 +137,16 @@ def preflight_headers(origin: bytes) -> Headers:
     ]
 
 
-def require_admin(router: Any, scope: dict[str, Any], what: str) -> None:
+class Operated(Protocol):
+    """What `require_admin` reads of the router: its client keys and its config."""
+
+    @property
+    def keys(self) -> Keys | None: ...
+    @property
+    def config(self) -> RouterConfig: ...
+
+
+def require_admin(router: Operated, scope: Scope, what: str) -> None:
     """Operator routes that show or change what every client shares (the response cache, the
     live usage stream): open on an open router; with any key configured, the admin key only."""
     if router.keys is None:

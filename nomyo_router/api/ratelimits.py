@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -30,11 +30,15 @@ from ..state.limits import Limits, Verdict
 from .asgi import Headers, Scope, Send, with_headers
 from .errors import ApiError
 
+if TYPE_CHECKING:
+    from ..config import RouterConfig
+    from ..state import StateStore
+
 SCOPE_KEY = "nomyo.ratelimit"  # the headers for this request's answer, whatever it is (app.py)
 REFRESH_S = 2.0  # how often /metrics' view of every limited key is read from the count
 
 
-def limits_of(config: Any) -> dict[str, Limits]:
+def limits_of(config: RouterConfig) -> dict[str, Limits]:
     return {
         c.name: Limits(c.rpm, c.tpm, c.tokens_per_day) for c in config.client_keys if c.rpm or c.tpm or c.tokens_per_day
     }
@@ -96,14 +100,14 @@ def refusal(limits: Limits, v: Verdict, headers: Headers) -> ApiError:
 class RateLimits:
     """The router's limited keys. Built always; empty when no key has limits."""
 
-    def __init__(self, config: Any, store: Any, events: Events) -> None:
+    def __init__(self, config: RouterConfig, store: StateStore, events: Events) -> None:
         self.store = store
         self.by_client: dict[str, Limits] = limits_of(config)
         self.last: dict[str, Verdict] = {}  # each key's count as last read (for /metrics, the dashboard)
         self._task: asyncio.Task[None] | None = None
         events.on_request_done(self.done)
 
-    def apply(self, config: Any) -> None:
+    def apply(self, config: RouterConfig) -> None:
         """A reload: limits change at once; a removed key's counts are forgotten."""
         self.by_client = limits_of(config)
         for client in [c for c in self.last if c not in self.by_client]:
@@ -124,12 +128,13 @@ class RateLimits:
 
     def done(self, rec: RequestRecord) -> None:
         """The answer ended: spend its tokens (the backend's counts) on the key's budgets."""
-        limits = self.by_client.get(rec.client) if rec.client is not None else None
-        if limits is None or (limits.tpm is None and limits.tokens_per_day is None):
+        client = rec.client
+        limits = self.by_client.get(client) if client is not None else None
+        if client is None or limits is None or (limits.tpm is None and limits.tokens_per_day is None):
             return
         tokens = (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
         if tokens > 0:
-            self.store.spend(rec.client, tokens, limits)
+            self.store.spend(client, tokens, limits)
 
     # ---- what operators see ------------------------------------------------------------
     def start(self) -> None:

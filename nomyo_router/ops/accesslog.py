@@ -32,7 +32,6 @@ import json
 import logging
 import re
 from json.encoder import encode_basestring_ascii
-from typing import Any
 
 from ..events import Events, RequestRecord
 
@@ -51,7 +50,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
 
 
-def text_value(value: Any) -> str:
+def text_value(value: object) -> str:
     """`value` as it stands in a text line: a plain token as it is, anything else quoted (JSON
     escapes, ASCII only). Numbers and booleans are plain tokens; anything else is taken as its
     `str` (a token count the backend sent as a string or a list, on the translated path)."""
