@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 from ..api.asgi import Scope, Send, header
 from ..api.requests import GenRequest
 from ..events import RequestRecord
 from . import keys
-from .service import ResponseCache
+
+if TYPE_CHECKING:  # (made, and imported, only when the cache is on: runtime)
+    from .service import ResponseCache
 
 
 class Way(Protocol):

@@ -26,14 +26,14 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from ..upstream import error_record, h1, token_counts, translate
+from ..upstream import error_record, h1, token_counts
 from ..upstream.deadline import Deadlines
 from ..upstream.errors import ErrorRecord
 from ..upstream.health import Health
 from ..upstream.resume import resumable
 from ..upstream.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
 from .exchange import Exchange
-from .relays import passthrough, translated, whole
+from .relays import passthrough, whole
 from .relays.records import Resumer
 
 log = logging.getLogger("nomyo_router.proxy")
@@ -206,7 +206,9 @@ class Proxy:
             body = last.body  # (an error object under a 200 is a 502: error_record.py)
             status, code = (502, ErrorRecord.code) if last.status == 200 else (last.status, "upstream_status")
             if req.api == "ollama" and last.content_type.startswith(b"application/json"):
-                body = error_body("ollama", status, translate.error_message(body))
+                from ..upstream.translate import error_message
+
+                body = error_body("ollama", status, error_message(body))
             ex.note_error(code)
             await ex.whole(status, body, [], last.content_type)
             return
@@ -215,6 +217,8 @@ class Proxy:
     def _plan(self, req: GenRequest, ep: Endpoint, strip: bool) -> tuple[str, bytes, bool]:
         """(path, body, translate) for sending `req` to `ep`; `strip`: ask for usage (see below)."""
         if ep.type == "openai" and req.api == "ollama":
+            from ..upstream import translate  # (imported by the first request that needs it)
+
             body = translate.request_to_openai(req.kind, req.body, ep.models[req.key], req.stream)
             return translate.OPENAI_PATH[req.kind], body, True
         raw = req.raw
@@ -296,6 +300,8 @@ class Proxy:
         try:
             broke: BaseException | bool | None
             if translating:
+                from .relays import translated
+
                 broke = await translated.stream(ex, req, resp, first, headers, self.config.max_record_bytes)
             else:
                 broke = await passthrough.relay(ex, resp, first, headers, self._native)

@@ -24,7 +24,6 @@ from ...domain import Endpoint
 from ...upstream import h1
 from ...upstream.health import Health
 from ..exchange import Exchange
-from . import translated
 
 HOLD = 1024 * 1024  # a pass-through answer up to this is held: one write, retried when cut
 
@@ -44,6 +43,8 @@ async def send(
     status = resp.status
     try:
         if translating:
+            from . import translated  # (only Ollama requests to OpenAI backends: loaded when first needed)
+
             await translated.whole(ex, req, status, data, headers)
         elif not ex.written(status, data, headers):  # (the common case: one direct write, no await)
             await ex.whole_asgi(status, data, headers)
