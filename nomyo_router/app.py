@@ -168,7 +168,7 @@ class RouterApp:
         return send, None
 
     async def generate(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-        router = self._router()
+        router = self.router or self.current()  # (503 while starting)
         client = scope.get("nomyo.client")
         if client is not None and router.client_limits.full(client.name):
             _refuse_full(router.config)  # before its body is read: a flood from one key buffers nothing

@@ -38,7 +38,8 @@ from .relays.records import Resumer
 
 log = logging.getLogger("nomyo_router.proxy")
 
-_FORWARDED = (("Content-Type", b"content-type"), ("Content-Encoding", b"content-encoding"))
+# (the names as h1.Headers keeps them, lower-case: looked up with dict.get, no call of its own)
+_FORWARDED = (("content-type", b"content-type"), ("content-encoding", b"content-encoding"))
 # Errors meaning the backend could not be reached at all: it leaves rotation until a probe succeeds.
 UNREACHABLE = h1.Unreachable
 
@@ -242,7 +243,7 @@ class Proxy:
     async def _attempt(self, req: GenRequest, lease: Lease, ex: Exchange, ctx: RouteContext, last: bool) -> None:
         ep = lease.endpoint
         rec = ex.rec
-        strip = self._strips_usage(req)
+        strip = req.stream and self._strips_usage(req)
         path, body, translating = self._plan(req, ep, strip)
         t_up = time.perf_counter()
         queued = lease.queued_s
@@ -283,7 +284,7 @@ class Proxy:
 
         if not translating:
             for name, key in _FORWARDED:
-                value = resp.headers.get(name)
+                value = dict.get(resp.headers, name)
                 if value:
                     headers.append((key, value.encode()))
         if req.kind == "responses" and resp.status == 200 and self.config.conversation_affinity:

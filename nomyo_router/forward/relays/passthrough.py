@@ -26,7 +26,7 @@ async def relay(
     """Relay `resp` (a 200 stream whose `first` chunk was read) to the client; None when it
     ended well, else what broke it (the client was told). `upstream`: for the compiled pump
     (None: the relay stays in Python)."""
-    sep = b"\n\n" if resp.headers.get("Content-Type", "").startswith("text/event-stream") else b"\n"
+    sep = b"\n\n" if dict.get(resp.headers, "content-type", "").startswith("text/event-stream") else b"\n"
     writer = ex.writer
     await ex.start(200, headers)
     cut: BaseException | None = None
