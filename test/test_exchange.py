@@ -3,7 +3,9 @@ gives the slot back and tells `request_done` once. For each way out — a whole 
 one relayed as it comes, a pass-through stream (in Python and through the compiled pump), a
 record-wise stream and a resumed one, a translated stream and whole answer, an error before
 any head, a client gone mid-stream — the slot is back (the store's in-flight count is 0) and
-exactly one record (and one access line) says what the client got."""
+exactly one record (and one access line) says what the client got. The wrappers pass the
+exchange along: trim-and-retry gives its slot back before it asks again, an ensemble tells
+each of its steps once."""
 
 from __future__ import annotations
 
@@ -184,6 +186,42 @@ async def test_a_client_gone_mid_stream_is_told_once(native_relay, caplog):
         await until(lambda: m.stats()["in_flight"] == 0)  # the backend was stopped too
     (rec,) = told
     assert rec.status == 200 and rec.endpoint == "m0"  # (its head went out: the status it got)
+
+
+async def test_trim_and_retry_gives_its_slot_back_before_asking_again_and_is_told_once(caplog):
+    from test.test_context_overflow import history, refusing
+
+    async with refusing("openai") as (_, url):
+        cfg = {
+            "endpoints": [{"url": url, "name": "b", "type": "openai", "models": ["llama3"], "max_concurrent": 1}],
+            "context_overflow": "trim",
+            "queue_timeout": 2,
+            "access_log": True,
+            "log_format": "json",
+        }
+        async with run_router(cfg) as r:
+            told: list[RequestRecord] = []
+            r.router.events.on_request_done(told.append)
+            with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+                status, _ = await _post(r.url, "/v1/chat/completions", {"model": "llama3", "messages": history()})
+                await _done(r, told, caplog)
+    assert status == 200  # (one slot: the retry waited for the one the refused try held, had it kept it)
+    (rec,) = told
+    assert rec.status == 200 and rec.error is None and rec.retries >= 1
+
+
+async def test_an_ensemble_tells_each_step_once_and_the_answer_once(caplog):
+    async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=10) as a, run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=10) as b:
+        async with run_router({**_cfg(a, b), "moe": {"samples": 2}}) as r:
+            told: list[RequestRecord] = []
+            r.router.events.on_request_done(told.append)
+            with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+                status, _ = await _post(r.url, "/api/chat", {**CHAT, "model": "moe-llama3", "stream": True})
+                await _done(r, told, caplog, n=4)
+    assert status == 200
+    ids = sorted(x.request_id.rpartition(".")[2] if "." in x.request_id else "answer" for x in told)
+    assert ids == ["answer", "review", "s1", "s2"]
+    assert all(x.status == 200 and x.completion_tokens for x in told)
 
 
 class _Lease:
