@@ -270,14 +270,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         g.in_head = False
         self._arm(g.body_timeout, BODY_IDLE)
         super().on_headers_complete()
-        if self.cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
+        cycle = self.cycle
+        if cycle is not None:  # the app may register a disconnect hook (api/asgi.py)
             cork = Cork(self.transport, self.loop)
             # (the cycle writes, closes and asks is_closing() of its transport: what Cork does)
-            self.cycle.transport = cast(asyncio.Transport, cork)
-            scope = _scope(self.cycle)
+            cycle.transport = cast(asyncio.Transport, cork)
+            scope = _scope(cycle)
             scope[DISCONNECT_HOOK] = None
-            scope[BODY_WRITER] = BodyWriter(self, self.cycle, cork)
-            _lean(self.cycle, "message_event")
+            scope[BODY_WRITER] = BodyWriter(self, cycle, cork)
+            # uvicorn's message event, made a moment ago and not set: a lean one instead (set
+            # directly, not through `_lean`'s look at the old one: ~0.4 µs less per request)
+            cycle.message_event = _LeanEvent()  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._g.deadline = None  # no bound while the app answers (the timer, if any, stays)

@@ -69,9 +69,7 @@ class MemoryStore(StateStore):
             if self._take(ep, owner):
                 if pin is not None:
                     self._pin(pin, ep.name)
-                lease = Lease(self, ep)
-                lease.token = owner
-                return lease
+                return Lease(self, ep, token=owner)
             free.remove(ep)
         if all(e.name in self._unhealthy for e in candidates):
             raise NoEndpoint(model)
@@ -117,9 +115,7 @@ class MemoryStore(StateStore):
             raise Rehome(model, waiter.seq, time.monotonic() - t0)
         if pin is not None:
             self._pin(pin, got.name)
-        lease = Lease(self, got, time.monotonic() - t0)
-        lease.token = owner
-        return lease
+        return Lease(self, got, time.monotonic() - t0, owner)
 
     def release(self, endpoint: Endpoint, token: object = None) -> None:
         self._in_flight[endpoint.name] -= 1
