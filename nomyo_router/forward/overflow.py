@@ -116,7 +116,7 @@ async def serve(handle: Handle, events: Events, req: GenRequest, ex: Exchange) -
         events.count("context_trim", ex.rec.endpoint or "", req.key)
 
 
-def trim(messages: list[Any], error: bytes) -> list[Any] | None:
+def trim(messages: list[object], error: bytes) -> list[object] | None:
     """`messages` without their oldest turns (see the module's doc), or None when no turn
     can be dropped."""
     last_user = max(
@@ -137,7 +137,7 @@ def trim(messages: list[Any], error: bytes) -> list[Any] | None:
     return [m for i, m in enumerate(messages) if i not in gone]
 
 
-def _turns_to_drop(messages: list[Any], turns: list[list[int]], error: bytes) -> int:
+def _turns_to_drop(messages: list[object], turns: list[list[int]], error: bytes) -> int:
     limit, used = _LIMIT.search(error), _USED.search(error)
     if limit and used and int(used.group(1)) > int(limit.group(1)):
         share = (int(used.group(1)) - int(limit.group(1))) * 1.1 / int(used.group(1))  # of the text to go
