@@ -166,14 +166,16 @@ async def _sigstop(redis: RedisServer, admin: aioredis.Redis) -> None:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stalls() -> dict[str, Any]:
-    """The stalls under load and the waiters caught in a stall, at once: each has its own
-    Redis, mock and router, and most of their time is spent waiting (for the stall, the
-    deadline, a sweep), so together they take the time of the longest. Each test then checks
-    its own outcome (or raises what its scenario raised, its own assertions among it)."""
+    """The stalls under load, the waiters caught in a stall and the verdict given during one,
+    at once: each has its own Redis (and mock and router), and most of their time is spent
+    waiting (for the stall, the deadline, a sweep), so together they take the time of the
+    longest. Each test then checks its own outcome (or raises what its scenario raised, its
+    own assertions among it)."""
     scenarios = {
         "debug_sleep": _stall_under_load(_debug_sleep),
         "sigstop": _stall_under_load(_sigstop),
         "waiters": _waiters_caught_in_a_stall(),
+        "verdict": _a_verdict_and_usage_given_during_a_stall(),
     }
     outs = await asyncio.gather(*scenarios.values(), return_exceptions=True)
     return dict(zip(scenarios, outs, strict=True))
@@ -273,10 +275,14 @@ async def test_gauges_count_what_every_instance_holds(redis_url):
         assert value(text, "nomyo_router_queued") == 0
 
 
-async def test_a_health_verdict_and_usage_given_during_a_stall_reach_redis_once_after_it():
+def test_a_health_verdict_and_usage_given_during_a_stall_reach_redis_once_after_it(stalls):
     """A stalled Redis, unlike a restarted one, still holds the verdict from before the stall:
     one given during it must be sent afterwards. A usage batch sent into the stall (which
     Redis may still run) is sent again and counted once."""
+    _outcome(stalls["verdict"])
+
+
+async def _a_verdict_and_usage_given_during_a_stall() -> None:
     with RedisServer() as redis:
         cfg = parse_config(
             {"endpoints": [{"url": "http://127.0.0.1:1", "name": "e", "max_concurrent": 1}], "state": redis.url}
