@@ -11,6 +11,7 @@ import aiohttp
 from mock import MockConfig, MockProcess
 from test.helpers import endpoints, run_router
 from test.router_proc import router_workers
+from test.waits import Calls
 
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -119,10 +120,11 @@ async def test_usage_in_redis_adds_up_across_instances(mock, redis_url):
     await r0.aclose()
     cfg = {"endpoints": endpoints(mock), "state": redis_url}
     async with run_router(cfg) as a, run_router(cfg) as b, aiohttp.ClientSession() as s:
+        flushes = [Calls(r.router.store.usage, "flush") for r in (a, b)]
         for url in (a.url, a.url, b.url):
             async with s.post(url + "/api/chat", json={**CHAT, "stream": False}) as resp:
                 assert resp.status == 200
-        await asyncio.sleep(1.2)  # the other instance's flush
+        await asyncio.gather(*(f.next() for f in flushes))  # each instance's next flush to Redis
         for url in (a.url, b.url):
             assert (await usage(s, url))["totals"]["requests"] == 3
 
