@@ -188,8 +188,8 @@ def test_burstiness_needs_gamma_arrivals():
 
 
 def test_timeslices_add_up_to_the_stage(tmp_path):
-    """Closed loop with 20% of answers a 503, two repetitions, 0.3 s slices of a 1 s window:
-    per repetition four slices (the last 0.1 s), whose counts, completions and errors sum
+    """Closed loop with 20% of answers a 503, two repetitions, 0.15 s slices of a 0.5 s window:
+    per repetition four slices (the last 0.05 s), whose counts, completions and errors sum
     to the stage's."""
     out = tmp_path / "o.json"
     with MockProcess(MockConfig(ttft_ms=10.0, tok_ms=1.0, tokens=4, busy_rate=0.2)) as m:
@@ -199,20 +199,20 @@ def test_timeslices_add_up_to_the_stage(tmp_path):
             "--concurrency",
             "4",
             "--duration",
-            "1",
+            "0.5",
             "--warmup",
-            "0.2",
+            "0.1",
             "--repeat",
             "2",
             "--timeslice",
-            "0.3",
+            "0.15",
             "--max-error-rate",
             "1",
             json_out=out,
         )
     s = doc["stages"][0]
     slices = s["timeslices"]
-    assert s["timeslice_s"] == 0.3 and [t["repetition"] for t in slices] == [1] * 4 + [2] * 4
+    assert s["timeslice_s"] == 0.15 and [t["repetition"] for t in slices] == [1] * 4 + [2] * 4
     assert sum(t["count"] for t in slices) == s["requests"]
     assert sum(t["completed"] for t in slices) == s["completed"]
     assert sum(t["errors"] for t in slices) == s["failed"] > 0
@@ -227,7 +227,7 @@ def test_timeslices_add_up_to_the_stage(tmp_path):
             "latency_p99_ms",
         }
         assert t["throughput"] == pytest.approx(t["completed"] / t["duration_s"], rel=1e-2)
-    assert [t["duration_s"] for t in slices[:4]] == pytest.approx([0.3, 0.3, 0.3, 0.1], abs=0.02)
+    assert [t["duration_s"] for t in slices[:4]] == pytest.approx([0.15, 0.15, 0.15, 0.05], abs=0.01)
 
 
 @pytest.mark.parametrize("api,listing", [("ollama", "/api/tags"), ("openai", "/v1/models")])
