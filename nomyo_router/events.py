@@ -18,7 +18,6 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 log = logging.getLogger("nomyo_router.events")
 
@@ -48,7 +47,7 @@ class RequestRecord:
     upstream_first_s: float | None = None  # the backend's time to its first stream chunk
     prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
     cache: str | None = None  # the response cache, for a request that opted in: hit | miss | bypass
-    trace: Any = None  # the request's trace (ops/tracing.py), only with tracing on
+    trace: object = None  # the request's trace (ops/tracing.py's Trace), only with tracing on
 
 
 CLIENT_CLOSED = 499  # nginx's code: the client left before any response head was sent

@@ -43,7 +43,6 @@ class GenRequest:
         "session_id",
         "client",
         "ctype",
-        "body_writer",
         "pinned",
         "too_small",
     )
@@ -57,7 +56,6 @@ class GenRequest:
         self.session_id: str | None = None
         self.client: str | None = None  # the client key's name, when keys are configured
         self.ctype: str | None = None  # a Content-Type to forward instead of JSON's (multipart)
-        self.body_writer: Any = None  # the server's body_writer.BodyWriter, if it offers one (upstream/relay.py)
         self.too_small: frozenset[str] | None = None  # endpoints whose context window it exceeds (routing/context.py)
         self.pinned: tuple[str, ...] | None = None  # only these endpoints, no affinity (forward/moe.py)
 

@@ -132,7 +132,6 @@ class ResponseCache:
     async def serve(self, req: GenRequest, send: Send, rec: RequestRecord, handle: Handle) -> None:
         if not keys.cacheable(req):
             rec.cache = "bypass"
-            req.body_writer = None  # (the head gets a header: the body takes the same path)
             return await handle(req, _with(send, BYPASS), rec)
         ns = req.client or ""
         key = keys.request_key(req, ns)
@@ -174,7 +173,6 @@ class ResponseCache:
         self, req: GenRequest, send: Send, rec: RequestRecord, handle: Handle, key: str, ns: str, vector: bytes | None
     ) -> bytes | None:
         cap = Capture(send, self.cfg.max_entry_bytes)
-        req.body_writer = None  # every byte through `send`, to be captured
         await handle(req, cap.send, rec)
         if not (cap.done and cap.status == 200 and not cap.over and rec.error is None):
             return None

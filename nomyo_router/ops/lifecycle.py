@@ -33,7 +33,7 @@ import threading
 import time
 from socket import socket
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from uvicorn.config import Config
 from uvicorn.supervisors import multiprocess
@@ -44,6 +44,19 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_S = 0.5  # how often the watcher looks at the parent pid
 ORPHAN_GRACE_S = 1.0  # graceful shutdown of an orphaned worker (instead of shutdown_grace)
 ORPHAN_DEADLINE_S = 2.0  # after the watcher saw the supervisor gone, the process ends regardless
+
+
+class _Graceful(Protocol):
+    timeout_graceful_shutdown: int | None
+
+
+class Exiting(Protocol):
+    """What this module uses of a uvicorn `Server`: its exit handler and its config's grace."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None: ...
+
+    @property
+    def config(self) -> _Graceful: ...
 
 
 def arm_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
@@ -59,7 +72,7 @@ def arm_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
         return False
 
 
-def bind_to_parent(parent: int, server: Any) -> None:
+def bind_to_parent(parent: int, server: Exiting) -> None:
     """Call first thing in a worker's main thread. `server` is its uvicorn Server: its exit
     handler learns to shorten the graceful shutdown of an orphan."""
     armed = arm_parent_death_signal()
@@ -69,7 +82,7 @@ def bind_to_parent(parent: int, server: Any) -> None:
     threading.Thread(target=_watch, args=(parent, armed), name="nomyo-parent-watch", daemon=True).start()
 
 
-def orphan_aware_exit(parent: int, server: Any) -> None:
+def orphan_aware_exit(parent: int, server: Exiting) -> None:
     """uvicorn installs `server.handle_exit` for SIGTERM and SIGINT when it starts serving;
     this wraps it. When the signal comes and the supervisor is gone (the kernel reparents
     the worker before it sends the death signal), the shutdown waits ORPHAN_GRACE_S at most."""
@@ -79,10 +92,11 @@ def orphan_aware_exit(parent: int, server: Any) -> None:
         if os.getppid() != parent:
             config = server.config
             grace = config.timeout_graceful_shutdown  # (None: uvicorn would wait for ever)
-            config.timeout_graceful_shutdown = ORPHAN_GRACE_S if grace is None else min(grace, ORPHAN_GRACE_S)
+            short = ORPHAN_GRACE_S if grace is None else min(grace, ORPHAN_GRACE_S)
+            setattr(config, "timeout_graceful_shutdown", short)  # noqa: B010  (declared int; any seconds work)
         original(sig, frame)
 
-    server.handle_exit = handle_exit
+    setattr(server, "handle_exit", handle_exit)  # noqa: B010  (a method, replaced: what uvicorn's signal handler calls)
 
 
 def _watch(parent: int, armed: bool) -> None:

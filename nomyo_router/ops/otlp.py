@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from random import getrandbits
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -30,7 +30,7 @@ from .. import __version__
 from ..events import RequestRecord
 
 if TYPE_CHECKING:
-    from .tracing import Settings
+    from .tracing import Settings, Trace
 
 log = logging.getLogger("nomyo_router.tracing")
 
@@ -205,11 +205,11 @@ class Exporter:
         return data
 
     def _spans(self, rec: RequestRecord, spans: Any) -> None:
-        trace = rec.trace
+        trace = cast("Trace", rec.trace)  # (only traced records are submitted: tracing.Tracer.done)
         tid, sid = trace.trace_id.to_bytes(16, "big"), trace.span_id.to_bytes(8, "big")
         start, end = trace.t0, trace.t0 + rec.total_s
         attempts = trace.attempts
-        ep = attempts[-1][1] if attempts else None
+        ep = attempts[-1].endpoint if attempts else None
         served = ep.models.get(trace.key) if ep is not None else None  # the backend's name of the model
         s = spans.add(trace_id=tid, span_id=sid, start_time_unix_nano=self._ns(start), end_time_unix_nano=self._ns(end))
         s.MergeFromString(
@@ -246,7 +246,7 @@ class Exporter:
         elif rec.status >= 400:
             _s(a, "error.type", rec.error or str(rec.status))  # (a client's error: the span's status stays unset)
 
-        first = attempts[0][2] if attempts else None
+        first = attempts[0].start if attempts else None
         if rec.queue_s > 0 or (first is None and rec.error == "queue_timeout"):
             q_end = first if first is not None else end
             q_start = q_end - rec.queue_s if first is not None else start
@@ -265,9 +265,10 @@ class Exporter:
                 q.status.code, q.status.message = ERROR, rec.error or ""
 
         last = len(attempts) - 1
-        for i, (span_id, aep, a_start, a_end, status, err) in enumerate(attempts):
+        for i, at in enumerate(attempts):
+            span_id, aep, a_start, a_end, status, err = at.span_id, at.endpoint, at.start, at.end, at.status, at.error
             if not a_end:
-                a_end = attempts[i + 1][2] if i < last else end
+                a_end = attempts[i + 1].start if i < last else end
             model = aep.models.get(trace.key) or rec.model
             c = spans.add(
                 trace_id=tid,

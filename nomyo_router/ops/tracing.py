@@ -21,7 +21,7 @@ import os
 import re
 from random import getrandbits
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..api.asgi import Scope, header
 from ..config import ConfigError, RouterConfig, TracingConfig
@@ -57,8 +57,7 @@ CURRENT: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("nomyo_tr
 
 
 class Trace:
-    """One request's trace: its ids and its upstream attempts. `attempts` holds one list per
-    attempt: [span id, endpoint, start, end (0.0: open), HTTP status (0: none), error type]."""
+    """One request's trace: its ids and its upstream attempts."""
 
     __slots__ = ("trace_id", "span_id", "parent_id", "sampled", "operation", "key", "t0", "attempts")
 
@@ -67,7 +66,18 @@ class Trace:
     ) -> None:
         self.trace_id, self.span_id, self.parent_id, self.sampled = trace_id, span_id, parent_id, sampled
         self.operation, self.key, self.t0 = operation, key, t0
-        self.attempts: list[list[Any]] = []
+        self.attempts: list[Attempt] = []
+
+
+class Attempt:
+    """One upstream call of a traced request: its span, where it went, when, and how it ended
+    (`end` 0.0: still open; `status` 0: no answer; `error`: the exception's type)."""
+
+    __slots__ = ("span_id", "endpoint", "start", "end", "status", "error")
+
+    def __init__(self, span_id: int, endpoint: Endpoint, start: float) -> None:
+        self.span_id, self.endpoint, self.start = span_id, endpoint, start
+        self.end, self.status, self.error = 0.0, 0, ""
 
 
 class Settings:
@@ -142,7 +152,7 @@ class Tracer:
     def done(self, rec: RequestRecord) -> None:
         """The request is over: queue it for the exporter (sampled ones only)."""
         trace = rec.trace
-        if trace is None or not trace.sampled:
+        if not isinstance(trace, Trace) or not trace.sampled:
             return
         if self.exporter.pending() >= MAX_PENDING:
             self.dropped += 1
@@ -171,7 +181,7 @@ class TracedUpstream(Upstream):
         if trace is None:
             return await pool.request(b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype, within)
         span_id = getrandbits(64) or 1
-        attempt: list[Any] = [span_id, ep, perf_counter(), 0.0, 0, ""]
+        attempt = Attempt(span_id, ep, perf_counter())
         trace.attempts.append(attempt)
         extra = b"traceparent: 00-%032x-%016x-%s\r\n" % (trace.trace_id, span_id, b"01" if trace.sampled else b"00")
         try:
@@ -179,9 +189,9 @@ class TracedUpstream(Upstream):
                 b"POST", path, body, timeout.sock_connect, timeout.sock_read, ctype, within, extra
             )
         except BaseException as e:
-            attempt[3], attempt[5] = perf_counter(), type(e).__name__
+            attempt.end, attempt.error = perf_counter(), type(e).__name__
             raise
-        attempt[4] = resp.status
+        attempt.status = resp.status
         return resp
 
 

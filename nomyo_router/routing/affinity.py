@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 BLOCK = 1024  # characters per prompt block (~256 tokens)
@@ -52,7 +53,7 @@ def _content(m: dict[str, Any]) -> bytes:
     return text.encode()
 
 
-def chat_keys(model: str, messages: list[Any]) -> Keys | None:
+def chat_keys(model: str, messages: Sequence[object]) -> Keys | None:
     """None for a request of system messages only (nothing to recognise it by).
 
     One pass over the messages, a plain string's content hashed as it is (no JSON): this runs
