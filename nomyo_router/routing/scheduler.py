@@ -24,6 +24,7 @@ class Scheduler:
         policy: Policy,
         queue_timeout: float,
         affinity_wait: float | None = None,
+        fair: dict[str, Fair] | None = None,
     ) -> None:
         self.endpoints = list(endpoints)
         self.store = store
@@ -39,7 +40,7 @@ class Scheduler:
         self._changes = 0  # index changes so far: a request that awaited something checks it
         # each client key's priority and share of the queue (client_keys[].priority, .weight);
         # a key not listed, and no key, have the default (state/fair.py)
-        self.fair: dict[str, Fair] = {}
+        self.fair: dict[str, Fair] = fair or {}
         self.reindex()
 
     def set_endpoints(self, endpoints: Sequence[Endpoint]) -> None:

@@ -66,8 +66,8 @@ class Router:
             policy,
             config.queue_timeout,
             config.affinity_wait_ms / 1000 if config.conversation_affinity else None,
+            fair=specs_of(config.client_keys),  # priorities and fair shares of the queue
         )
-        self.scheduler.fair = specs_of(config.client_keys)  # priorities and fair shares of the queue
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
         self.client_limits = ClientLimits(access.caps_of(config), self.store, config.max_queue)
