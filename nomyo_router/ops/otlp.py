@@ -30,7 +30,7 @@ from .. import __version__
 from ..events import RequestRecord
 
 if TYPE_CHECKING:
-    from .tracing import Settings, Trace
+    from .trace_data import Settings, Trace
 
 log = logging.getLogger("nomyo_router.tracing")
 

@@ -24,18 +24,17 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 from ..api.asgi import Scope, header
-from ..config import ConfigError, RouterConfig, TracingConfig
+from ..config import ConfigError, RouterConfig
 from ..domain import Endpoint
 from ..events import Events, RequestRecord
 from ..upstream.h1 import Response, TimeoutLike, Upstream
+from .trace_data import Attempt, Settings, Trace
 
 if TYPE_CHECKING:
     from .otlp import Exporter
 
 log = logging.getLogger("nomyo_router.tracing")
 
-DEFAULT_ENDPOINT = "http://localhost:4318"  # the OTLP/HTTP port on the local host (the OTel default)
-DEFAULT_SERVICE = "nomyo-router"
 MAX_PENDING = 65536  # finished requests waiting for the exporter; beyond, new ones are dropped (counted)
 _ALL = 1 << 64  # a trace is sampled when its id's low 64 bits are below ratio x 2^64 (OTel's TraceIdRatioBased)
 # gen_ai.operation.name by the request's kind (the GenAI conventions' names where they have one)
@@ -54,64 +53,6 @@ _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-
 # The request being served, for `TracedUpstream.post` (set by `begin` in the request's task; the
 # proxy's tasks inherit it).
 CURRENT: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("nomyo_trace", default=None)
-
-
-class Trace:
-    """One request's trace: its ids and its upstream attempts."""
-
-    __slots__ = ("trace_id", "span_id", "parent_id", "sampled", "operation", "key", "t0", "attempts")
-
-    def __init__(
-        self, trace_id: int, span_id: int, parent_id: int, sampled: bool, operation: str, key: str, t0: float
-    ) -> None:
-        self.trace_id, self.span_id, self.parent_id, self.sampled = trace_id, span_id, parent_id, sampled
-        self.operation, self.key, self.t0 = operation, key, t0
-        self.attempts: list[Attempt] = []
-
-
-class Attempt:
-    """One upstream call of a traced request: its span, where it went, when, and how it ended
-    (`end` 0.0: still open; `status` 0: no answer; `error`: the exception's type)."""
-
-    __slots__ = ("span_id", "endpoint", "start", "end", "status", "error")
-
-    def __init__(self, span_id: int, endpoint: Endpoint, start: float) -> None:
-        self.span_id, self.endpoint, self.start = span_id, endpoint, start
-        self.end, self.status, self.error = 0.0, 0, ""
-
-
-class Settings:
-    """`tracing` with the OTEL_* environment filling what the file leaves out."""
-
-    def __init__(self, cfg: TracingConfig, env: dict[str, str] | None = None) -> None:
-        env = dict(os.environ) if env is None else env
-        signal = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()  # the full URL, used as is
-        base = cfg.endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or DEFAULT_ENDPOINT
-        self.url = signal if signal and not cfg.endpoint else base.rstrip("/") + "/v1/traces"
-        self.service_name = cfg.service_name or env.get("OTEL_SERVICE_NAME", "").strip() or DEFAULT_SERVICE
-        ratio = cfg.sample_ratio
-        if ratio is None:
-            try:
-                ratio = min(1.0, max(0.0, float(env.get("OTEL_TRACES_SAMPLER_ARG", "1"))))
-            except ValueError:
-                log.warning("OTEL_TRACES_SAMPLER_ARG is not a number; sampling every request")
-                ratio = 1.0
-        self.sample_ratio = ratio
-        self.headers = _headers(
-            env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
-        )
-
-
-def _headers(text: str) -> dict[str, str]:
-    """OTEL_EXPORTER_OTLP_HEADERS: `key=value,key2=value2`, values percent-encoded."""
-    from urllib.parse import unquote
-
-    out = {}
-    for part in text.split(","):
-        key, eq, value = part.partition("=")
-        if eq and key.strip():
-            out[key.strip()] = unquote(value.strip())
-    return out
 
 
 def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
