@@ -28,7 +28,7 @@ from ..upstream import error_record, token_counts
 
 if TYPE_CHECKING:
     from ..state import Lease
-    from ..upstream.relay import DirectWriter
+    from ..upstream.direct_writer import DirectWriter
 
 _END = {"type": "http.response.body", "body": b""}
 

@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from . import h1
+from . import errors
 from .error_record import Check, find
 from .errors import ErrorRecord
 
 if TYPE_CHECKING:
-    from .relay import DirectWriter
+    from .direct_writer import DirectWriter
+    from .h1_response import Response
 
 try:
     from . import _pump
@@ -78,15 +79,21 @@ class Pump:
         self.pump.close()
 
 
-def _pump_of(upstream: h1.Upstream, loop: asyncio.AbstractEventLoop) -> Pump:
+class PumpHolder(Protocol):
+    """Where the process's pump is kept: `h1.Upstream`, one per event loop."""
+
+    pump: Pump | None
+
+
+def _pump_of(upstream: PumpHolder, loop: asyncio.AbstractEventLoop) -> Pump:
     if upstream.pump is None:
         upstream.pump = Pump(loop)
     return upstream.pump
 
 
 async def relay(
-    upstream: h1.Upstream,
-    resp: h1.Response,
+    upstream: PumpHolder,
+    resp: Response,
     writer: DirectWriter,
     sep: bytes,
     pending: bytes,
@@ -98,11 +105,11 @@ async def relay(
     body_writer.BodyWriter), `pending` (a record's beginning) first. `sep`: records end with it
     and only whole ones are written (b"": bytes as they come). `keep` gets what was written,
     in order, a few KiB at a time. `limit`: max_record_bytes — a longer record raises
-    h1.TooLarge (the pump holds no more than about that plus a read; 0: no limit). `check`:
+    errors.TooLarge (the pump holds no more than about that plus a read; 0: no limit). `check`:
     error_record.CHECKS[the records' separator] (None: error records are not looked for).
 
     None: not possible now, nothing done (go on in Python). Else the body's unterminated
-    remainder (usually b""), once it ended. Raises h1.Cut when the backend cut it or sent a
+    remainder (usually b""), once it ended. Raises errors.Cut when the backend cut it or sent a
     malformed body, ErrorRecord at the backend's error record (the records before it written),
     TimeoutError after `sock_read` without the backend's progress; when the client can no
     longer be written to, or took nothing for `sock_read`, its connection is aborted (the
@@ -122,7 +129,7 @@ async def relay(
         handle = p.pump.add(fd, client.fileno(), sep, pending, SENT_LIMIT, limit, check)
     except OSError:
         resp.attach(False, False)
-        raise h1.Cut("the backend's connection could not be relayed") from None
+        raise errors.Cut("the backend's connection could not be relayed") from None
     fut: asyncio.Future[int] = loop.create_future()
     p.waiting[handle] = (fut, keep)
     idle = _Idle(p.pump, handle, fut, resp.read_s, loop) if resp.read_s else None
@@ -150,8 +157,8 @@ async def relay(
         await asyncio.sleep(5)
         raise asyncio.CancelledError("the client's connection failed")
     if event == _pump.LONG:
-        raise h1.record_too_large(limit)
-    raise h1.Cut(
+        raise errors.record_too_large(limit)
+    raise errors.Cut(
         "the backend closed the connection mid-answer" if event == _pump.CUT else "bad chunked body from the backend"
     )
 

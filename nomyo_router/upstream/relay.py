@@ -23,31 +23,19 @@ hands a plain stream to the compiled pump (native.py) when it can.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from . import h1, native
+from .direct_writer import DirectWriter
 from .error_record import CHECKS, find, marked
 from .errors import ErrorRecord, TooLarge, record_too_large
 
 if TYPE_CHECKING:
     from . import token_counts
     from .resume import Seam, Sent
-
-
-class DirectWriter(Protocol):
-    """What the relays need of the server's direct writer (`body_writer.BodyWriter`)."""
-
-    transport: asyncio.WriteTransport
-
-    def ready(self) -> bool: ...
-
-    def write(self, data: bytes) -> None: ...
-
-    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool: ...
 
 
 class Records:
