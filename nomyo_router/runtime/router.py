@@ -200,7 +200,10 @@ def make_cache(config: RouterConfig, router: Router) -> ResponseCache | None:
 
 def share_index(policy: Policy, store: StateStore) -> None:
     """Every worker and instance learns what the others routed where, so they all route
-    from the same prefix index (it converges within one message, not by chance)."""
+    from the same prefix index (it converges within one message, not by chance). The one
+    link made after construction, and on purpose: the policy and the store need each other
+    (the workers' shared store takes the policy's choice, `picker`; the index publishes
+    through the store), so one of them must learn of the other once both exist."""
     index = getattr(policy, "index", None)
     if index is None:
         return
