@@ -12,6 +12,12 @@ worker only, until the others' next periodic poll. Now:
   worker has acknowledged that it applied them (or after `ACK_TIMEOUT_S`, logged).
   A worker applies a list and only then acknowledges it, so once the management call has
   answered, any worker answers from the new list: exact, not "soon".
+- Publish/subscribe may lose a message: a worker's subscription is not in place yet when it
+  is already known (Redis confirms a subscription in the background) or is being replaced
+  after an outage, or its store drops what it publishes while Redis is away. So the lists
+  are sent again (`RESEND_S`, then twice as long each time) to the workers that have not
+  acknowledged yet, marked for them only; a worker that already holds them only acknowledges
+  again. A lost message costs a resend, not the whole `ACK_TIMEOUT_S`.
 - A periodic refresh is done by one worker (the lowest peer id) and shared the same way
   (without waiting for acknowledgements); the others apply it instead of polling every
   backend themselves, and poll only if none arrives for 1.5 intervals (that worker died).
@@ -60,6 +66,7 @@ log = logging.getLogger("nomyo_router.model_sync")
 
 TOPIC = "models"
 ACK_TIMEOUT_S = 5.0  # a live worker answers in milliseconds; this bounds a stuck or vanished one
+RESEND_S = 0.25  # no answer by then: the lists again to the silent ones (then at 0.75, 1.75, 3.75 s)
 INLINE_MAX = 24_000  # encoded bytes of lists per message (well under the host's 64 KiB line)
 _HOST = socket.gethostname()
 
@@ -126,6 +133,7 @@ class ModelSync:
         self._seq = itertools.count(1)
         self._pending: dict[int, tuple[set[str], asyncio.Future[None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._refetching: set[tuple[str, object]] = set()  # (sender, seq) of lists being re-read
 
     # ---- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -172,15 +180,26 @@ class ModelSync:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if wait and expected:
             self._pending[seq] = (expected, fut)
-        self._say({"k": "lists", "seq": seq, "ack": wait, "full": full, "eps": lists})
+        msg: dict[str, Any] = {"k": "lists", "seq": seq, "ack": wait, "full": full, "eps": lists}
+        self._say(msg)
         if wait and expected:
-            await self._acknowledged(seq, expected, fut)
+            await self._acknowledged(seq, expected, fut, msg)
 
-    async def _acknowledged(self, seq: int, expected: set[str], fut: asyncio.Future[None]) -> None:
-        deadline = time.monotonic() + ACK_TIMEOUT_S
+    async def _acknowledged(self, seq: int, expected: set[str], fut: asyncio.Future[None], msg: dict[str, Any]) -> None:
+        start = time.monotonic()
+        deadline = start + ACK_TIMEOUT_S
+        gap = RESEND_S  # twice as long after each resend
+        resend = start + gap
         try:
             while not fut.done() and (left := deadline - time.monotonic()) > 0:
-                await asyncio.wait({fut}, timeout=min(0.1, left))
+                await asyncio.wait({fut}, timeout=min(0.1, left, max(resend - time.monotonic(), 0.0)))
+                if not fut.done() and time.monotonic() >= resend and expected:
+                    # The lists or an acknowledgement was lost (a subscription not yet or no
+                    # longer in place, a publish dropped while the store was away): the same
+                    # message again, for those who have not answered only.
+                    self._say({**msg, "only": sorted(expected)})
+                    gap *= 2
+                    resend = time.monotonic() + gap
                 for p in [p for p in expected if not _live(p)]:  # killed meanwhile: not waited for
                     expected.discard(p)
                     self.peers.discard(p)
@@ -232,6 +251,9 @@ class ModelSync:
                         fut.set_result(None)
                 return
             if kind == "lists":
+                only = data.get("only")
+                if isinstance(only, list) and self.me not in only:
+                    return  # sent again for others (this process has acknowledged it)
                 self._lists(sender, data)  # (a malformed one raises: its sender is not a peer)
             elif kind not in ("hello", "here", "ack"):
                 return
@@ -253,8 +275,8 @@ class ModelSync:
         changed = False
         for name, (url, at, text) in data["eps"].items():
             ep = by_name.get(name)
-            if ep is None or ep.url != url or at < self._at.get(name, 0.0):
-                continue  # unknown here (config differs), or older than what we hold
+            if ep is None or ep.url != url or at <= self._at.get(name, 0.0):
+                continue  # unknown here (config differs), older than what we hold, or held (sent again)
             if text is None:
                 refetch.append(ep)
                 continue
@@ -267,13 +289,18 @@ class ModelSync:
             self.last_full = time.monotonic()
         ack = {"k": "ack", "to": sender, "seq": data.get("seq")} if data.get("ack") else None
         if refetch:
-            self._spawn(self._refetch_then(refetch, ack))
+            key = (sender, data.get("seq"))
+            if key in self._refetching:
+                return  # sent again while still re-reading: the acknowledgement comes when done
+            self._refetching.add(key)
+            self._spawn(self._refetch_then(refetch, ack, key))
         elif ack is not None:
             self._say(ack)
 
-    async def _refetch_then(self, eps: list[Endpoint], ack: dict[str, Any] | None) -> None:
+    async def _refetch_then(self, eps: list[Endpoint], ack: dict[str, Any] | None, key: tuple[str, object]) -> None:
         try:
             await asyncio.gather(*(self.refetch(ep) for ep in eps))
         finally:
+            self._refetching.discard(key)
             if ack is not None:
                 self._say(ack)
