@@ -24,6 +24,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import _children, free_port, mock_process, wait_http  # noqa: E402
+from loadtest.router_process import router_argv  # noqa: E402
 from spawn import _served  # noqa: E402
 
 
@@ -73,19 +74,7 @@ def one_start(mock_url: str, launcher: str, workers: int) -> dict[str, list[dict
     port = free_port()
     env = dict(os.environ, NOMYO_ROUTER_CONFIG=path)
     if launcher == "cli":
-        cmd = [
-            sys.executable,
-            "-m",
-            "nomyo_router",
-            "--config",
-            path,
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-        ]
+        cmd = router_argv(path, port, workers)
     else:
         cmd = [
             sys.executable,

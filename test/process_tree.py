@@ -7,7 +7,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -18,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from loadtest.router_process import router_argv
 from mock import free_port
 
 
@@ -87,19 +87,7 @@ def supervisor(
     port = port or free_port()
     log = tempfile.TemporaryFile()  # (a pipe nobody reads could fill and stop the router)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "nomyo_router",
-            "--config",
-            str(config),
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-        ],
+        router_argv(str(config), port, workers),
         stdout=subprocess.DEVNULL,
         stderr=log,
         start_new_session=True,
