@@ -64,6 +64,7 @@ class Usage:
     def __init__(self, events: Events) -> None:
         self._batch: dict[Row, Counts] = {}
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         events.on_request_done(self.add)
 
     def add(self, rec: RequestRecord) -> None:
@@ -88,15 +89,15 @@ class Usage:
         self._task = asyncio.get_running_loop().create_task(self._flusher())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._closing = True
+        task, self._task = self._task, None
+        if task is not None:
+            await _end(task)
         await self.flush()
         await self._close()
 
     async def _flusher(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(FLUSH_S)
             await self.flush()
 
@@ -187,6 +188,19 @@ class SqliteUsage(Usage):
         assert self._db is not None
         cur = self._db.execute("SELECT * FROM usage ORDER BY day, model, endpoint, client")
         return [((r[0], r[1], r[2], r[3]), list(r[4:])) for r in cur]
+
+
+async def _end(task: asyncio.Task[None]) -> None:
+    """Cancel the flusher until it has ended (it also stops after its current flush once
+    `_closing` is set). One cancel is not always enough: redis-py, on Python 3.11, writes
+    through `asyncio.wait_for`, which returns the result and drops the cancel when both arrive
+    together. The flusher, cancelled while a batch was being written, then went on flushing
+    every `FLUSH_S` for ever, and the shutdown waited for it until the process was killed."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait((task,), timeout=0.1)
+    if not task.cancelled():
+        task.exception()  # (seen, so that asyncio does not log it as never retrieved)
 
 
 def _private_db_file(path: str) -> None:
