@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"upstream"},
     {"routing"},
     {"state"},
-    {"config", "config_checks", "domain", "events", "__init__"},
+    {"config", "config_checks", "domain", "events", "background", "__init__"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

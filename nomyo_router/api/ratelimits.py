@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily
 
+from ..background import end
 from ..events import Events, RequestRecord
 from ..state.limits import Limits, Verdict
 from .asgi import Headers, Scope, Send, with_headers
@@ -141,10 +142,9 @@ class RateLimits:
         self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task, self._task = self._task, None
+        if task is not None:
+            await end(task)  # (one cancel is not always enough: background.py)
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -15,7 +15,6 @@ stream then gets its whole answer at once, when the first one's stream ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..api.asgi import Headers, Send
 from ..api.requests import GenRequest
+from ..background import end
 from ..config import CacheConfig
 from ..events import Events, RequestRecord
 from . import answer as answers
@@ -84,10 +84,9 @@ class ResponseCache:
         self._task = asyncio.get_running_loop().create_task(self._flusher())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task, self._task = self._task, None
+        if task is not None:
+            await end(task)  # (one cancel is not always enough: background.py)
         await self.flush()
         await self.store.close()
 

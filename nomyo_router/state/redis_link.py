@@ -25,6 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..background import end as end
 from . import redis_scripts as lua
 
 T = TypeVar("T")
@@ -107,14 +108,3 @@ class RedisLink:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.timeout):
                 await self.client.aclose()
-
-
-async def end(task: asyncio.Task[None]) -> None:
-    """Cancel `task` until it has ended. One cancel is not always enough with redis-py: on
-    Python 3.11 its writes go through `asyncio.wait_for`, which returns the result, and drops
-    the cancel, when both arrive together; the task then carries on. A pub/sub reader cancelled
-    while it resubscribes would read on for ever (its reads have no deadline), and whoever
-    waits for it with it."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait((task,), timeout=0.1)

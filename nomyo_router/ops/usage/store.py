@@ -27,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
+from ...background import end
 from ...events import Events, RequestRecord
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class Usage:
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            await _end(task)
+            await end(task)  # (one cancel is not always enough: background.py)
         await self.flush()
         await self._close()
 
@@ -188,19 +189,6 @@ class SqliteUsage(Usage):
         assert self._db is not None
         cur = self._db.execute("SELECT * FROM usage ORDER BY day, model, endpoint, client")
         return [((r[0], r[1], r[2], r[3]), list(r[4:])) for r in cur]
-
-
-async def _end(task: asyncio.Task[None]) -> None:
-    """Cancel the flusher until it has ended (it also stops after its current flush once
-    `_closing` is set). One cancel is not always enough: redis-py, on Python 3.11, writes
-    through `asyncio.wait_for`, which returns the result and drops the cancel when both arrive
-    together. The flusher, cancelled while a batch was being written, then went on flushing
-    every `FLUSH_S` for ever, and the shutdown waited for it until the process was killed."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait((task,), timeout=0.1)
-    if not task.cancelled():
-        task.exception()  # (seen, so that asyncio does not log it as never retrieved)
 
 
 def _private_db_file(path: str) -> None:
