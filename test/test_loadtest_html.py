@@ -20,16 +20,16 @@ def test_report_renders_in_chromium(tmp_path, browser):
         "--ramp",
         "2,4",
         "--duration",
-        "0.4",
+        "0.8",
         "--warmup",
-        "0.1",
+        "0.2",
         "--repeat",
         "2",
         "--direct",
         "--slo",
         "e2el=5s",
         "--timeslice",
-        "0.2",
+        "0.4",
         "--mock-port",
         str(free_port()),
         "--router-port",
@@ -58,7 +58,7 @@ def test_report_renders_in_chromium(tmp_path, browser):
     # two panels, each with the two measured windows shaded
     for target in ("router", "direct"):
         for load in (2, 4):
-            title = f"{target} conc {load}: over time (per 0.2 s slice)"
+            title = f"{target} conc {load}: over time (per 0.4 s slice)"
             assert points(title) == 4 * 6
             assert len(charts[title].find_elements(By.CSS_SELECTOR, "rect.band")) == 2 * 2
     assert not any(t.endswith("latency") for t in charts)  # one timeline per stage, not two charts
