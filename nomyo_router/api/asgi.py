@@ -138,3 +138,21 @@ async def _watch(receive: Receive, lost: Callable[[], None]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     lost()
+
+
+class Whole:
+    """A `send` that keeps a whole answer (its status and body), for a request the router
+    makes itself: an ensemble's step, the semantic cache's embedding."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.chunks: list[bytes] = []
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            self.status = msg["status"]
+        elif msg["type"] == "http.response.body":
+            self.chunks.append(msg.get("body", b""))
+
+    def body(self) -> bytes:
+        return b"".join(self.chunks)

@@ -22,15 +22,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from ..api.asgi import Send
-from ..api.errors import ApiError
+from ..api.asgi import Send, Whole
 from ..api.requests import GenRequest
 from ..config import CacheConfig
-from ..events import Events, RequestRecord
+from ..events import RequestRecord
 from .answer import Answer
 from .keys import DELIVERY, request_key
 from .stores import Cursor, Store
@@ -106,14 +105,11 @@ class _Handler(Protocol):
 
 
 class Owner(Protocol):
-    """The Router, as semantic mode uses it: its proxy asks the embedding model, and the
-    request that asks is recorded on its events like any."""
+    """The Router, as semantic mode uses it: its proxy asks the embedding model (and records
+    that request like any)."""
 
     @property
     def proxy(self) -> _Handler: ...
-
-    @property
-    def events(self) -> Events: ...
 
 
 class Semantic:
@@ -196,34 +192,15 @@ class Semantic:
         )
         sub.client = req.client
         step = RequestRecord(f"{rec.request_id}.embed", "ollama", "/api/embed", self.model, False, req.client)
-        got = _Whole()
-        try:
-            await router.proxy.handle(sub, got.send, step)
-        except ApiError as e:
-            step.status, step.error = e.status, e.code or "error"
-            return None
-        finally:
-            step.total_s = time.perf_counter() - sub.t0
-            router.events.request_done(step)
+        got = Whole()
+        await router.proxy.handle(sub, got.send, step)  # (recorded there like any request)
         if got.status != 200:
             return None
         try:
-            vectors = json.loads(b"".join(got.chunks)).get("embeddings")
+            vectors = json.loads(got.body()).get("embeddings")
         except (ValueError, AttributeError):
             return None
         return vectors if isinstance(vectors, list) and vectors and isinstance(vectors[0], list) else None
-
-
-class _Whole:
-    def __init__(self) -> None:
-        self.status = 0
-        self.chunks: list[bytes] = []
-
-    async def send(self, msg: dict[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            self.status = msg["status"]
-        elif msg["type"] == "http.response.body":
-            self.chunks.append(msg.get("body", b""))
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..api.asgi import Send
+from ..api.asgi import Send, Whole
 from ..api.errors import ApiError
 from ..api.fairness import ClientLimits
 from ..api.requests import GenRequest
@@ -143,7 +143,7 @@ class Ensemble:
         sub = _request(req, body["model"], body)
         sub.pinned = pinned
         step = RequestRecord(f"{rec.request_id}.{tag}", req.api, req.path, body["model"], False, req.client)
-        got = _Whole()
+        got = Whole()
         ex = Exchange(got.send, step, sub.t0, router.events)  # the step's own way out and completion
         limits, held = router.client_limits, None
         try:
@@ -165,23 +165,6 @@ class Ensemble:
             return None
         answer = of_whole(req.api, req.kind, got.body())
         return answer.choices[0].text if answer is not None and answer.choices else None
-
-
-class _Whole:
-    """`send` keeping a whole answer."""
-
-    def __init__(self) -> None:
-        self.status = 0
-        self.chunks: list[bytes] = []
-
-    async def send(self, msg: dict[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            self.status = msg["status"]
-        elif msg["type"] == "http.response.body":
-            self.chunks.append(msg.get("body", b""))
-
-    def body(self) -> bytes:
-        return b"".join(self.chunks)
 
 
 def _request(req: GenRequest, inner: str, body: dict[str, Any]) -> GenRequest:

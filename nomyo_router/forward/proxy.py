@@ -104,11 +104,14 @@ class Proxy:
         self._native = upstream if config.native_relay else None  # the compiled pump's client (None: off)
 
     async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
-        """`forward` for a caller that tells the events of `rec` itself (a sub-request such as
-        the semantic cache's embedding): its own Exchange, finished here, telling none."""
-        ex = Exchange(send, rec, req.t0, None)
+        """`forward` for a request the router makes itself (the semantic cache's embedding),
+        answered to `send`: its own Exchange, so it is recorded like any (an error too, in
+        its API's shape, to `send`)."""
+        ex = Exchange(send, rec, req.t0, self.events)
         try:
             await self.forward(req, ex)
+        except ApiError as e:
+            await ex.fail(e)
         finally:
             ex.finish()
 
