@@ -1,4 +1,4 @@
-"""uvicorn's httptools protocol with bounds per connection (issue 10).
+"""uvicorn's httptools protocol with bounds per connection.
 
 uvicorn bounds neither the size of a request head with httptools nor the time a client may
 take to send it or its body: a thousand connections trickling headers at 1 byte/s, or a
@@ -74,7 +74,7 @@ def _limits(app: object) -> dict[str, float]:
 
 class _LeanEvent:
     """What uvicorn asks of its two `asyncio.Event`s per connection (set, clear, wait), without
-    the `deque` each `asyncio.Event` allocates (~630 B, so ~1.3 KB per open stream, issue 16)."""
+    the `deque` each `asyncio.Event` allocates (~630 B, so ~1.3 KB per open stream)."""
 
     __slots__ = ("_value", "_waiters")
 
@@ -121,7 +121,7 @@ def _lean(obj: object, name: str) -> None:
 class _Guard:
     """This connection's bounds and where it is. One attribute on the protocol: uvicorn's
     protocol has 27; a 30th turns its shared-key `__dict__` (296 B) into a full one
-    (1,584 B), paid by every open connection (issue 16)."""
+    (1,584 B), paid by every open connection."""
 
     __slots__ = (
         "max_head",

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -103,7 +104,12 @@ def supervisor(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url} not ready")
             time.sleep(0.1)
-        yield url, proc
+        try:
+            yield url, proc
+        except BaseException:  # the test failed inside: what the router said tells why
+            log.seek(0)
+            sys.stderr.write(f"router {proc.pid} stderr:\n{log.read().decode(errors='replace')[-4000:]}\n")
+            raise
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL if proc.poll() is not None else signal.SIGTERM)

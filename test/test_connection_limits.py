@@ -1,4 +1,4 @@
-"""Bounded resources per connection (issue 10): head size and time, body idleness, and a cap
+"""Bounded resources per connection: head size and time, body idleness, and a cap
 on connections. Raw sockets, since clients never misbehave this way on their own."""
 
 from __future__ import annotations

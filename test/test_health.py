@@ -1,5 +1,5 @@
 """Ejection, retries, hung backends, fast return, and verdicts that account for the router's
-own load (issues 9 and 16). Real sockets: mocks and the router on 127.0.0.1."""
+own load. Real sockets: mocks and the router on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ async def test_a_restarted_backend_is_back_in_traffic_within_a_second():
 
 
 async def test_a_blocked_event_loop_never_declares_the_only_backend_dead():
-    """Issue 16 in small: the router's own loop is blocked longer than health_timeout while
+    """The overloaded router in small: the router's own loop is blocked longer than health_timeout while
     a probe is out; the probe times out, but the backend is fine and stays in rotation."""
     async with run_mock(**FAST) as only:
         cfg = {"endpoints": endpoints(only), "health_interval": 0.1, "health_timeout": 0.2}

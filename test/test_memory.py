@@ -1,4 +1,4 @@
-"""What a worker loads (issue 15, idle RSS): a real `nomyo-router` worker, after serving every
+"""What a worker loads (idle RSS): a real `nomyo-router` worker, after serving every
 kind of call but model management, has not loaded aiohttp (~10 MB of a worker's memory) nor
 the load tester's numpy; a model-management call loads aiohttp when it first needs it.
 Checked from the outside, in the worker's memory map (their compiled modules)."""

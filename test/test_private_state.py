@@ -1,4 +1,4 @@
-"""The workers' shared state is private to the router's user (issue 10): another local
+"""The workers' shared state is private to the router's user: another local
 user can neither reach it nor replace it. Root drops to uid 65534 in a subprocess."""
 
 from __future__ import annotations

@@ -165,3 +165,17 @@ def test_make_docs_builds_the_site_strictly(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").exists() and (tmp_path / "site" / "deployment.html").exists()
+
+
+def test_no_issue_numbers_in_code_comments():
+    """Comments and docstrings explain the why in words, like the docs."""
+    found = []
+    for tree in ("nomyo_router", "mock", "loadtest", "bench", "test"):
+        for path in sorted((ROOT / tree).rglob("*.py")):
+            if path.name == "test_readme.py":
+                continue  # (its own examples of what is caught)
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                m = re.search(r"\bissues? \d+", line, re.IGNORECASE)
+                if m:
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {m.group(0)}")
+    assert not found, found[:10]

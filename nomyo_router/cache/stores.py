@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, TypeVarTuple
 
 from ..config import CacheConfig
-from ..ops.usage.store import _private_db_file
+from ..ops.sqlite_file import open_shared
 
 ENTRY_OVERHEAD = 200  # bytes a memory entry costs besides its value and vector (dict slot, tuple, key)
 Vectors = list[tuple[str, str, bytes]]  # (key, namespace, vector)
@@ -153,13 +153,7 @@ class SqliteStore(Store):
         await self._run(self._connect)
 
     def _connect(self) -> None:
-        _private_db_file(self.path)  # 0600: it holds answers to people's prompts
-        db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        for statement in _SCHEMA:
-            db.execute(statement)
-        self._db = db
+        self._db = open_shared(self.path, _SCHEMA)  # 0600: it holds answers to people's prompts
 
     async def close(self) -> None:
         if self._db is not None:

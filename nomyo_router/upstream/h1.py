@@ -4,13 +4,12 @@ Protocols, `httptools` for parsing, bodies read as they arrive.
 Why not aiohttp (it stays only for model management, imported when first used): per
 request, aiohttp's client builds a request object, `request_info`, a multidict of headers, a
 stream reader with its own buffering, timer contexts and several tasks' worth of state; it
-was ~40% of a worker's CPU on short requests and most of the ~50 KB each open stream held
-(issues 15 and 16). This client writes each request as one pre-built head plus the body,
+was ~40% of a worker's CPU on short requests and most of the ~50 KB each open stream held. This client writes each request as one pre-built head plus the body,
 parses the answer with httptools into a list of chunks, and wakes one future per read.
 
 Discovery, health probes, /api/show, /api/status and unloading use it too (`fetch`: a
 whole answer within a total timeout), through the same pools: aiohttp and the ~10 MB it
-costs to import are not loaded by a worker that is not asked to manage models (issue 15).
+costs to import are not loaded by a worker that is not asked to manage models.
 
 What it does: requests with a content-length body (POST) or none (GET); responses with
 content-length, chunked or close-delimited bodies, after any interim 1xx answers (read and

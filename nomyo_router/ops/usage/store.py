@@ -18,10 +18,8 @@ kept for the next one. What a worker held in memory when killed with SIGKILL (at
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -157,14 +155,9 @@ class SqliteUsage(Usage):
         await self._run(self._connect)
 
     def _connect(self) -> None:
-        import sqlite3  # (here: a router that keeps usage in Redis, or none, never loads SQLite)
+        from ..sqlite_file import open_shared  # (here: a router that keeps usage in Redis, or none, never loads SQLite)
 
-        _private_db_file(self.path)
-        db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute(_SCHEMA)
-        self._db = db
+        self._db = open_shared(self.path, [_SCHEMA])
 
     async def _close(self) -> None:
         if self._db is not None:
@@ -189,27 +182,6 @@ class SqliteUsage(Usage):
         assert self._db is not None
         cur = self._db.execute("SELECT * FROM usage ORDER BY day, model, endpoint, client")
         return [((r[0], r[1], r[2], r[3]), list(r[4:])) for r in cur]
-
-
-def _private_db_file(path: str) -> None:
-    """Create the usage database 0600 before SQLite opens it, whatever the umask: it names every
-    client and model, with their traffic. SQLite itself would create it 0644 under umask 022;
-    it creates the `-wal` and `-shm` files with the database file's own mode, so they are 0600
-    too. A database or a leftover `-wal`/`-shm` of ours from an older version is tightened."""
-    if path == ":memory:" or path.startswith("file:"):
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    for extra in (path + "-wal", path + "-shm"):
-        with contextlib.suppress(OSError):  # absent (the usual case), or someone else's
-            st = os.stat(extra)
-            if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-                os.chmod(extra, 0o600)
 
 
 class RedisUsage(Usage):
