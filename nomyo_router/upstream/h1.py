@@ -4,8 +4,9 @@ Protocols, `httptools` for parsing, bodies read as they arrive.
 Why not aiohttp (it stays only for model management, imported when first used): per
 request, aiohttp's client builds a request object, `request_info`, a multidict of headers, a
 stream reader with its own buffering, timer contexts and several tasks' worth of state; it
-was ~40% of a worker's CPU on short requests and most of the ~50 KB each open stream held. This client writes each request as one pre-built head plus the body,
-parses the answer with httptools into a list of chunks, and wakes one future per read.
+was ~40% of a worker's CPU on short requests and most of the ~50 KB each open stream held.
+This client writes each request as one pre-built head plus the body, parses the answer with
+httptools into a list of chunks, and wakes one future per read.
 
 Discovery, health probes, /api/show, /api/status and unloading use it too (`fetch`: a
 whole answer within a total timeout), through the same pools: aiohttp and the ~10 MB it
