@@ -3,7 +3,8 @@
 #   docker build -t nomyo-router .
 #   docker run -p 12434:12434 -v "$PWD/examples/ollama-hosts.yaml:/etc/nomyo-router/config.yaml:ro" nomyo-router
 
-# Build the wheels, the optional compiled relay included (it needs a C compiler).
+# Build the wheels, the optional compiled relay included (it needs a C compiler), with the
+# request path compiled by mypyc (setup.py's HOT_PATH: about a quarter less CPU per request).
 FROM python:3.11-slim AS build
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -14,7 +15,10 @@ COPY pyproject.toml setup.py README.md ./
 COPY nomyo_router ./nomyo_router
 COPY loadtest ./loadtest
 COPY mock ./mock
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# mypyc comes with mypy and type-checks with the stubs: the lint extra has both, pinned
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir setuptools wheel ".[lint]" \
+ && NOMYO_ROUTER_COMPILE=1 pip wheel --no-cache-dir --no-build-isolation --wheel-dir /wheels .
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \

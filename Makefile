@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium bench clean
+.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium bench compiled clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -69,8 +69,17 @@ lint-py: setup-lint
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# the router with its request path compiled by mypyc (setup.py's HOT_PATH), installed (not
+# editable) in its own virtualenv so the source tree stays pure Python; run the benchmarks
+# with it as `.venv-compiled/bin/python bench/peers.py ...`
+compiled: $(BIN)/python
+	test -x .venv-compiled/bin/python || $(PY) -m venv .venv-compiled
+	.venv-compiled/bin/pip install -q --upgrade pip setuptools wheel
+	.venv-compiled/bin/pip install -q '.[test,lint]'  # (mypyc is mypy's, and type-checks with the stubs)
+	NOMYO_ROUTER_COMPILE=1 .venv-compiled/bin/pip install -q --no-build-isolation --force-reinstall --no-deps .
+
 bench: setup wrk
 	$(BIN)/python bench/overhead.py --floor
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache site
+	rm -rf $(VENV) .venv-compiled build *.egg-info .pytest_cache site

@@ -23,9 +23,12 @@ from mock.runner import free_port, stop_group, wait_http
 def router_argv(config_path: str, port: int, workers: int = 1, core: int | None = None) -> list[str]:
     """`nomyo-router` serving the config at `config_path` on `port` (pinned to `core` if given)."""
     pin = ["taskset", "-c", str(core)] if core is not None else []
+    # -P: the installed package is served, never a `nomyo_router/` directory the command
+    # happens to be started from (a source tree beside a compiled install)
     return [
         *pin,
         sys.executable,
+        "-P",
         "-m",
         "nomyo_router",
         "--config",

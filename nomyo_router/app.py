@@ -186,8 +186,8 @@ class RouterApp:
         if router.windows is not None and req.ctype is None:  # longer than some endpoint's context window?
             try:
                 req.too_small = router.windows.check(req, router.endpoints)
-            except TooLong as e:  # (context_routing: reject, and no endpoint's window fits)
-                raise ApiError(400, str(e), param="messages", code="context_length_exceeded") from None
+            except TooLong as too_long:  # (context_routing: reject, and no endpoint's window fits)
+                raise ApiError(400, str(too_long), param="messages", code="context_length_exceeded") from None
         if is_unload(req.kind, req.api, req.body):  # `ollama stop`: every endpoint that has it loaded
             assert router.discovery is not None
             await router.discovery.fresh_ps(max_age=0.0)  # a model loaded a moment ago must be unloaded too
@@ -222,6 +222,9 @@ class RouterApp:
             await cancel_on_disconnect(handle(req, ex), receive, scope)
         except ApiError as e:  # in the caller's API shape, through the exchange
             await ex.fail(e)
+        except BaseException:  # a bug, or the server cancelling the task: a 500 if nothing was sent
+            ex.finish(failed=True)
+            raise
         finally:
             if held:
                 limits.leave(held[0])

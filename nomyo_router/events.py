@@ -15,7 +15,6 @@ they run on the event loop, on the hot path.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,18 +52,19 @@ class RequestRecord:
 CLIENT_CLOSED = 499  # nginx's code: the client left before any response head was sent
 
 
-def settle(rec: RequestRecord) -> None:
+def settle(rec: RequestRecord, failed: bool) -> None:
     """Say what the client got when the request path sent no response head.
 
-    Called from the request path's `finally` (through `Events.request_done`), so
-    `sys.exc_info()` is the exception on its way out, if any. With none, the path returned
-    without answering, which it does only when the client left (a disconnect cancels the work
-    and is swallowed, app.py, api/asgi.py): 499. With one (an `ApiError` has set its status
-    already, so a bug or a cancellation), the server answers 500 if it still can."""
-    if sys.exc_info()[1] is None:
-        rec.status, rec.error = CLIENT_CLOSED, rec.error or "client_gone"
-    else:
+    `failed`: the request path is ending with an exception (an `ApiError` has set its status
+    already, so a bug or a cancellation): the server answers 500 if it still can. Without one,
+    the path returned without answering, which it does only when the client left (a disconnect
+    cancels the work and is swallowed, app.py, api/asgi.py): 499. The path says which itself
+    (`Exchange.finish`): `sys.exc_info()` in its `finally` would tell the same in Python, but
+    not in the compiled build, where it can still show an exception handled earlier."""
+    if failed:
         rec.status, rec.error = 500, rec.error or "internal_error"
+    else:
+        rec.status, rec.error = CLIENT_CLOSED, rec.error or "client_gone"
 
 
 RequestHook = Callable[[RequestRecord], None]
@@ -101,9 +101,10 @@ class Events:
     def on_count(self, hook: CountHook) -> None:
         self._count.append(hook)
 
-    def request_done(self, rec: RequestRecord) -> None:
+    def request_done(self, rec: RequestRecord, failed: bool = False) -> None:
+        """`rec` is over (`failed`: with an exception on its way out, see `settle`)."""
         if not rec.status:
-            settle(rec)
+            settle(rec, failed)
         for hook in self._request:
             _safe(hook, rec)
 

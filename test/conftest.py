@@ -7,6 +7,19 @@ from mock import run_mock
 FAST = dict(ttft_ms=0.0, tok_ms=0.0, tokens=8)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under the compiled build (setup.py's HOT_PATH compiled by mypyc), a test that replaces
+    one of the router's own functions cannot: it is skipped, the rest runs as it is."""
+    import nomyo_router.app
+
+    if nomyo_router.app.__file__ is not None and nomyo_router.app.__file__.endswith(".py"):
+        return
+    skip = pytest.mark.skip(reason="replaces a function of a compiled module (the compiled build)")
+    for item in items:
+        if item.get_closest_marker("instruments"):
+            item.add_marker(skip)
+
+
 @pytest.fixture
 async def mock():
     async with run_mock(**FAST) as m:

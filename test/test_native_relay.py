@@ -48,6 +48,7 @@ async def _chat(s: aiohttp.ClientSession, url: str, body: dict = CHAT) -> list[d
         return _ollama_lines(await resp.read())
 
 
+@pytest.mark.instruments  # (it counts the pool's connections)
 @pytest.mark.parametrize("resume", [True, False])  # record-wise relay (resume.py) / pass-through (proxy._relay)
 async def test_a_stream_comes_through_whole_counted_and_its_connection_is_reused(taken, resume, monkeypatch):
     made = []

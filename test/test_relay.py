@@ -21,6 +21,8 @@ from mock.text import WORDS
 from nomyo_router.body_writer import BodyWriter
 from test.helpers import endpoints, post_stream_raw, run_router
 
+pytestmark = pytest.mark.instruments  # (it counts the direct writer's calls)
+
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 

@@ -14,6 +14,8 @@ import pytest
 from nomyo_router.body_writer import BodyWriter
 from test.helpers import endpoints, read_response, run_router
 
+pytestmark = pytest.mark.instruments  # (it counts the direct writer's calls)
+
 BODY = json.dumps({"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}).encode()
 DYNAMIC = {b"date", b"x-request-id", b"x-router-queue-ms", b"x-router-overhead-ms", b"x-router-worker"}
 

@@ -151,8 +151,10 @@ class Exchange:
         self.rec.endpoint = endpoint
 
     # ---- the one completion point ----------------------------------------------------------
-    def finish(self) -> None:
-        """The request is over: the slot goes back, the record is settled and told, once."""
+    def finish(self, failed: bool = False) -> None:
+        """The request is over: the slot goes back, the record is settled and told, once.
+        `failed`: it ends with an exception on its way out (its callers' `except
+        BaseException`), which makes a record without a response head a 500, not a 499."""
         if self._done:
             return
         self._done = True
@@ -163,4 +165,4 @@ class Exchange:
         events = self._events
         if events is not None:
             self.rec.total_s = time.perf_counter() - self.t0
-            events.request_done(self.rec)
+            events.request_done(self.rec, failed)

@@ -157,6 +157,9 @@ class Ensemble:
         except (TimeoutError, QueueFull):  # no permit of its client's in time: this step is left out
             step.status, step.error = 503, "queue_timeout"
             return None
+        except BaseException:
+            ex.finish(failed=True)
+            raise
         finally:
             if held is not None:
                 limits.leave(held)

@@ -112,6 +112,9 @@ class Proxy:
             await self.forward(req, ex)
         except ApiError as e:
             await ex.fail(e)
+        except BaseException:
+            ex.finish(failed=True)
+            raise
         finally:
             ex.finish()
 
@@ -221,10 +224,12 @@ class Proxy:
     def _plan(self, req: GenRequest, ep: Endpoint, strip: bool) -> tuple[str, bytes, bool]:
         """(path, body, translate) for sending `req` to `ep`; `strip`: ask for usage (see below)."""
         if ep.type == "openai" and req.api == "ollama":
-            from ..upstream import translate  # (imported by the first request that needs it)
+            # (imported by the first request that needs it; names, not the module: a compiled
+            # function's `from package import module` does not see the module)
+            from ..upstream.translate import OPENAI_PATH, request_to_openai
 
-            body = translate.request_to_openai(req.kind, req.body, ep.models[req.key], req.stream)
-            return translate.OPENAI_PATH[req.kind], body, True
+            body = request_to_openai(req.kind, req.body, ep.models[req.key], req.stream)
+            return OPENAI_PATH[req.kind], body, True
         raw = req.raw
         if ep.type == "openai" and req.model != ep.models[req.key] and req.ctype is None:
             raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
@@ -271,8 +276,8 @@ class Proxy:
         try:
             timeout = self._stream_timeout if req.stream else self._whole_timeout
             resp, data, first = await self._call(ep, path, body, timeout, translating, req.ctype, deadline)
-        except UNREACHABLE as e:
-            raise RetryableFailure(f"unreachable ({type(e).__name__})", unreachable=True) from None
+        except UNREACHABLE as refused:
+            raise RetryableFailure(f"unreachable ({type(refused).__name__})", unreachable=True) from None
         except TimeoutError:
             raise RetryableFailure(f"no first byte within {deadline:.1f}s (hung?)") from None
         except h1.ClientError as e:  # disconnected or cut before we sent a byte
@@ -304,9 +309,9 @@ class Proxy:
         try:
             broke: BaseException | bool | None
             if translating:
-                from .relays import translated
+                from .relays.translated import stream
 
-                broke = await translated.stream(ex, req, resp, first, headers, self.config.max_record_bytes)
+                broke = await stream(ex, req, resp, first, headers, self.config.max_record_bytes)
             else:
                 broke = await passthrough.relay(ex, resp, first, headers, self._native)
             if broke:

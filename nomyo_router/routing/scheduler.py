@@ -104,7 +104,7 @@ class Scheduler:
             if keys is None or self.affinity_wait is None:
                 return await self._place(ctx, candidates, None, None)
             lease = None
-            order = None
+            order: int | None = None
             outcome = "repin" if exclude else "miss"
             changes = self._changes
             pin = None if exclude or not keys.lookup else await store.find_pin(keys.lookup)
@@ -121,8 +121,8 @@ class Scheduler:
                         outcome = "hit"
                         if self._routed is not None and ctx.prompt is not None:
                             self._routed(ctx, lease.endpoint)
-                    except QueueTimeout as e:
-                        outcome, order = "spill", e.order  # keep its place in the queue
+                    except QueueTimeout as waited:
+                        outcome, order = "spill", waited.order  # keep its place in the queue
                     except (QueueFull, NoEndpoint):
                         outcome = "spill"
                 else:

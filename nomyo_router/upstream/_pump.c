@@ -1,4 +1,4 @@
-/* The relay's compiled fast path (issue 15, slow streams): see native.py.
+/* The relay's compiled fast path (for slow streams): see native.py.
  *
  * A Pump owns one epoll set, which the event loop watches as a single reader. Each relayed
  * stream registers its backend socket there (a dup of the fd uvloop owns, whose reading is

@@ -43,9 +43,9 @@ async def send(
     status = resp.status
     try:
         if translating:
-            from . import translated  # (only Ollama requests to OpenAI backends: loaded when first needed)
+            from .translated import whole  # (only Ollama requests to OpenAI backends: loaded when first needed)
 
-            await translated.whole(ex, req, status, data, headers)
+            await whole(ex, req, status, data, headers)
         elif not ex.written(status, data, headers):  # (the common case: one direct write, no await)
             await ex.whole_asgi(status, data, headers)
     finally:  # (accounting once the answer left, or the client did: the backend did the work)
