@@ -26,10 +26,12 @@ HOT_PATH = [
     "nomyo_router/forward/proxy.py",
     "nomyo_router/forward/relays/whole.py",
     "nomyo_router/ops/metrics.py",
+    "nomyo_router/ops/tracing.py",  # (its TracedUpstream is an Upstream: a subclass of a compiled class is compiled)
     "nomyo_router/routing/affinity.py",
     "nomyo_router/routing/context.py",
     "nomyo_router/routing/prefix_index.py",
     "nomyo_router/routing/scheduler.py",
+    "nomyo_router/state/coordinator.py",  # (its TableStore is a MemoryStore)
     "nomyo_router/state/memory.py",
     "nomyo_router/upstream/deadline.py",
     "nomyo_router/upstream/h1.py",

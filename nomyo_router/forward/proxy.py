@@ -185,7 +185,6 @@ class Proxy:
                 self.events.count("retry", lease.endpoint.name, req.key)
             t_lease = time.perf_counter()
             try:
-                rec.upstream_first_s = None
                 await self._attempt(req, lease, ex, ctx, attempt == attempts - 1)
             except RetryableFailure as f:
                 ex.let_go()
@@ -251,6 +250,9 @@ class Proxy:
     async def _attempt(self, req: GenRequest, lease: Lease, ex: Exchange, ctx: RouteContext, last: bool) -> None:
         ep = lease.endpoint
         rec = ex.rec
+        # (set here, not by the caller: there mypy would take it for None after the call, and
+        # the compiled build checks what mypy infers)
+        rec.upstream_first_s = None
         strip = req.stream and self._strips_usage(req)
         path, body, translating = self._plan(req, ep, strip)
         t_up = time.perf_counter()
