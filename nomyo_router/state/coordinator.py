@@ -179,8 +179,8 @@ class Coordinator:
                     tuple(msg["fair"]) if msg.get("fair") else None,
                     who[0],
                 )
-            except QueueTimeout as e:
-                send({"id": rid, "err": "timeout", "order": e.order})
+            except QueueTimeout as waited:
+                send({"id": rid, "err": "timeout", "order": waited.order})
             except QueueFull:
                 send({"id": rid, "err": "full"})
             except NoEndpoint:
@@ -246,8 +246,8 @@ class Coordinator:
                 await handle(json.loads(line))
                 if writer.transport.get_write_buffer_size() > 65536:
                     await writer.drain()
-        except (ConnectionError, ValueError, KeyError) as e:
-            log.warning("worker connection ended: %s", e)
+        except (ConnectionError, ValueError, KeyError) as ended:
+            log.warning("worker connection ended: %s", ended)
         except asyncio.CancelledError:
             pass  # the host is shutting down
         finally:
