@@ -84,3 +84,30 @@ def test_the_import_check_catches_what_it_should():
     text = "def f():\n    from ..upstream import translate\n    from ..upstream.translate import OPENAI_PATH\n"
     found = modules_imported_in_functions(ROOT / "nomyo_router" / "forward" / "proxy.py", text)
     assert found == ["proxy.py:2 from ..upstream import translate"]
+
+
+def header_lookups_not_lower_case(path: Path, text: str | None = None) -> list[str]:
+    """`x.headers.get("Content-Type")`: compiled, `Headers.get` is `dict.get`, which is not
+    case-insensitive (the upstream client stores names lower-cased)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text() if text is None else text)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and isinstance(node.func.value, ast.Attribute)
+            and node.func.value.attr == "headers"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and node.args[0].value != node.args[0].value.lower()
+        ):
+            found.append(f"{path.name}:{node.lineno} headers.get({node.args[0].value!r})")
+    return found
+
+
+def test_header_names_are_asked_lower_case():
+    found = [f for rel in HOT_PATH for f in header_lookups_not_lower_case(ROOT / rel)]
+    assert not found, found
+    text = 'def f(resp):\n    return resp.headers.get("Content-Length"), resp.headers.get("content-type")\n'
+    assert header_lookups_not_lower_case(Path("probe.py"), text) == ["probe.py:2 headers.get('Content-Length')"]

@@ -111,6 +111,7 @@ async def test_a_translated_answer_too_large_to_hold_is_one_502(caplog):
     assert told[0].status == 502 and told[0].error == "response_too_large"
 
 
+@pytest.mark.instruments  # (it steers the scheduler's first pick)
 async def test_a_stream_cut_and_resumed_elsewhere_is_told_once(caplog):
     async with (
         run_mock(ttft_ms=0.0, tok_ms=1.0, tokens=80) as good,

@@ -354,7 +354,7 @@ class Proxy:
                     f"HTTP {resp.status}",
                     resp.status,
                     await resp.read(whole.HOLD),
-                    resp.headers.get("Content-Type", "application/json").encode(),
+                    resp.headers.get("content-type", "application/json").encode(),
                 )
             if timeout is self._whole_timeout or resp.status != 200:  # (data None: larger than `bound`)
                 data = await resp.hold(*whole.bound(self.config, line))

@@ -62,7 +62,9 @@ class Timeout(NamedTuple):
 
 
 class Headers(dict[str, str]):
-    """Response headers, names lower-cased; `get` is case-insensitive like aiohttp's."""
+    """Response headers, names lower-cased; `get` is case-insensitive like aiohttp's for the
+    callers that are interpreted. The router's own code asks with lower-case names: compiled
+    (the compiled build), a call to a `dict` subclass's `get` is `dict.get` itself."""
 
     @overload
     def get(self, name: str, default: None = None, /) -> str | None: ...

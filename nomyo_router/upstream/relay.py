@@ -222,7 +222,7 @@ def stream_error(resp: h1.Response, e: BaseException | bool | None) -> bytes:
     backend's own error record when that is what broke it."""
     if isinstance(e, ErrorRecord):
         return e.record
-    if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+    if resp.headers.get("content-type", "").startswith("text/event-stream"):
         msg = {"error": {"message": _why(e), "type": "server_error", "param": None, "code": "upstream_error"}}
         return b"data: " + json.dumps(msg).encode() + b"\n\n"
     return ndjson_error(e)

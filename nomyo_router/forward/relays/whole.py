@@ -72,7 +72,7 @@ async def relay_large(
             502, f"the backend's answer is larger than max_response_bytes ({limit} bytes)", code="response_too_large"
         )
     h = list(headers)  # (its content-type and content-encoding are among them: proxy._FORWARDED)
-    length = resp.headers.get("Content-Length")
+    length = resp.headers.get("content-length")
     if length is not None:
         h.append((b"content-length", length.encode("latin-1")))
     before = last = b""  # the final counts may span the last two pieces
