@@ -1,6 +1,7 @@
 # The two commands: `make demo` (the main job) and `make test`. Both set up what is missing.
 # `make docs` builds the documentation site into site/ (make test builds it too).
 # `make lint` runs the linters (make test runs them first).
+# `make compiled` builds the router with its request path compiled (mypyc) into .venv-compiled.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
