@@ -15,9 +15,10 @@ COPY pyproject.toml setup.py README.md ./
 COPY nomyo_router ./nomyo_router
 COPY loadtest ./loadtest
 COPY mock ./mock
-# mypyc comes with mypy and type-checks with the stubs: the lint extra has both, pinned
+# mypyc comes with mypy and type-checks the whole package: the lint extra (mypy, the stubs,
+# pinned) and the optional extras' modules must be there
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir setuptools wheel ".[lint]" \
+RUN pip install --no-cache-dir setuptools wheel ".[lint,kv-events,tracing]" \
  && NOMYO_ROUTER_COMPILE=1 pip wheel --no-cache-dir --no-build-isolation --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -76,7 +76,7 @@ lint-py: setup-lint
 compiled: $(BIN)/python
 	test -x .venv-compiled/bin/python || $(PY) -m venv .venv-compiled
 	.venv-compiled/bin/pip install -q --upgrade pip setuptools wheel
-	.venv-compiled/bin/pip install -q '.[test,lint]'  # (mypyc is mypy's, and type-checks with the stubs)
+	.venv-compiled/bin/pip install -q '.[test,lint,kv-events,tracing]'  # (mypyc is mypy's: it type-checks the whole package)
 	NOMYO_ROUTER_COMPILE=1 .venv-compiled/bin/pip install -q --no-build-isolation --force-reinstall --no-deps .
 
 bench: setup wrk
