@@ -29,8 +29,8 @@ def _open_and_add(path: str, go: Event) -> str:
 
 
 def test_processes_opening_a_new_file_together_all_open_it(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("fork")
-    processes, rounds = 6, 30
+    ctx = multiprocessing.get_context("spawn")  # (a fork of the test process, which has threads, can hang)
+    processes, rounds = 6, 60
     with ctx.Manager() as manager, ctx.Pool(processes) as pool:
         for r in range(rounds):
             path = str(tmp_path / f"{r}.db")
