@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from mock import MockConfig, MockProcess, free_port
 from mock.runner import stop_group, wait_http
@@ -31,6 +32,7 @@ class Fleet:
     keep_config: bool = False
     mocks: list[MockProcess] = field(default_factory=list)
     router: subprocess.Popen | None = None
+    router_log: IO[bytes] | None = None  # what the router writes to stderr (a file: a pipe nobody reads fills)
     config_path: str | None = None
     router_url: str = ""
 
@@ -68,8 +70,16 @@ class Fleet:
         port = self.router_port or free_port()
         self.router_url = f"http://127.0.0.1:{port}"
         cmd = router_argv(self.config_path, port, self.router_workers)
-        self.router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        wait_http(self.router_url + "/health", 30, self.router)
+        # A file, not a pipe: a router that logs more than a pipe holds during a run (ejections,
+        # failures under fault injection) would block on its next line, and the run with it.
+        self.router_log = log = tempfile.TemporaryFile(prefix="nomyo-loadtest-router-")
+        self.router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        try:
+            wait_http(self.router_url + "/health", 30, self.router)
+        except (RuntimeError, TimeoutError) as e:
+            log.seek(0)
+            said = log.read()[-4000:].decode(errors="replace")
+            raise RuntimeError(f"{e}\nthe router's stderr:\n{said}") from None
 
     @property
     def direct_url(self) -> str:
@@ -78,6 +88,9 @@ class Fleet:
     def stop(self) -> None:
         if self.router is not None and self.router.poll() is None:
             stop_group(self.router)
+        if self.router_log is not None:
+            self.router_log.close()
+            self.router_log = None
         for m in self.mocks:
             m.stop()
         if self.config_path and not self.keep_config and os.path.exists(self.config_path):
