@@ -73,8 +73,9 @@ class Worker:
         return set(self.ep.models)
 
 
-async def workers(n: int) -> tuple[Bus, list[Worker]]:
-    bus = Bus()
+async def workers(n: int, bus: Bus | None = None) -> tuple[Bus, list[Worker]]:
+    """`n` workers started on `bus` (a new loss-free one by default)."""
+    bus = Bus() if bus is None else bus
     ws = [Worker(bus) for _ in range(n)]
     for w in ws:
         w.sync.start()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nomyo_router.upstream import model_sync
-from test.test_model_sync import Bus, BusStore, Worker, snap
+from test.test_model_sync import Bus, BusStore, Worker, snap, workers
 
 Lost = Callable[[dict[str, Any]], bool]
 
@@ -56,10 +56,7 @@ class LossyStore(BusStore):
 
 async def lossy_workers(n: int) -> tuple[LossyBus, list[Worker]]:
     bus = LossyBus()
-    ws = [Worker(bus) for _ in range(n)]
-    for w in ws:
-        w.sync.start()
-    await asyncio.sleep(0.01)  # hello / here
+    _, ws = await workers(n, bus)
     return bus, ws
 
 
