@@ -32,6 +32,7 @@ HOT_PATH = [
     "nomyo_router/routing/context.py",
     "nomyo_router/routing/prefix_index.py",
     "nomyo_router/routing/scheduler.py",
+    "nomyo_router/runtime/idle_spin.py",  # (armed twice per request by the protocol)
     "nomyo_router/state/coordinator.py",  # (its TableStore is a MemoryStore)
     "nomyo_router/state/memory.py",
     "nomyo_router/upstream/deadline.py",

@@ -48,6 +48,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from .api.asgi import BODY_WRITER, DISCONNECT_HOOK, GONE, SHUTDOWN_HOOK, Scope
 from .body_writer import BodyWriter, Cork
+from .runtime.idle_spin import IdleSpin
 
 log = logging.getLogger("nomyo_router.protocol")
 DEFAULTS = {
@@ -58,18 +59,28 @@ DEFAULTS = {
 }
 
 
-def _limits(app: object) -> dict[str, float]:
-    """The router's configured limits, found through uvicorn's middleware wrappers."""
+def _router(app: object) -> object | None:
+    """The running router, found through uvicorn's middleware wrappers (None: another app)."""
     for _ in range(8):
         router = getattr(app, "router", None)
-        config = getattr(router, "config", None)
-        if config is not None:
-            return {k: getattr(config, k, v) for k, v in DEFAULTS.items()}
+        if getattr(router, "config", None) is not None:
+            return router
         inner = getattr(app, "app", None)
         if inner is None:
             break
         app = inner
-    return dict(DEFAULTS)
+    return None
+
+
+def _limits(router: object | None) -> dict[str, float]:
+    """The router's configured limits (the defaults for another app)."""
+    config = getattr(router, "config", None)
+    if config is None:
+        return dict(DEFAULTS)
+    return {k: getattr(config, k, v) for k, v in DEFAULTS.items()}
+
+
+NO_SPIN = IdleSpin(0.0)
 
 
 class _LeanEvent:
@@ -134,9 +145,10 @@ class _Guard:
         "due",
         "deadline",
         "status",
+        "spin",
     )
 
-    def __init__(self, limits: dict[str, float]) -> None:
+    def __init__(self, limits: dict[str, float], spin: IdleSpin) -> None:
         self.max_head = int(limits["max_header_bytes"])
         self.head_timeout = limits["header_timeout"]
         self.body_timeout = limits["body_idle_timeout"]
@@ -147,6 +159,7 @@ class _Guard:
         self.due = 0.0
         self.deadline: float | None = None  # when this connection's current bound runs out ...
         self.status = 0  # ... and what then: 408 (head), BODY_IDLE or KEEP_ALIVE (closed), WRITE_STALL (aborted)
+        self.spin = spin  # the worker's idle spin, armed when a request is read and when its answer ends
 
 
 BODY_IDLE, KEEP_ALIVE, WRITE_STALL = 0, 1, 2
@@ -162,7 +175,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         _lean(self.flow, "_is_writable_event")
-        g = self._g = _Guard(_limits(self.app))
+        router = _router(self.app)
+        g = self._g = _Guard(_limits(router), getattr(router, "idle_spin", NO_SPIN))
         self._arm(g.head_timeout, 408)
 
     def _unsupported_upgrade_warning(self) -> None:
@@ -283,7 +297,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.message_event = _LeanEvent()  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
-        self._g.deadline = None  # no bound while the app answers (the timer, if any, stays)
+        g = self._g
+        g.deadline = None  # no bound while the app answers (the timer, if any, stays)
+        g.spin.arm(len(self.tasks))  # the app's work and the backend's answer may come soon: keep polling for them
         super().on_message_complete()
         if self.cycle is not None and not self.pipeline:
             self.flow.resume_reading()  # watch the client's socket while the app answers (see above)
@@ -312,3 +328,4 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         self.flow.resume_reading()
         self._arm(self.timeout_keep_alive, KEEP_ALIVE)
+        self._g.spin.arm(len(self.tasks))  # a client at low load sends its next request soon: keep polling for it

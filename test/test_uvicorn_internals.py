@@ -133,6 +133,7 @@ async def test_protocol_and_cycle_state_read_and_written():
     assert proto.timeout_keep_alive_task is None
     assert isinstance(proto.pipeline, deque)
     assert isinstance(proto.server_state.total_requests, int)
+    assert proto.tasks is proto.server_state.tasks and isinstance(proto.tasks, set)  # (requests in progress)
 
     transport = _Transport()
     proto.connection_made(transport)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..events import Events, RequestRecord
 
@@ -368,3 +368,11 @@ def state_gauges(endpoints: Sequence[Endpoint], store: StateStore, lag: LoopLag)
         "nomyo_router_loop_lag_seconds", "Event-loop lag of the scraped worker", value=lag.recent_max()
     )
     return [in_flight, slots, healthy, queued, loop_lag]
+
+
+def spin_counter(spun_s: float) -> CounterMetricFamily:
+    return CounterMetricFamily(
+        "nomyo_router_idle_spin_seconds",
+        "Time the scraped worker's loop polled instead of sleeping, for a request or an answer expected soon",
+        value=spun_s,
+    )

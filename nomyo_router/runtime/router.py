@@ -25,7 +25,7 @@ from ..forward import moe
 from ..forward.proxy import Proxy
 from ..ops.accesslog import AccessLog
 from ..ops.history import history_for
-from ..ops.metrics import Metrics, state_gauges
+from ..ops.metrics import Metrics, spin_counter, state_gauges
 from ..ops.usage.store import make_usage
 from ..routing.context import Windows
 from ..routing.policies import Policy, make_policy, picker
@@ -39,6 +39,7 @@ from ..upstream.session import ManageSession
 from . import reconfigure
 from .gc_pacing import GcPace
 from .handlers import Handlers
+from .idle_spin import IdleSpin
 from .loop_lag import LoopLag
 
 if TYPE_CHECKING:
@@ -75,11 +76,16 @@ class Router:
         self.keys = access.keys_of(config)
         self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
+        self.idle_spin = IdleSpin(config.idle_spin_us / 1e6)  # armed by the protocol (protocol.py)
         # full collections on a timer, not by growth (thousands of open streams)
         self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
         self.metrics = Metrics(
             self.events,
-            lambda: [*state_gauges(self.endpoints, self.store, self.loop_lag), *self.rate_limits.gauges()],
+            lambda: [
+                *state_gauges(self.endpoints, self.store, self.loop_lag),
+                *self.rate_limits.gauges(),
+                spin_counter(self.idle_spin.spun_s),
+            ],
             self.serves,
         )
         self.history = history_for(self.metrics)  # the dashboard's last hour, sampled on a timer
