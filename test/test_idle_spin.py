@@ -35,13 +35,14 @@ def _steady(spin: IdleSpin, in_progress: int = 1, gap: float = WINDOW / 10) -> N
 async def test_close_arms_make_the_loop_poll_for_a_window_then_sleep():
     spin = IdleSpin(WINDOW)
     _steady(spin)
+    t0 = time.perf_counter()
     spin.arm(1)
     assert spin.spinning
     cpu = await _cpu_while_waiting(3 * WINDOW)
     assert not spin.spinning  # the window ran out: the loop sleeps again
-    assert cpu >= WINDOW / 3, cpu  # it polled through the window instead of sleeping
-    assert WINDOW * 0.9 <= spin.spun_s <= 3 * WINDOW, spin.spun_s
-    assert await _cpu_while_waiting(3 * WINDOW) < WINDOW / 3  # and now it does sleep
+    assert cpu >= WINDOW / 5, cpu  # it polled through the window instead of sleeping
+    assert WINDOW * 0.9 <= spin.spun_s <= time.perf_counter() - t0, spin.spun_s
+    assert await _cpu_while_waiting(3 * WINDOW) < WINDOW / 5  # and now it does sleep
 
 
 async def test_a_new_arm_while_spinning_extends_the_spin_and_schedules_no_second_one():
@@ -69,7 +70,7 @@ async def test_far_apart_arms_or_many_requests_in_progress_never_spin():
     off = IdleSpin(0.0)
     _steady(off)
     assert not off.spinning
-    assert await _cpu_while_waiting(3 * WINDOW) < WINDOW / 3
+    assert await _cpu_while_waiting(3 * WINDOW) < WINDOW / 5
     assert spin.spun_s == busy.spun_s == off.spun_s == 0.0
 
 
