@@ -27,7 +27,7 @@ from uvicorn.supervisors import Multiprocess  # noqa: E402
 # sweep, the private state directory, SQLite, shutil with its compression modules, ctypes) is
 # imported in main(): with one worker this process is the worker, and every worker of several
 # imports this module again as its __mp_main__.
-from .config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, load_config  # noqa: E402
+from .config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, RouterConfig, load_config  # noqa: E402
 
 DEFAULT_PORT = 12434
 
@@ -142,7 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     # every worker has exited (uvicorn joined them): what they and this process made goes too
     if shared_files or own_metrics:
         leftovers.remove_own(private.state_dir())
+    _fold_sqlite_files(config)
     return 0
+
+
+def _fold_sqlite_files(config: RouterConfig) -> None:
+    """The SQLite files every worker wrote: their `-wal` and `-shm` go now that all have closed."""
+    from .ops.sqlite_file import fold_wal
+
+    if config.usage_db:
+        fold_wal(config.usage_db)
+    if config.cache.enabled and config.cache.backend == "sqlite":
+        fold_wal(config.cache.path)
 
 
 class _PrintVersion(argparse.Action):

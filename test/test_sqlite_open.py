@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nomyo_router.ops.sqlite_file import open_shared
+from nomyo_router.ops.sqlite_file import fold_wal, open_shared
 
 SCHEMA = ["CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, n INTEGER)"]
 
@@ -49,3 +49,31 @@ def test_an_error_other_than_a_lock_is_not_retried(tmp_path: Path) -> None:
     (tmp_path / "bad.db").write_bytes(b"not a database, and longer than a header" * 4)
     with pytest.raises(sqlite3.DatabaseError, match="not a database"):
         open_shared(str(tmp_path / "bad.db"), SCHEMA, deadline_s=60)  # (at once: the test would time out)
+
+
+def _add_and_die(path: str) -> None:
+    db = open_shared(path, SCHEMA)
+    db.execute("INSERT INTO t VALUES ('k', 7)")
+    import os
+
+    os._exit(0)  # (like a worker that never closed: its rows are in the -wal file only)
+
+
+def test_what_the_workers_left_in_the_wal_is_folded_in_and_the_files_go(tmp_path: Path) -> None:
+    """Workers that exit together (or one that is killed) can each leave `-wal` and `-shm`
+    behind; the supervisor folds them in once all have exited. Nothing written is lost."""
+    path = str(tmp_path / "u.db")
+    proc = multiprocessing.get_context("spawn").Process(target=_add_and_die, args=(path,))
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["u.db", "u.db-shm", "u.db-wal"]
+    fold_wal(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["u.db"]
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("SELECT n FROM t WHERE k = 'k'").fetchall() == [(7,)]
+    finally:
+        db.close()
+    fold_wal(path)  # nothing to fold: no file is created
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["u.db"]

@@ -68,6 +68,23 @@ def open_shared(path: str, schema: Iterable[str], deadline_s: float = OPEN_DEADL
         pause = min(pause * 2, 0.5)
 
 
+def fold_wal(path: str) -> None:
+    """Fold the `-wal` file back into the database and remove it and `-shm`, once no process
+    has the database open. SQLite does this itself when the last connection closes, but only
+    a connection that finds itself alone does it: workers that close at the same moment each
+    see the other still there, and both leave the files. The supervisor calls this after all
+    its workers have exited, so its connection is the last one. Best effort: a file that
+    cannot be opened now is left as it is (SQLite replays the WAL at the next open)."""
+    if path == ":memory:" or path.startswith("file:") or not os.path.exists(path + "-wal"):
+        return
+    with contextlib.suppress(sqlite3.Error, OSError):
+        db = sqlite3.connect(path, timeout=1.0, isolation_level=None)
+        try:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            db.close()
+
+
 def _locked(e: sqlite3.OperationalError) -> bool:
     text = str(e)
     return "locked" in text or "busy" in text
