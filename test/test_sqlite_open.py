@@ -6,6 +6,7 @@ failed its start-up, and uvicorn then stops the whole router. Real processes, re
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sqlite3
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -54,8 +55,6 @@ def test_an_error_other_than_a_lock_is_not_retried(tmp_path: Path) -> None:
 def _add_and_die(path: str) -> None:
     db = open_shared(path, SCHEMA)
     db.execute("INSERT INTO t VALUES ('k', 7)")
-    import os
-
     os._exit(0)  # (like a worker that never closed: its rows are in the -wal file only)
 
 

@@ -28,7 +28,7 @@ def private_db_file(path: str) -> None:
     SQLite itself would create it 0644 under umask 022; it creates the `-wal` and `-shm` files
     with the database file's own mode, so they are 0600 too. A database or a leftover
     `-wal`/`-shm` of ours from an older version is tightened."""
-    if path == ":memory:" or path.startswith("file:"):
+    if not _plain_file(path):
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -75,7 +75,7 @@ def fold_wal(path: str) -> None:
     see the other still there, and both leave the files. The supervisor calls this after all
     its workers have exited, so its connection is the last one. Best effort: a file that
     cannot be opened now is left as it is (SQLite replays the WAL at the next open)."""
-    if path == ":memory:" or path.startswith("file:") or not os.path.exists(path + "-wal"):
+    if not _plain_file(path) or not os.path.exists(path + "-wal"):
         return
     with contextlib.suppress(sqlite3.Error, OSError):
         db = sqlite3.connect(path, timeout=1.0, isolation_level=None)
@@ -83,6 +83,11 @@ def fold_wal(path: str) -> None:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         finally:
             db.close()
+
+
+def _plain_file(path: str) -> bool:
+    """A path to a file, not SQLite's in-memory database or a `file:` URI."""
+    return path != ":memory:" and not path.startswith("file:")
 
 
 def _locked(e: sqlite3.OperationalError) -> bool:
