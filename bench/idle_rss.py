@@ -1,12 +1,16 @@
 """Idle memory of the router's processes, measured as bench/peers.py does.
 
-    python bench/idle_rss.py [--workers 1,2] [--launcher cli,uvicorn] [--reps 3]
+    python bench/idle_rss.py [--workers 1,2] [--launcher cli,uvicorn,bare] [--reps 3]
 
 A zero-delay mock, then the router in front of it (`nomyo-router --config …` or
 `uvicorn nomyo_router.app:app --workers N`), one chat request through it (so the worker has
 discovered the model and opened its upstream connection), 1 s of quiet, then RSS (VmRSS),
 PSS and USS (private) of every process: the master, the multiprocessing resource tracker
 and each worker. Medians over --reps starts. A benchmark, not a test.
+
+`bare` measures bench/bare_proxy.py the same way (one process, whatever --workers says):
+uvloop, httptools and msgspec relaying the request with nothing of the router, the floor
+under the router's idle memory.
 """
 
 from __future__ import annotations
@@ -75,6 +79,10 @@ def one_start(mock_url: str, launcher: str, workers: int) -> dict[str, list[dict
     env = dict(os.environ, NOMYO_ROUTER_CONFIG=path)
     if launcher == "cli":
         cmd = router_argv(path, port, workers)
+    elif launcher == "bare":
+        bare = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bare_proxy.py")
+        cmd = [sys.executable, "-P", bare, str(port)]
+        env["UPSTREAM"] = mock_url
     else:
         cmd = [
             sys.executable,
@@ -91,13 +99,15 @@ def one_start(mock_url: str, launcher: str, workers: int) -> dict[str, list[dict
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", 30, proc)
+        if launcher != "bare":  # the bare proxy has no /health; the first answered chat says it is up
+            wait_http(url + "/health", 30, proc)
         for _ in range(workers * 4):  # reach every worker with luck; each discovers on start anyway
             _served(url + "/v1/chat/completions", proc, 30.0)
         time.sleep(1.0)
         by_role: dict[str, list[dict[str, float]]] = {}
         for pid in [proc.pid] + _children(proc.pid):
-            by_role.setdefault(role(pid, proc.pid) if workers > 1 else "worker", []).append(memory(pid))
+            one = workers == 1 or launcher == "bare"
+            by_role.setdefault("worker" if one else role(pid, proc.pid), []).append(memory(pid))
         return by_role
     finally:
         import signal
@@ -119,7 +129,8 @@ def main() -> None:
     args = p.parse_args()
     with mock_process() as mock:
         for launcher in args.launcher.split(","):
-            for workers in (int(w) for w in args.workers.split(",")):
+            counts = [1] if launcher == "bare" else [int(w) for w in args.workers.split(",")]
+            for workers in counts:
                 runs = [one_start(mock.url, launcher, workers) for _ in range(args.reps)]
                 total = statistics.median(sum(m["rss"] for ms in r.values() for m in ms) for r in runs)
                 parts = []
