@@ -106,8 +106,7 @@ def one_start(mock_url: str, launcher: str, workers: int) -> dict[str, list[dict
         time.sleep(1.0)
         by_role: dict[str, list[dict[str, float]]] = {}
         for pid in [proc.pid] + _children(proc.pid):
-            one = workers == 1 or launcher == "bare"
-            by_role.setdefault("worker" if one else role(pid, proc.pid), []).append(memory(pid))
+            by_role.setdefault(role(pid, proc.pid) if workers > 1 else "worker", []).append(memory(pid))
         return by_role
     finally:
         import signal
