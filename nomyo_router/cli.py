@@ -82,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{args.config}: ok, {len(config.endpoints)} endpoint(s)")
         return 0
+    if config.state.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
+        from .state import redis_check  # (redis-py in this process only when the state is Redis)
+
+        problem = redis_check.check(config.state, config.redis_timeout)  # wrong password, TLS, ...
+        if problem is not None:
+            print(f"nomyo-router: {problem}", file=sys.stderr)
+            return 2
     if args.workers > 1 and config.state == "memory":
         print(
             "nomyo-router: warning: state 'memory' with several workers keeps separate limits per "

@@ -36,6 +36,7 @@ from .base import Changes, Choose, Lease, QueueTimeout, Rehome, StateStore
 from .fair import Fair
 from .limits import Limits, Verdict
 from .memory import MemoryStore
+from .redis_check import RedisMisconfigured, misconfiguration
 from .redis_limits import RedisLimits
 from .redis_link import RedisLink, end
 from .redis_messages import Messages
@@ -43,6 +44,7 @@ from .redis_pins import RedisPins
 from .redis_queue import RedisLost, SharedQueue
 from .redis_reconcile import Ledger, as_str
 from .redis_rehome import Rehoming
+from .redis_url import address
 from .redis_usage import UsageBatches
 
 log = logging.getLogger("nomyo_router.redis")
@@ -86,6 +88,10 @@ class RedisStore(StateStore):
             await self._register()
             await self.messages.listen()
         except (RedisError, OSError) as e:
+            reason = misconfiguration(e, self.url)
+            if reason is not None:  # not an outage: it will not pass by itself
+                await self.link.close()
+                raise RedisMisconfigured(f"state: Redis at {address(self.url)}: {reason}") from None
             self._degrade(e)
         self._loops = [asyncio.create_task(self._sweep_loop())]
 
