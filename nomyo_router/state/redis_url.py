@@ -106,8 +106,11 @@ def client(url: str, **kwargs: Any) -> aioredis.Redis:
         return aioredis.from_url(url, **kwargs)
     s = parse_sentinel(url)
     sockets = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
-    sentinels = Sentinel(s.hosts, sentinel_kwargs={**sockets, **s.sentinel})
-    return sentinels.master_for(s.service, db=s.db, username=s.username, password=s.password, **kwargs)
+    sentinels = Sentinel(s.hosts, sentinel_kwargs={**sockets, **s.sentinel})  # type: ignore[no-untyped-call]
+    master: aioredis.Redis = sentinels.master_for(
+        s.service, db=s.db, username=s.username, password=s.password, **kwargs
+    )
+    return master
 
 
 async def close(redis: aioredis.Redis) -> None:
