@@ -58,38 +58,39 @@ def secured(tmp_path_factory):
         yield server, tls_port, crt, other
 
 
-def test_a_misconfigured_redis_stops_the_router_with_one_line(secured, tmp_path):
+async def test_each_misconfiguration_is_named_in_one_line(secured):
     server, tls_port, _, other = secured
     plain = f"127.0.0.1:{server.port}"
     tls = f"127.0.0.1:{tls_port}"
-    cases = {  # name: (state URL, workers, the address, the reason's words)
-        "wrong password": (f"redis://:nope@{plain}/0", 1, plain, "authentication failed"),
-        "missing password": (f"redis://{plain}/0", 1, plain, "requires a password and the URL has none"),
-        "ACL user without the commands": (f"redis://limited:limited-pw@{plain}/0", 1, plain, "may not run"),
-        "redis:// to the TLS port": (f"redis://{tls}/0", 1, tls, "use rediss://"),
-        "wrong CA": (f"rediss://{tls}/0?ssl_cert_reqs=required&ssl_ca_certs={other}", 1, tls, "verify"),
-        "wrong password, 2 workers": (f"redis://:nope@{plain}/0", 2, plain, "authentication failed"),
+    cases = {  # state URL: (the address, the reason's words)
+        f"redis://:nope@{plain}/0": (plain, "authentication failed"),
+        f"redis://{plain}/0": (plain, "requires a password and the URL has none"),
+        f"redis://limited:limited-pw@{plain}/0": (plain, "may not run the router's commands"),
+        f"redis://{tls}/0": (tls, "use rediss://"),
+        f"rediss://{tls}/0?ssl_cert_reqs=required&ssl_ca_certs={other}": (tls, "certificate does not verify"),
     }
-    procs = {}
-    for name, (url, workers, _, _) in cases.items():
-        cfg = tmp_path / f"{name.replace(' ', '-').replace('/', '')}.yaml"
-        cfg.write_text(yaml.safe_dump({"endpoints": [{"url": "http://127.0.0.1:9", "name": "a"}], "state": url}))
-        argv = [sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--port", str(free_port())]
-        procs[name] = subprocess.Popen(
-            [*argv, "--workers", str(workers)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-    for name, proc in procs.items():
-        _, _, address, words = cases[name]
-        try:
-            _, err = proc.communicate(timeout=60)
-        finally:
-            proc.kill()
-        lines = err.strip().splitlines()
-        assert proc.returncode == 2, (name, err)
-        assert len(lines) == 1, (name, err)  # one line, no traceback
-        assert lines[0].startswith(f"nomyo-router: state: Redis at {address}: "), (name, err)
-        assert words in lines[0], (name, err)
-        assert "nope" not in err and "limited-pw" not in err  # never the password
+    for url, (address, words) in cases.items():
+        line = await redis_check.probe(url, 1.0)
+        assert line is not None and line.startswith(f"state: Redis at {address}: "), (url, line)
+        assert words in line and "\n" not in line, (url, line)
+        assert "nope" not in line and "limited-pw" not in line  # never the password
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_misconfigured_redis_stops_the_router_with_exit_2(secured, tmp_path, workers):
+    """The command line asks before any worker starts: one line, no traceback, exit 2, at 1
+    and 2 workers (a supervisor that exited 0 would not be restarted by systemd)."""
+    server, *_ = secured
+    cfg = tmp_path / "config.yaml"
+    url = f"redis://:nope@127.0.0.1:{server.port}/0"
+    cfg.write_text(yaml.safe_dump({"endpoints": [{"url": "http://127.0.0.1:9", "name": "a"}], "state": url}))
+    argv = [sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--port", str(free_port())]
+    proc = subprocess.run([*argv, "--workers", str(workers)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"nomyo-router: state: Redis at 127.0.0.1:{server.port}: authentication failed "
+        "(invalid username-password pair or user is disabled.)"
+    ]
 
 
 async def test_refused_and_timeouts_are_outages_not_misconfigurations():

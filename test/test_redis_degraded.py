@@ -29,19 +29,20 @@ async def health(url: str) -> dict[str, object]:
 async def test_two_instances_of_two_workers_stay_within_the_slots_while_redis_is_dead():
     with RedisServer() as redis:
         async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=2, first_byte_delay_ms=150, parallel=64) as m:
-            cfg = {"endpoints": endpoints(m, slots=SLOTS), "state": redis.url, "queue_timeout": 60}
+            # lease_ttl 1.5 s: each worker sweeps (and so reports its instance) every 0.5 s
+            cfg = {"endpoints": endpoints(m, slots=SLOTS), "state": redis.url, "queue_timeout": 60, "lease_ttl": 1.5}
             with router_workers(cfg, 2, wait=False) as (a, _), router_workers(cfg, 2, wait=False) as (b, _):
                 await asyncio.gather(ready(a), ready(b))
-                t0 = time.monotonic()  # until Redis knows both instances (each sweeps every second)
+                t0 = time.monotonic()  # until Redis knows both instances
                 while not all([(await health(u)).get("instances") == 2 for u in (a, b)]):
                     assert time.monotonic() - t0 < 15, [await health(u) for u in (a, b)]
                     await asyncio.sleep(0.2)
-                await asyncio.sleep(1.5)  # every worker has swept since: each knows its share
+                await asyncio.sleep(0.7)  # every worker has swept since: each knows its share
                 redis.stop()
                 async with aiohttp.ClientSession() as s, s.post(m.url + "/mock/reset") as r:
                     assert r.status == 200
                 statuses: list[int] = []
-                stop = time.monotonic() + 2.5
+                stop = time.monotonic() + 1.0
 
                 async def client(url: str) -> None:
                     async with aiohttp.ClientSession() as s:

@@ -53,8 +53,9 @@ def start_sentinel(directory: Path, master_port: int) -> tuple[subprocess.Popen[
 
 
 async def test_the_router_follows_a_sentinel_failover(tmp_path):
-    with RedisServer() as master:
-        replica = RedisServer(("--replicaof", "127.0.0.1", str(master.port)))
+    here = ("--dir", str(tmp_path))  # (a replica writes the master's data there)
+    with RedisServer(here) as master:
+        replica = RedisServer((*here, "--replicaof", "127.0.0.1", str(master.port)))
         with replica:
             admin_replica = aioredis.from_url(replica.url, socket_timeout=2)
             await wait_for(lambda: _linked(admin_replica), 10)
