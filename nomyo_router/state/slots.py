@@ -251,7 +251,10 @@ class SlotTable:
             rows = self._meta[2]
             if fast and any(self._waiting[:rows]):
                 return False
-            if self._unhealthy[c] or sum(held[at : at + rows]) >= self.limit(slots):
+            share = self._share[0]  # (inline: `limit`, without a call on the hot path)
+            if share > 1:
+                slots = max(1, slots // share)
+            if self._unhealthy[c] or sum(held[at : at + rows]) >= slots:
                 return False
             held[at + (self.row if row is None else row)] += 1
             return True
