@@ -82,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{args.config}: ok, {len(config.endpoints)} endpoint(s)")
         return 0
+    if config.state.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
+        from .state import redis_check  # (redis-py in this process only when the state is Redis)
+
+        misconfigured = redis_check.check(config.state, config.redis_timeout)  # wrong password, TLS, ...
+        if misconfigured is not None:
+            print(f"nomyo-router: {misconfigured}", file=sys.stderr)
+            return 2
     if args.workers > 1 and config.state == "memory":
         print(
             "nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
@@ -89,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     leftovers.sweep_all(private.state_dir())  # what routers no longer running left (never a live one's)
-    shared_files = config.state in ("auto", "shared") and "NOMYO_ROUTER_STATE_PATH" not in os.environ
+    # (with Redis too: its workers share one table while Redis is away, state/redis_local.py)
+    shared_files = config.state != "memory" and "NOMYO_ROUTER_STATE_PATH" not in os.environ
     own_metrics = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
     if args.workers > 1 and (shared_files or own_metrics):
         try:  # fail here, once, rather than in every worker

@@ -42,7 +42,8 @@ def check_config_paths(config: RouterConfig) -> list[str]:
     """One line per unusable path the config names (today: usage_db)."""
     problems = []
     db = config.usage_db
-    if db and not config.state.startswith(("redis://", "rediss://", "unix://")):  # (Redis keeps usage)
+    redis = config.state.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://"))
+    if db and not redis:  # (Redis keeps usage)
         try:
             check_usage_db(db)
         except PathProblem as e:

@@ -242,7 +242,19 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
         )
     from ..state.redis import RedisStore
 
-    return RedisStore(mode, endpoints, config)
+    local = None
+    if multiprocessing.parent_process() is not None:  # workers: one table while Redis is away
+        from ..state.redis_local import HostTable
+
+        local = HostTable(
+            shared_state_path(),
+            endpoints,
+            config.max_queue,
+            config.affinity_ttl,
+            config.affinity_max_pins,
+            picker(policy),
+        )
+    return RedisStore(mode, endpoints, config, local)
 
 
 def shared_state_path() -> str:

@@ -86,7 +86,7 @@ class TableStore(MemoryStore):
         }
 
     def _free(self, ep: Endpoint) -> bool:
-        return ep.name not in self._unhealthy and self.table.in_flight(ep.name) < ep.slots
+        return ep.name not in self._unhealthy and self.table.in_flight(ep.name) < self.table.limit(ep.slots)
 
     async def acquire(
         self,

@@ -197,7 +197,9 @@ class SharedStore(StateStore):
             free = [
                 e
                 for e in candidates
-                if e.name not in unhealthy and not table.unhealthy(e.name) and table.in_flight(e.name) < e.slots
+                if e.name not in unhealthy
+                and not table.unhealthy(e.name)
+                and table.in_flight(e.name) < table.limit(e.slots)
             ]
             while free:
                 ep = free[0] if len(free) == 1 else choose(free)

@@ -195,15 +195,17 @@ class RedisUsage(Usage):
         self._redis: Any = None
 
     async def _open(self) -> None:
-        import redis.asyncio as aioredis
+        from ...state import redis_url
 
-        self._redis = aioredis.from_url(
+        self._redis = redis_url.client(
             self.url, decode_responses=True, socket_timeout=self.timeout, socket_connect_timeout=self.timeout
         )  # (a stalled Redis: a failed batch)
 
     async def _close(self) -> None:
         if self._redis is not None:
-            await self._redis.aclose()
+            from ...state import redis_url
+
+            await redis_url.close(self._redis)
 
     async def _write(self, batch: dict[Row, Counts]) -> None:
         pipe = self._redis.pipeline(transaction=False)
@@ -224,7 +226,7 @@ class RedisUsage(Usage):
 
 
 def make_usage(events: Events, usage_db: str | None, state: str, redis_timeout: float = 1.0) -> Usage | None:
-    if state.startswith(("redis://", "rediss://", "unix://")):
+    if state.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
         return RedisUsage(events, state, timeout=redis_timeout)
     if usage_db:
         return SqliteUsage(events, usage_db)
