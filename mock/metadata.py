@@ -29,6 +29,7 @@ class Metadata:
 
     async def _slow_list(self) -> None:
         if self.b.config.list_delay_ms:
+            self.b.errors_injected["list_delay"] += 1
             await asyncio.sleep(self.b.config.list_delay_ms / 1000)
 
     async def tags(self, request: web.Request) -> web.Response:
