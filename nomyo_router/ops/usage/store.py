@@ -157,7 +157,7 @@ class SqliteUsage(Usage):
     def _connect(self) -> None:
         from ..sqlite_file import open_shared  # (here: a router that keeps usage in Redis, or none, never loads SQLite)
 
-        self._db = open_shared(self.path, [_SCHEMA])
+        self._db = open_shared(self.path, [_SCHEMA], "usage_db")
 
     async def _close(self) -> None:
         if self._db is not None:
