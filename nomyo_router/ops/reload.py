@@ -10,7 +10,9 @@ What changes at once, in every worker, without touching requests in flight:
 - keys (`router_api_key`, `client_keys`, `admin_key`), `allowed_origins`, `access_log`,
   `log_format`, `max_body_bytes`, `retry_after`.
 Any other key that changed is reported as needing a restart (it is not applied); an
-invalid file is rejected with the reason, logged, and the running config kept. Here: what a
+invalid file is rejected with the reason, logged, and the running config kept. Reloads run
+one at a time in the order asked for, and one still waiting when a later one is asked for
+is dropped (`runtime/reconfigure.Reloads`): the last file read is the one in force. Here: what a
 reload may change and its plan, reading the file, and the route; the new config is applied
 to the running router's components by the wiring that built them (`runtime/reconfigure.py`),
 which also handles SIGHUP.
