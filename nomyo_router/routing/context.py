@@ -122,6 +122,7 @@ class Windows:
         self.endpoints = endpoints
         self.timeout = timeout
         self._show: dict[tuple[str, str, str], int | None] = {}  # (endpoint, model, digest) -> window
+        self._asking: dict[tuple[str, str, str], asyncio.Future[None]] = {}  # /api/show calls in flight
         self._learned: dict[str, dict[str, int]] = {}  # endpoint name -> model key -> window
         self.floor = math.inf  # the smallest known window: a request below it fits everywhere
 
@@ -197,19 +198,33 @@ class Windows:
         self._learned, self.floor = learned, floor
 
     async def _ask_show(self, ep: Endpoint) -> None:
+        """Every model version of `ep` not seen yet, asked at once; a version another learning
+        is asking about now is waited for, not asked again."""
+        asks = []
         for m in list(ep.tags):
             name = m.get("model") or m.get("name") or ""
             key = (ep.name, name, str(m.get("digest", "")))
             if not name or key in self._show:
                 continue
-            self._show[key] = None  # (asked now: a learning that overlaps this one does not ask again)
-            try:
-                status, _, body = await self.upstream.fetch(
-                    ep, "/api/show", json.dumps({"model": name}).encode(), total=self.timeout
-                )
-                self._show[key] = _show_window(json.loads(body)) if status == 200 else None
-            except BaseException as e:  # (cancelled too: asked again next time)
-                del self._show[key]
-                if not isinstance(e, Exception):
-                    raise
-                log.debug("endpoint %s: /api/show %s failed (%s)", ep.name, name, e)
+            task = self._asking.get(key)
+            if task is None:
+                task = self._asking[key] = asyncio.ensure_future(self._show_one(ep, name, key))
+            asks.append(task)
+        if asks:  # (shielded: a learning that is cancelled leaves the answer to the others)
+            await asyncio.gather(*(asyncio.shield(t) for t in asks))
+
+    async def _show_one(self, ep: Endpoint, name: str, key: tuple[str, str, str]) -> None:
+        try:
+            status, _, body = await self.upstream.fetch(
+                ep, "/api/show", json.dumps({"model": name}).encode(), total=self.timeout
+            )
+            self._show[key] = _show_window(json.loads(body)) if status == 200 else None
+        except Exception as e:  # (asked again at the next learning)
+            log.debug("endpoint %s: /api/show %s failed (%s)", ep.name, name, e)
+        finally:
+            self._asking.pop(key, None)
+
+    def close(self) -> None:
+        """Stop asking (shutdown)."""
+        for task in list(self._asking.values()):
+            task.cancel()

@@ -185,6 +185,8 @@ class Router:
         for task in self.kv_tasks:
             task.cancel()
         await self.discovery.stop()
+        if self.windows is not None:
+            self.windows.close()
         await self.loop_lag.stop()
         await self.rate_limits.stop()
         if self.gc is not None:
