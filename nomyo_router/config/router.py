@@ -228,7 +228,8 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
     usage_db: Annotated[
         Annotated[str, Meta(pattern=r"\S")] | None,
         doc(
-            "SQLite file for token accounting (GET /api/usage); null: off; with Redis state, in Redis",
+            "SQLite file for token accounting (GET /api/usage); with Redis state, kept in Redis instead; "
+            "null: off, nothing written anywhere",
             OBSERVE,
             expected="a file path (e.g. ./nomyo-usage.db) or null to turn token accounting off",
         ),

@@ -53,7 +53,8 @@ class CacheConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only
     path: Annotated[
         Annotated[str, Meta(pattern=r"\S")],
         doc(
-            "sqlite: the database file (created 0600: it holds prompts' answers)",
+            "sqlite: the database file (created 0600: it holds prompts' answers); one that cannot be "
+            "opened stops the start with its path and the reason (never moved aside)",
             expected="a file path such as ./nomyo-cache.db",
         ),
     ] = "./nomyo-cache.db"

@@ -100,7 +100,21 @@ class Router:
 
             self.tracer, self.upstream = tracing.make(config, self.events)
         self.manage_session = ManageSession(config)  # aiohttp, made when first needed
-        self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, config, self.health)
+        # context-length-aware routing (None: context_routing off); learned with discovery
+        self.windows = (
+            Windows(config.context_routing, self.upstream, lambda: self.endpoints)
+            if config.context_routing != "off"
+            else None
+        )
+        self.discovery = Discovery(
+            self.endpoints,
+            self.upstream,
+            self.store,
+            self.scheduler,
+            config,
+            self.health,
+            learned=self.windows.learn if self.windows is not None else None,
+        )
         self.proxy = Proxy(
             self.scheduler,
             self.upstream,
@@ -112,15 +126,10 @@ class Router:
         )
         self.cache = make_cache(config, self)  # the response cache; None: off
         self.ensemble = moe.Ensemble(self)  # moe-<model> requests
-        # context-length-aware routing (None: context_routing off)
-        self.windows = (
-            Windows(config.context_routing, self.upstream, lambda: self.endpoints)
-            if config.context_routing != "off"
-            else None
-        )
         self.kv_tasks: list[asyncio.Task[None]] = []  # precise mode: KV-event subscribers
         self.kv_states: dict[str, KVEventState] = {}
         self.handlers = Handlers(self)  # the operator's routes, each built when first asked
+        self.reloads = reconfigure.Reloads(self)  # SIGHUP and POST /admin/reload, one at a time
 
     def serves(self, model: str) -> bool:
         key = model_key(model)
@@ -152,9 +161,7 @@ class Router:
             self.gc.start()
         if self.tracer is not None:
             self.tracer.exporter.start()
-        await self.discovery.start()
-        if self.windows is not None:
-            self.windows.start()
+        await self.discovery.start()  # (models and context windows known before serving)
         if any(e.kv_events for e in self.config.endpoints):
             from ..routing import kv_events
 
@@ -179,7 +186,7 @@ class Router:
             task.cancel()
         await self.discovery.stop()
         if self.windows is not None:
-            await self.windows.stop()
+            self.windows.close()
         await self.loop_lag.stop()
         await self.rate_limits.stop()
         if self.gc is not None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 from ...background import end
 from ...events import Events, RequestRecord
+from ..log_limit import LimitedLog
 
 if TYPE_CHECKING:
     import sqlite3
@@ -64,6 +65,7 @@ class Usage:
         self._batch: dict[Row, Counts] = {}
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._log = LimitedLog(log)
         events.on_request_done(self.add)
 
     def add(self, rec: RequestRecord) -> None:
@@ -107,11 +109,20 @@ class Usage:
         try:
             await self._write(batch)
         except Exception as e:  # keep the counts for the next try; never fail a request
-            log.warning("usage: could not write %d rows (%s); keeping them for the next flush", len(batch), e)
+            self._log.failed(
+                "write",
+                logging.WARNING,
+                "usage: could not write %d rows (%s); keeping them for the next flush",
+                len(batch),
+                e,
+            )  # (once per outage or minute: a flush comes every second, in every worker)
             for row, c in batch.items():
                 mine = self._batch.setdefault(row, [0, 0, 0, 0])
                 for i, n in enumerate(c):
                     mine[i] += n
+            return
+        if self._log.failing("write"):
+            self._log.recovered("write", logging.WARNING, "usage: written again, the rows kept meanwhile included")
 
     async def rows(self) -> list[tuple[Row, Counts]]:
         """Every stored row, after handing on this worker's pending batch."""
@@ -157,7 +168,7 @@ class SqliteUsage(Usage):
     def _connect(self) -> None:
         from ..sqlite_file import open_shared  # (here: a router that keeps usage in Redis, or none, never loads SQLite)
 
-        self._db = open_shared(self.path, [_SCHEMA])
+        self._db = open_shared(self.path, [_SCHEMA], "usage_db")
 
     async def _close(self) -> None:
         if self._db is not None:
@@ -226,8 +237,10 @@ class RedisUsage(Usage):
 
 
 def make_usage(events: Events, usage_db: str | None, state: str, redis_timeout: float = 1.0) -> Usage | None:
+    """Where usage is kept: nowhere when `usage_db` is null (whatever the state), else in
+    Redis with Redis state (every instance adds to the same counters), else in the file."""
+    if not usage_db:
+        return None
     if state.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
         return RedisUsage(events, state, timeout=redis_timeout)
-    if usage_db:
-        return SqliteUsage(events, usage_db)
-    return None
+    return SqliteUsage(events, usage_db)
