@@ -8,7 +8,8 @@ Three kinds of event, each one JSON object in `data:`:
   by model and by client key (`tokens`, from the metrics the events hub feeds: every worker's
   under `--workers N`, since each process started);
 - `start`, when a generation request arrives (its id, model, client, API, route);
-- `done`, when it has been answered (its endpoint, status, tokens, time, cache outcome);
+- `done`, when it has been answered (its endpoint, status, tokens and whose count they are,
+  `tokens_from`: "backend" or "relayed" (counted by the router), time, cache outcome);
 - `end`, the last one, when the router stops: the stream then ends at once instead of holding
   the graceful shutdown for all of `shutdown_grace` (nomyo_router.protocol tells it).
 
@@ -147,6 +148,7 @@ class UsageStream:
                     "status": rec.status,
                     "prompt_tokens": rec.prompt_tokens,
                     "completion_tokens": rec.completion_tokens,
+                    "tokens_from": rec.tokens_from,
                     "total_ms": round(rec.total_s * 1000, 2),
                     "cache": rec.cache,
                     "error": rec.error,
