@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -41,6 +42,13 @@ def keys(**limits: Any) -> list[dict[str, Any]]:
 
 
 # ---- the count ----------------------------------------------------------------------------
+def test_the_docs_say_the_estimate_the_router_reserves():
+    root = Path(__file__).resolve().parent.parent
+    assert f"or **{OUTPUT_ESTIMATE} tokens** for the answer" in (root / "docs/operations.md").read_text()
+    assert f"else {OUTPUT_ESTIMATE} for the answer" in (root / "docs/configuration.md").read_text()
+    assert f"{HOLD_S / 60:g} minutes" in (root / "docs/operations.md").read_text()
+
+
 def test_a_reservation_counts_until_it_is_settled_to_what_was_used():
     lim, limits = Limiter(), Limits(tpm=100, tokens_per_day=1000)
     holds = []
