@@ -151,7 +151,7 @@ class Coordinator:
         """`takeover`: an earlier host died; give back the slots of processes that are gone."""
         if takeover:
             self.store.table.reclaim()
-        self.limiter.seed_from(self._budgets)  # (a restart, or an earlier host that died)
+        await self.limiter.seed_from(self._budgets)  # (a restart, or an earlier host that died)
         self._server = await asyncio.start_unix_server(self._connection, path=path)
 
     def _dispatch_all(self) -> None:

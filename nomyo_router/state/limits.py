@@ -24,10 +24,11 @@ is read back from the usage database when the count starts (`Seed`, ops/usage/bu
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -124,7 +125,7 @@ class _Use:
         self.minute = 0  # the sum of `spends`
         self.day = 0
         self.day_tokens = 0
-        self.holds: dict[int, tuple[float, int]] = {}  # reservation -> (time, tokens), oldest first
+        self.holds: OrderedDict[int, tuple[float, int]] = OrderedDict()  # reservation -> (time, tokens), oldest first
         self.held = 0  # the sum of `holds`
 
 
@@ -144,13 +145,13 @@ class Limiter:
             use.requests.popleft()
         while use.spends and use.spends[0][0] <= edge:
             use.minute -= use.spends.popleft()[1]
-        if use.holds:
-            stale = now - HOLD_S
-            for hold, (t, n) in list(use.holds.items()):
-                if t > stale:
-                    break
-                del use.holds[hold]
-                use.held -= n
+        holds = use.holds
+        while holds:
+            hold, (t, n) = next(iter(holds.items()))
+            if t > now - HOLD_S:
+                break
+            del holds[hold]
+            use.held -= n
         day = int(now // DAY_S)
         if use.day != day:
             use.day, use.day_tokens = day, 0
@@ -221,13 +222,14 @@ class Limiter:
             _, n = use.holds.pop(hold, (0.0, 0))
             use.held -= n
 
-    def seed_from(self, source: BudgetSource | None) -> None:
+    async def seed_from(self, source: BudgetSource | None) -> None:
         """Start from what `source` (the usage database) says was spent, before any request
-        is counted. A database that cannot be read is logged, and the count starts at zero."""
+        is counted (read on a thread). A database that cannot be read is logged, and the count
+        starts at zero."""
         if source is None:
             return
         try:
-            seed = source()
+            seed = await asyncio.to_thread(source)
         except Exception as e:  # (the usage store reports the file itself when it opens it)
             log.warning("token budgets: could not read what was spent before (%s); counting from zero", e)
             return

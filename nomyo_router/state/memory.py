@@ -49,7 +49,7 @@ class MemoryStore(StateStore):
         self._endpoints: dict[str, Endpoint] = {}
 
     async def start(self) -> None:
-        self.limiter().seed_from(self._budgets)
+        await self.limiter().seed_from(self._budgets)
 
     def _free(self, ep: Endpoint) -> bool:
         return ep.name not in self._unhealthy and self._in_flight.get(ep.name, 0) < ep.slots

@@ -13,9 +13,9 @@ else); a flusher hands the batch to storage once per `FLUSH_S`:
 Each row also says how much of its tokens the router counted itself as it relayed them
 (`relayed_prompt_tokens`, `relayed_completion_tokens`: requests whose record says
 `tokens_from: relayed`, a backend that sent no counts or a stream cut before its last
-record); the rest are the backends' own counts. With SQLite, the tokens of each client key's
-last two minutes are kept too, by second (table `recent`): with today's rows, what the token
-budgets read back when they start (budgets.py).
+record); the rest are the backends' own counts. With SQLite, each flush also writes each
+client key's tokens with the flush's time, kept two minutes (table `recent`): with today's
+rows, what the token budgets read back when they start (budgets.py).
 
 A request is never blocked or failed by the store: a failed flush is logged and its batch
 kept for the next one. What a worker held in memory when killed with SIGKILL (at most
@@ -76,8 +76,6 @@ def today() -> str:
 class Usage:
     """The batching half, shared by both stores; subclasses write and read."""
 
-    _recent: dict[tuple[str, int], int] | None = None  # (client, second) -> tokens, to write; None: not kept
-
     def __init__(self, events: Events) -> None:
         self._batch: dict[Row, Counts] = {}
         self._task: asyncio.Task[None] | None = None
@@ -104,10 +102,6 @@ class Usage:
         if rec.tokens_from == "relayed":
             c[4] += p
             c[5] += q
-        recent = self._recent
-        if recent is not None and rec.client and (p or q):
-            second = (rec.client, int(time.time()))
-            recent[second] = recent.get(second, 0) + p + q
 
     async def start(self) -> None:
         await self._open()
@@ -193,7 +187,6 @@ class SqliteUsage(Usage):
     def __init__(self, events: Events, path: str) -> None:
         super().__init__(events)
         self.path = path
-        self._recent = {}
         self._db: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="nomyo-usage")  # one connection, one thread
 
@@ -214,15 +207,11 @@ class SqliteUsage(Usage):
 
     async def _write(self, batch: dict[Row, Counts]) -> None:
         rows: list[tuple[str | int, ...]] = [(*row, *c) for row, c in batch.items()]
-        recent, self._recent = self._recent or {}, {}
-        try:
-            await self._run(self._write_sync, rows, [(*k, n) for k, n in recent.items()])
-        except BaseException:
-            edge = int(time.time()) - RECENT_S
-            for k, n in recent.items():  # (kept for the next flush, with the batch, while recent)
-                if k[1] >= edge:
-                    self._recent[k] = self._recent.get(k, 0) + n
-            raise
+        now, spent = int(time.time()), dict[str, int]()
+        for (_, _, _, client), c in batch.items():  # each key's tokens of this flush, at its time
+            if client and c[2] + c[3]:
+                spent[client] = spent.get(client, 0) + c[2] + c[3]
+        await self._run(self._write_sync, rows, [(client, now, n) for client, n in spent.items()])
 
     def _write_sync(self, rows: list[tuple[str | int, ...]], recent: list[tuple[str, int, int]]) -> None:
         assert self._db is not None
