@@ -177,6 +177,19 @@ async def test_a_restart_remembers_what_the_budgets_spent(tmp_path, redis_url):
         await _spent_then_restart(redis, 3)
 
 
+async def test_instances_on_one_redis_share_the_reservations(redis_url):
+    async with run_mock(ttft_ms=0.0, tok_ms=30.0, tokens=40) as m:
+        cfg = {"endpoints": endpoints(m, slots=16), "state": redis_url, "client_keys": keys(tpm=100)}
+        async with run_router(cfg) as r1, run_router(cfg) as r2:
+            results = [x for part in await asyncio.gather(_burst(r1.url, 6), _burst(r2.url, 6)) for x in part]
+            served = sum(t for st, t in results if st == 200)
+            print("2 instances on Redis, tpm 100, 12 at once:", [st for st, _ in results], served, "tokens served")
+            assert 429 in [st for st, _ in results] and served <= 100 + RESERVED
+            await asyncio.sleep(0.2)  # (the settlements are sent as the answers end, without waiting)
+            v = await r1.router.store.admit("alice", r1.router.rate_limits.by_client["alice"], count=False)
+            assert v.held == 0 and v.tokens == served
+
+
 async def test_workers_keep_one_budget_and_remember_it_on_restart(tmp_path):
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=30.0, tokens=40, parallel=64)) as m:
         cfg = {
