@@ -16,7 +16,8 @@ import aiohttp
 import httpx
 
 from mock import MockConfig, MockProcess, run_mock
-from nomyo_router.api.ratelimits import OUTPUT_ESTIMATE
+from nomyo_router.api.ratelimits import OUTPUT_ESTIMATE, reservation
+from nomyo_router.api.requests import parse
 from nomyo_router.events import Events, RequestRecord
 from nomyo_router.ops.usage.budgets import read_spent
 from nomyo_router.ops.usage.store import SqliteUsage
@@ -47,6 +48,18 @@ def test_the_docs_say_the_estimate_the_router_reserves():
     assert f"or **{OUTPUT_ESTIMATE} tokens** for the answer" in (root / "docs/operations.md").read_text()
     assert f"else {OUTPUT_ESTIMATE} for the answer" in (root / "docs/configuration.md").read_text()
     assert f"{HOLD_S / 60:g} minutes" in (root / "docs/operations.md").read_text()
+
+
+def test_what_a_request_reserves():
+    def reserved(path: str, body: dict[str, Any]) -> int:
+        return reservation(parse(path, json.dumps(body).encode(), 0.0))
+
+    text = "y" * 400  # 100 tokens at 4 characters a token
+    messages = [{"role": "user", "content": text}]  # (+ "user": 101 tokens)
+    assert reserved("/v1/chat/completions", {"model": "m", "messages": messages, "max_tokens": 7}) == 108
+    assert reserved("/v1/chat/completions", {"model": "m", "messages": messages}) == 101 + OUTPUT_ESTIMATE
+    assert reserved("/api/generate", {"model": "m", "prompt": text, "options": {"num_predict": 9}}) == 109
+    assert reserved("/v1/embeddings", {"model": "m", "input": text}) == 100  # no answer of text
 
 
 def test_a_reservation_counts_until_it_is_settled_to_what_was_used():

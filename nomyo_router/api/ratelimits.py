@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 SCOPE_KEY = "nomyo.ratelimit"  # the headers for this request's answer, whatever it is (app.py)
 REFRESH_S = 2.0  # how often /metrics' view of every limited key is read from the count
 OUTPUT_ESTIMATE = 1024  # tokens reserved for the answer of a request that does not bound its length
+_GENERATES = frozenset(("chat", "generate", "responses"))  # the kinds of request that answer text
 
 
 def limits_of(config: RouterConfig) -> dict[str, Limits]:
@@ -59,8 +60,10 @@ def limits_of(config: RouterConfig) -> dict[str, Limits]:
 
 def reservation(req: GenRequest) -> int:
     """What a request may spend: its prompt (4 characters a token, as context routing counts
-    it) and the answer it allows, else OUTPUT_ESTIMATE."""
-    return prompt_tokens(req.body) + (output_tokens(req.api, req.body) or OUTPUT_ESTIMATE)
+    it) and the answer it allows, else OUTPUT_ESTIMATE (a generation) or nothing (embeddings,
+    rerank and the rest answer no tokens of text)."""
+    allowed = output_tokens(req.api, req.body) or (OUTPUT_ESTIMATE if req.kind in _GENERATES else 0)
+    return prompt_tokens(req.body) + allowed
 
 
 def _seconds(s: float) -> bytes:
