@@ -165,6 +165,11 @@ async def test_a_reservation_shows_in_the_headers_and_the_rest_is_given_back():
             async with s.post(r.url + "/v1/chat/completions", json=unbounded, headers=auth()) as resp:
                 assert resp.status == 200
                 assert resp.headers["x-ratelimit-remaining-tokens"] == str(10_000 - used - 2 - OUTPUT_ESTIMATE)
+                used += (await resp.json())["usage"]["total_tokens"]
+            async with s.post(r.url + "/v1/chat/completions", json={**big, "model": "nope"}, headers=auth()) as resp:
+                assert resp.status == 404  # reserved, then answered with an error: charged nothing
+            v = await r.router.store.admit("alice", r.router.rate_limits.by_client["alice"], count=False)
+            assert (v.tokens, v.held) == (used, 0)
 
 
 async def _spent_then_restart(cfg: dict[str, Any], count: int) -> None:

@@ -16,8 +16,8 @@ admitted once its body is parsed, because the admission reserves what the reques
 `max_completion_tokens` / `num_predict`, else `OUTPUT_ESTIMATE`); only a key whose daily
 budget is already spent is refused before its body. When the answer ends (the events hub's
 record) the reservation is settled to the tokens counted: the backend's, or those the router
-counted as it relayed them (`RequestRecord.tokens_from`); an answer that reached the client
-with no count at all is charged its reservation.
+counted as it relayed them (`RequestRecord.tokens_from`); a backend's successful answer that
+reached the client with no count at all is charged its reservation.
 
 Keys without limits pay one dict lookup; a limited key pays one count (with Redis, one round
 trip) per request.
@@ -64,6 +64,11 @@ def reservation(req: GenRequest) -> int:
     rerank and the rest answer no tokens of text)."""
     allowed = output_tokens(req.api, req.body) or (OUTPUT_ESTIMATE if req.kind in _GENERATES else 0)
     return prompt_tokens(req.body) + allowed
+
+
+def _answered(rec: RequestRecord) -> bool:
+    """Whether a backend's answer (a success) reached the client, whole or in part."""
+    return rec.endpoint is not None and rec.ttft_s is not None and 200 <= rec.status < 300
 
 
 def _seconds(s: float) -> bytes:
@@ -200,7 +205,7 @@ class RateLimits:
         p, c = rec.prompt_tokens, rec.completion_tokens
         tokens = (p or 0) + (c or 0)
         if held is not None:
-            if p is None and c is None and rec.ttft_s is not None:
+            if p is None and c is None and _answered(rec):
                 tokens = held[1]
             self.store.spend(client, tokens, limits or Limits(), held[0], held[1])
         elif limits is not None and tokens > 0 and (limits.tpm is not None or limits.tokens_per_day is not None):
