@@ -26,6 +26,7 @@ from ..forward.proxy import Proxy
 from ..ops.accesslog import AccessLog
 from ..ops.history import history_for
 from ..ops.metrics import Metrics, spin_counter, state_gauges
+from ..ops.usage.budgets import budget_source
 from ..ops.usage.store import make_usage
 from ..routing.context import Windows
 from ..routing.policies import Policy, make_policy, picker
@@ -234,8 +235,9 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
     mode = config.state
     if mode == "auto":
         mode = "shared" if multiprocessing.parent_process() is not None else "memory"
+    budgets = budget_source(config)  # what the token budgets spent before this process
     if mode == "memory":
-        return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
+        return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins, budgets)
     if mode == "shared":
         from ..state.shared import SharedStore  # (workers only: mmap tables and the host's link)
 
@@ -246,6 +248,7 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
             config.affinity_ttl,
             config.affinity_max_pins,
             picker(policy),
+            budgets,
         )
     from ..state.redis import RedisStore
 

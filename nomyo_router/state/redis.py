@@ -312,11 +312,11 @@ class RedisStore(StateStore):
         self.usage.record(endpoint, model)  # sent with the next sweep, in one script call
 
     # ---- views, health, pins ----------------------------------------------------------
-    async def admit(self, client: str, limits: Limits, count: bool = True) -> Verdict:
-        return await self.limits.admit(client, limits, count)
+    async def admit(self, client: str, limits: Limits, count: bool = True, reserve: int = 0) -> Verdict:
+        return await self.limits.admit(client, limits, count, reserve)
 
-    def spend(self, client: str, tokens: int, limits: Limits) -> None:
-        self.limits.spend(client, tokens, limits)
+    def spend(self, client: str, tokens: int, limits: Limits, hold: int = 0, reserved: int = 0) -> None:
+        self.limits.spend(client, tokens, limits, hold, reserved)
 
     def in_flight(self, endpoint: Endpoint) -> int:
         """Over all instances, as the last grant or sweep (at most a second ago) reported it,
