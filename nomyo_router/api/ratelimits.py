@@ -11,6 +11,14 @@ OpenAI's `x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests`,
 counting the request itself; the token headers show `tpm`, or the daily budget when the key
 has no `tpm`. Tokens are spent when the answer ends (the events hub's record).
 
+A request is counted once every check that could refuse it has passed (its key, its body,
+its model; for model management, the admin key), just before it reaches a backend: a refused
+request never spends a key's rpm. While a key's last count refused it, its further generation
+requests get the same 429 before their bodies are read (this process remembers until when),
+so a flood beyond the limit buffers nothing. Every other route that reaches a backend
+(`/api/show`, `/api/status`, `/api/ps`, blobs, model management) counts a limited key's
+request too (`count`).
+
 Keys without limits pay one dict lookup; a limited key pays one count (with Redis, one round
 trip) per request.
 """
@@ -20,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -36,6 +45,7 @@ if TYPE_CHECKING:
     from ..state import StateStore
 
 SCOPE_KEY = "nomyo.ratelimit"  # the headers for this request's answer, whatever it is (app.py)
+COUNT = "nomyo.count"  # a limited key's request on another route than generation: its count, to await
 REFRESH_S = 2.0  # how often /metrics' view of every limited key is read from the count
 
 
@@ -105,12 +115,14 @@ class RateLimits:
         self.store = store
         self.by_client: dict[str, Limits] = limits_of(config)
         self.last: dict[str, Verdict] = {}  # each key's count as last read (for /metrics, the dashboard)
+        self.refused_until: dict[str, float] = {}  # a key its last count refused: until when (monotonic)
         self._task: asyncio.Task[None] | None = None
         events.on_request_done(self.done)
 
     def apply(self, config: RouterConfig) -> None:
         """A reload: limits change at once; a removed key's counts are forgotten."""
         self.by_client = limits_of(config)
+        self.refused_until.clear()
         for client in [c for c in self.last if c not in self.by_client]:
             del self.last[client]
         self.store.limiter().forget(set(self.by_client))
@@ -123,9 +135,27 @@ class RateLimits:
         self.last[client] = v
         headers = headers_of(limits, v)
         if v.refused is not None:
+            self.refused_until[client] = time.monotonic() + v.retry_after
             raise refusal(limits, v, headers)
         scope[SCOPE_KEY] = headers  # (an error answered later carries them too)
         return with_headers(scope, send, headers)
+
+    def still_refused(self, client: str) -> None:
+        """The 429 its last count gave a limited `client`, while it lasts (nothing counted)."""
+        until = self.refused_until.get(client)
+        if until is None:
+            return
+        left = until - time.monotonic()
+        limits, v = self.by_client.get(client), self.last.get(client)
+        if left <= 0 or limits is None or v is None:
+            del self.refused_until[client]
+            return
+        v = v._replace(retry_after=left)
+        raise refusal(limits, v, headers_of(limits, v))
+
+    def counter(self, client: str, scope: Scope) -> Callable[[], Awaitable[object]]:
+        """What `count` awaits for a limited `client`'s request on another route than generation."""
+        return lambda: self.admit(client, scope, _no_send)
 
     def done(self, rec: RequestRecord) -> None:
         """The answer ended: spend its tokens (the backend's counts) on the key's budgets."""
@@ -190,3 +220,28 @@ class RateLimits:
                 limit.add_metric([client, name], value["limit"])
                 used.add_metric([client, name], value["used"])
         return [limit, used]
+
+
+async def _no_send(msg: dict[str, Any]) -> None:  # (`count` keeps only the headers admit leaves in the scope)
+    raise AssertionError("never sent through")
+
+
+def answered_with_headers(scope: Scope, send: Send) -> Send:
+    """`send` adding the x-ratelimit-* headers a `count` left in the scope, if any, to the answer."""
+
+    async def wrapped(msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            extra = scope.pop(SCOPE_KEY, None)
+            if extra:
+                msg = {**msg, "headers": [*msg.get("headers", []), *extra]}
+        await send(msg)
+
+    return wrapped
+
+
+async def count(scope: Scope) -> None:
+    """This request is about to reach a backend: count it against its key's rpm now (429
+    beyond), after the checks that could refuse it. Nothing for a key without limits."""
+    admit = scope.pop(COUNT, None)
+    if admit is not None:
+        await admit()
