@@ -25,12 +25,8 @@ async def _open(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
 
 
 def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
-    return b"POST %s HTTP/1.1\r\nHost: localhost\r\n%bContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (
-        path.encode(),
-        extra,
-        len(body),
-        body,
-    )
+    head = b"POST %s HTTP/1.1\r\nHost: localhost\r\n%bContent-Type: application/json\r\n" % (path.encode(), extra)
+    return head + b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
 
 
 async def _health(s: aiohttp.ClientSession, url: str) -> dict[str, Any]:

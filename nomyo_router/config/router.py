@@ -73,7 +73,7 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
             "queue_full before its body is read (or once read, without a content-length)",
             QUEUE,
         ),
-    ] = 256 * 1024 * 1024
+    ] = 128 * 1024 * 1024
     manage_concurrency: Annotated[
         Slots, doc("model management calls (pull, create, copy, delete, ...) at once per process; more wait", QUEUE)
     ] = 2
