@@ -62,6 +62,17 @@ async def test_a_head_over_the_limit_gets_431_however_it_arrives(mock):
             writer.write(_post("/api/chat", padded))
             assert (await read_response(reader))[0] == b"HTTP/1.1 200 OK"
         writer.close()
+        # pipelined: a large request and the start of the next head in one write, its end in another
+        reader, writer = await _open(r.url)
+        second = _post("/api/chat", body)
+        tenk = json.dumps({**CHAT, "options": {"pad": "p" * 10_000}}).encode()  # (one read: one segment)
+        writer.write(_post("/api/chat", tenk) + second[:30])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(second[30:])
+        assert (await read_response(reader))[0] == b"HTTP/1.1 200 OK"
+        assert (await read_response(reader))[0] == b"HTTP/1.1 200 OK"
+        writer.close()
 
 
 # ---- the body's total time --------------------------------------------------------------
