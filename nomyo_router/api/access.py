@@ -135,7 +135,8 @@ class Origins:
 
 
 LOCAL_SUFFIXES = (".localhost", ".local", ".internal")  # names no public DNS answers for
-_SEEN_HOSTS = 1024  # Host values remembered with their verdict (the rest are judged each time)
+_SEEN_HOSTS = 1024  # Host values remembered with their verdict (the rest are judged each time) ...
+_SEEN_HOST_BYTES = 256  # ... if no longer than this: at most 256 KiB remembered
 
 
 class Hosts:
@@ -146,13 +147,13 @@ class Hosts:
         self.names = frozenset(n for n in names if "*" not in n and "?" not in n and "[" not in n)
         self.patterns = tuple(n for n in names if n not in self.names)
         self.machine = socket.gethostname().lower()
-        self._seen: dict[bytes, bool] = {}  # a request costs one lookup; bounded by _SEEN_HOSTS
+        self._seen: dict[bytes, bool] = {}  # a request costs one lookup
 
     def allowed(self, host: bytes) -> bool:
         verdict = self._seen.get(host)
         if verdict is None:
             verdict = self._judge(host.decode("latin-1").lower())
-            if len(self._seen) < _SEEN_HOSTS:
+            if len(self._seen) < _SEEN_HOSTS and len(host) <= _SEEN_HOST_BYTES:
                 self._seen[host] = verdict
         return verdict
 
