@@ -77,7 +77,7 @@ async def test_a_head_over_the_limit_gets_431_however_it_arrives(mock):
 
 # ---- the body's total time --------------------------------------------------------------
 async def test_bodies_trickling_past_body_timeout_get_408_and_free_everything(mock):
-    cfg = {"endpoints": endpoints(mock), "body_timeout": 1.0, "body_idle_timeout": 10.0}
+    cfg = {"endpoints": endpoints(mock), "body_timeout": 1.0, "body_idle_timeout": 10.0, "max_connections": 31}
     async with run_router(cfg) as r, aiohttp.ClientSession() as s:
         conns = [await _open(r.url) for _ in range(30)]
         for _, w in conns:
@@ -88,6 +88,8 @@ async def test_bodies_trickling_past_body_timeout_get_408_and_free_everything(mo
                 break
             await asyncio.sleep(0.01)
         assert budget.held == 30 * 100
+        async with s.get(r.url + "/api/tags") as resp:  # they count toward max_connections
+            assert resp.status == 503
 
         async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
             while not reader.at_eof():  # one byte every 0.2 s, never idle for body_idle_timeout
