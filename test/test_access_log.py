@@ -146,7 +146,7 @@ async def raw_post(url: str, path: str, body: bytes, headers: list[bytes]) -> tu
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         writer.write(
-            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
             % (path.encode(), len(body))
             + b"".join(h + b"\r\n" for h in headers)
             + b"\r\n"
@@ -252,7 +252,7 @@ async def test_a_client_gone_before_any_head_is_499(caplog, fmt):
                 ):
                     sock = socket.create_connection((host, int(port)))
                     sock.sendall(
-                        b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                         b"Authorization: Bearer %s\r\nX-Request-ID: %s\r\nContent-Length: %d\r\n\r\n%s"
                         % (KEY.encode(), rid, len(body), body)
                     )

@@ -10,6 +10,14 @@ Origins: like Ollama's `OLLAMA_ORIGINS`, a request that carries an `Origin` head
 comes from a browser page) is accepted only from localhost origins, app://, file://,
 tauri://, vscode-webview://, or an `allowed_origins` pattern; a page on any other site
 cannot drive a router on localhost. CORS preflights are answered for allowed origins.
+
+Hosts: with no client key configured (an open router), a request is answered only when its
+`Host` names the router as a local client would — an IP address (the listen address, or any
+other: DNS rebinding needs a name), `localhost` and `*.localhost`, `*.local`, `*.internal`,
+this machine's name — or a name in `allowed_hosts`; else 421. Like Ollama's defence against
+DNS rebinding: a web page whose name an attacker points at 127.0.0.1 sends its own name as
+`Host`, so it cannot read an open router through the victim's browser. With client keys,
+the key is the guard.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
+import ipaddress
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -122,6 +132,47 @@ class Origins:
         if parts.scheme in ("http", "https") and host in LOCAL_HOSTS:
             return True
         return any(fnmatch.fnmatchcase(origin, p) for p in self.patterns)
+
+
+LOCAL_SUFFIXES = (".localhost", ".local", ".internal")  # names no public DNS answers for
+_SEEN_HOSTS = 1024  # Host values remembered with their verdict (the rest are judged each time) ...
+_SEEN_HOST_BYTES = 256  # ... if no longer than this: at most 256 KiB remembered
+
+
+class Hosts:
+    """The `Host` values an open router answers (see the module doc)."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        names = {p.lower().rstrip(".") for p in patterns}
+        self.names = frozenset(n for n in names if "*" not in n and "?" not in n and "[" not in n)
+        self.patterns = tuple(n for n in names if n not in self.names)
+        self.machine = socket.gethostname().lower()
+        self._seen: dict[bytes, bool] = {}  # a request costs one lookup
+
+    def allowed(self, host: bytes) -> bool:
+        verdict = self._seen.get(host)
+        if verdict is None:
+            verdict = self._judge(host.decode("latin-1").lower())
+            if len(self._seen) < _SEEN_HOSTS and len(host) <= _SEEN_HOST_BYTES:
+                self._seen[host] = verdict
+        return verdict
+
+    def _judge(self, host: str) -> bool:
+        if host.startswith("["):  # [v6]:port
+            name = host[1 : host.find("]")] if "]" in host else host
+        else:
+            head, colon, port = host.rpartition(":")
+            name = head if colon and port.isdigit() else host
+        name = name.rstrip(".")
+        if not name or name == "localhost" or name.endswith(LOCAL_SUFFIXES) or name == self.machine:
+            return True
+        if name in self.names or any(fnmatch.fnmatchcase(name, p) for p in self.patterns):
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
 
 
 def cors_headers(origin: bytes) -> Headers:

@@ -7,8 +7,8 @@ What changes at once, in every worker, without touching requests in flight:
   changed (a new `url`, `type`, `api_key` or `models`: removed and added again); requests
   waiting in the queue move with it, in their order (`Scheduler.reindex`, `StateStore.rehome`):
   onto endpoints it added, off those it removed, answered at once if none serves their model;
-- keys (`router_api_key`, `client_keys`, `admin_key`), `allowed_origins`, `access_log`,
-  `log_format`, `max_body_bytes`, `retry_after`.
+- keys (`router_api_key`, `client_keys`, `admin_key`), `allowed_origins`, `allowed_hosts`,
+  `access_log`, `log_format`, `max_body_bytes`, `retry_after`.
 Any other key that changed is reported as needing a restart (it is not applied); an
 invalid file is rejected with the reason, logged, and the running config kept. Reloads run
 one at a time in the order asked for, and one still waiting when a later one is asked for
@@ -49,6 +49,7 @@ LIVE_KEYS = frozenset(
         "admin_key",
         "metrics_key",
         "allowed_origins",
+        "allowed_hosts",
         "access_log",
         "log_format",
         "max_body_bytes",

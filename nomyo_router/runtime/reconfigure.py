@@ -75,6 +75,7 @@ async def apply(router: Router, new: RouterConfig) -> Plan:
     router.rate_limits.apply(new)
     router.scheduler.fair = specs_of(new.client_keys)
     router.origins = access.Origins(new.allowed_origins)
+    router.hosts = access.Hosts(new.allowed_hosts)
     if new.access_log != router.config.access_log or new.log_format != router.config.log_format:
         router.events.off_request_done(router.access_log.write if router.access_log else None)
         router.access_log = AccessLog(router.events, new.log_format) if new.access_log else None

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from ..api import access
+from ..api.body_budget import BodyBudget
 from ..api.fairness import ClientLimits
 from ..api.ratelimits import RateLimits
 from ..config import CONFIG_ENV, RouterConfig
@@ -76,6 +77,8 @@ class Router:
         self.rate_limits = RateLimits(config, self.store, self.events)  # rpm, tpm, tokens_per_day
         self.keys = access.keys_of(config)
         self.origins = access.Origins(config.allowed_origins)
+        self.hosts = access.Hosts(config.allowed_hosts)  # an open router's Host check
+        self.body_budget = BodyBudget(config.max_queued_body_bytes)  # bodies held while queued
         self.loop_lag = LoopLag()
         self.idle_spin = IdleSpin(config.idle_spin_us / 1e6)  # armed by the protocol (protocol.py)
         # full collections on a timer, not by growth (thousands of open streams)
