@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import logging.config
 import os
 import signal
 import sys
@@ -28,6 +29,7 @@ from uvicorn.supervisors import Multiprocess  # noqa: E402
 # imported in main(): with one worker this process is the worker, and every worker of several
 # imports this module again as its __mp_main__.
 from .config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, RouterConfig, load_config  # noqa: E402
+from .ops import logformat  # noqa: E402
 
 DEFAULT_PORT = 12434
 
@@ -82,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{args.config}: ok, {len(config.endpoints)} endpoint(s)")
         return 0
+    log_config = logformat.config(config.log_format, args.log_level)
+    logging.config.dictConfig(log_config)  # (uvicorn applies it again, and in every worker)
     if args.workers > 1 and config.state == "memory":
-        print(
-            "nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
-            "worker; use 'auto' (the default) or 'shared'",
-            file=sys.stderr,
+        logging.getLogger("nomyo_router").warning(
+            "state 'memory' with several workers keeps separate limits per worker; use 'auto' (the default) or 'shared'"
         )
     leftovers.sweep_all(private.state_dir())  # what routers no longer running left (never a live one's)
     shared_files = config.state in ("auto", "shared") and "NOMYO_ROUTER_STATE_PATH" not in os.environ
@@ -111,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
         # create every file for the router's user alone (0600), like the state files beside them.
         os.umask(os.umask(0) | 0o077)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = dict(
         host=args.host,
         port=args.port,
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="on",
         ws="none",  # no WebSocket routes (the app refuses upgrades); saves ~2 MB per worker
         limit_concurrency=config.max_connections or None,
-        access_log=False,
+        access_log=False,  # (the router writes its own: ops/accesslog.py)
+        log_config=log_config,  # every process, every logger: ops/logformat.py
         log_level=args.log_level,
         timeout_keep_alive=75,
         backlog=2048,
@@ -189,10 +191,11 @@ class Supervisor(Multiprocess):
 
     def handle_hup(self) -> None:
         try:
-            load_config(os.environ[CONFIG_ENV])
+            config = load_config(os.environ[CONFIG_ENV])
         except ConfigError as e:
             logging.getLogger("nomyo_router.reload").error("config reload rejected, keeping the running config: %s", e)
             return
+        logformat.use(config.log_format)  # (the workers switch on their own, runtime/reconfigure.py)
         for process in self.processes:
             pid = process.process.pid
             if pid is not None:
