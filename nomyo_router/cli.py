@@ -70,15 +70,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         config = load_config(args.config)
-    except ConfigError as e:
-        print(f"nomyo-router: bad config: {e}", file=sys.stderr)
+    except ConfigError as e:  # every problem of the file, a line each, naming the file
+        for problem in e.problems:
+            problem = problem.removeprefix(f"{args.config}: ")
+            print(f"nomyo-router: bad config: {args.config}: {problem}", file=sys.stderr)
         return 2
     from .ops import leftovers, preflight
     from .state import private
 
-    problems = preflight.check_config_paths(config)  # a path that cannot be opened: say so now
+    # a path that cannot be opened, a section whose extra is not installed: say so now
+    problems = preflight.check_config_paths(config) + preflight.check_extras(config)
     for problem in problems:
         print(f"nomyo-router: {problem}", file=sys.stderr)
+    for warning in preflight.extras_warnings(config):
+        print(f"nomyo-router: warning: {warning}", file=sys.stderr)
     if problems:
         return 2
     if args.check:
