@@ -198,7 +198,9 @@ class Supervisor(Multiprocess):
         try:
             config = load_config(os.environ[CONFIG_ENV])
         except ConfigError as e:
-            logging.getLogger("nomyo_router.reload").error("config reload rejected, keeping the running config: %s", e)
+            logging.getLogger("nomyo_router.reload").error(
+                "config reload rejected, keeping the running config: %s", e.one_line
+            )
             return
         logformat.use(config.log_format)  # (the workers switch on their own, runtime/reconfigure.py)
         for process in self.processes:

@@ -36,6 +36,11 @@ class ConfigError(ValueError):
     def problems(self) -> list[str]:
         return str(self).split("\n")
 
+    @property
+    def one_line(self) -> str:
+        """Every problem on one line, for a log line or an answer."""
+        return "; ".join(self.problems)
+
 
 class Problems:
     """Every problem of a file, found in one run: `with problems.check():` around each check

@@ -103,7 +103,7 @@ def read() -> RouterConfig:
     try:
         return load_config(config_path())
     except ConfigError as e:
-        log.error("config reload rejected, keeping the running config: %s", e)
+        log.error("config reload rejected, keeping the running config: %s", e.one_line)
         raise
 
 
@@ -124,7 +124,7 @@ class ReloadRoute:
         try:
             new = await asyncio.to_thread(read)
         except ConfigError as e:
-            raise ApiError(400, f"config rejected, the running one stays: {e}") from None
+            raise ApiError(400, f"config rejected, the running one stays: {e.one_line}") from None
         supervisor = os.environ.get(SUPERVISOR_ENV)
         if supervisor:  # every worker must apply it: the supervisor signals them all
             os.kill(int(supervisor), signal.SIGHUP)

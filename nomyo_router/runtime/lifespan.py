@@ -19,8 +19,8 @@ async def startup(config: RouterConfig | None) -> Router | str:
         router = Router(config or load_config(os.environ.get(CONFIG_ENV, "config.yaml")))
         await router.start()
     except ConfigError as e:
-        print(f"nomyo-router: bad config: {e}", file=sys.stderr, flush=True)
-        return str(e)
+        print(f"nomyo-router: bad config: {e.one_line}", file=sys.stderr, flush=True)
+        return e.one_line
     except Exception as e:
         log.exception("start-up failed")
         return f"{type(e).__name__}: {e}"
