@@ -7,7 +7,9 @@ refused and unknown-model requests, a reload (SIGHUP), a stop; then every line i
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +21,7 @@ import aiohttp
 from loadtest.router_process import write_config
 from mock import free_port, run_mock
 from mock.runner import stop_group
+from nomyo_router.ops import logformat
 from test.conftest import FAST
 from test.router_proc import ready
 
@@ -91,3 +94,30 @@ async def test_every_line_of_a_two_worker_run_is_one_json_object(tmp_path):
     assert served["message"] == "/api/chat 200"
     assert by_status[("/api/chat", 404)]["model"] == "no-such-model"
     assert ("/v1/chat/completions", 200) in by_status  # after the reload too
+
+
+def test_a_reload_switches_the_format_of_the_routers_handler_only():
+    """`logformat.use` (a reload that changed `log_format`) swaps the formatter of the handler
+    `logformat.config` installed, leaves anyone else's alone, and a traceback stays on the
+    JSON line."""
+    ours, theirs = logging.StreamHandler(io.StringIO()), logging.StreamHandler(io.StringIO())
+    ours.setFormatter(logformat.TextFormatter())
+    theirs.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    root.addHandler(ours)
+    root.addHandler(theirs)
+    try:
+        logformat.use("json")
+        try:
+            raise ValueError("bad\nthing")
+        except ValueError:
+            logging.getLogger("nomyo_router.test").error("it failed:\n%s", "twice", exc_info=True)
+    finally:
+        root.removeHandler(ours)
+        root.removeHandler(theirs)
+    (line,) = ours.stream.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["level"] == "ERROR" and record["logger"] == "nomyo_router.test"
+    assert record["message"] == "it failed:\ntwice"
+    assert record["exception"].startswith("Traceback") and "ValueError: bad\nthing" in record["exception"]
+    assert theirs.stream.getvalue().startswith("it failed:\ntwice\nTraceback")  # theirs untouched
