@@ -11,6 +11,8 @@ the router knows besides, on the exporter's thread, never on the request path.
   the client asked, in whichever API's shape (`trace_data.request_params`).
 - `gen_ai.response.id`, `gen_ai.response.finish_reasons`: read from the answer's first and
   last bytes (`trace_data.answer_facts`), on the SERVER span and the attempt that answered.
+- `nomyo.tokens_from`: whose the token counts are, `backend` (its usage) or `relayed`
+  (counted by the router from what it relayed), when the record says.
 - `error.type`: the error's class. A refusal the router's code names keeps its code
   (`queue_full`, `context_length_exceeded`, ...); an error that has none carries its HTTP
   status (`404`), as the HTTP conventions say, never a bare `error`.
@@ -50,6 +52,8 @@ def complete(rec: RequestRecord, spans: Any) -> None:
     _request(server.attributes, trace.params)
     _response(server.attributes, rid, reasons)
     _error_class(server.attributes, rec.status)
+    if rec.tokens_from is not None:  # whose counts gen_ai.usage.* are
+        server.attributes.add(key="nomyo.tokens_from").value.string_value = rec.tokens_from
     for i, (span, attempt) in enumerate(zip(clients, attempts, strict=False)):
         a = span.attributes
         _provider(a, attempt.endpoint.type)
