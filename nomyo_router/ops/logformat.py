@@ -81,6 +81,22 @@ def config(fmt: str, level: str) -> dict[str, Any]:
     }
 
 
+def fallback(fmt: str) -> None:
+    """Served by something else than `nomyo-router` (plain uvicorn, which configures its own
+    loggers only): the router's lines, the access lines at INFO among them, still go to stderr
+    as `fmt`, through a handler on the root logger when nothing else set one up. uvicorn's
+    own lines keep the look uvicorn gives them."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(FORMATTERS[fmt]())
+    root.addHandler(handler)
+    ours = logging.getLogger("nomyo_router")
+    if ours.getEffectiveLevel() > logging.INFO:
+        ours.setLevel(logging.INFO)
+
+
 def use(fmt: str) -> None:
     """Write this process's lines as `fmt` from now on (a reload changed `log_format`): the
     formatter of each handler `config` installed is replaced; others (a test's capture) are

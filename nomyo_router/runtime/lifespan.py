@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..config import CONFIG_ENV, ConfigError, RouterConfig, load_config
+from ..ops import logformat
 from .router import Router
 
 log = logging.getLogger("nomyo_router")
@@ -16,7 +17,9 @@ async def startup(config: RouterConfig | None) -> Router | str:
     """The started router (`config`, else the file NOMYO_ROUTER_CONFIG names), or why it could
     not start: start-up fails loudly, never half-started."""
     try:
-        router = Router(config or load_config(os.environ.get(CONFIG_ENV, "config.yaml")))
+        config = config or load_config(os.environ.get(CONFIG_ENV, "config.yaml"))
+        logformat.fallback(config.log_format)
+        router = Router(config)
         await router.start()
     except ConfigError as e:
         print(f"nomyo-router: bad config: {e.one_line}", file=sys.stderr, flush=True)
