@@ -48,23 +48,21 @@ MAX_ROUNDS = 100  # msgspec runs at most this often on one file (each run finds 
 _REQUIRED = ("url", "name", "key")  # an entry of endpoints or client_keys is nothing without them
 
 
-def _endpoint(i: int, raw: object, default_slots: int, api_keys: dict[Any, object]) -> dict[str, object]:
+def _endpoint(
+    i: int, raw: object, default_slots: int, api_keys: dict[Any, object], problems: Problems
+) -> dict[str, object]:
     """One entry of `endpoints`, in either form, as the mapping EndpointConfig is made from:
-    the url checked and split from its credentials, the defaults taken from the rest."""
+    the url checked and split from its credentials, the defaults taken from the rest. What is
+    wrong is noted in `problems`; without a usable url, ConfigError (the entry is left out)."""
     key = f"endpoints[{i}]"
     if isinstance(raw, str):
         raw = {"url": raw}
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}: expected a URL or a mapping with 'url', got {a_type(raw)}")
-    problems = Problems()
-    with problems.check():
-        refuse_unknown(f"{key}.", raw, accepted_keys(EndpointConfig))
+    raw = _known(raw, f"{key}.", accepted_keys(EndpointConfig), problems)
     if "url" not in raw:
-        problems.found.append(f"{key}: 'url' is required")
-        problems.raise_any()
-    url, basic_auth = "", None
-    with problems.check():
-        url, basic_auth = split_userinfo(check_url(f"{key}.url", raw["url"]))
+        raise ConfigError(f"{key}: 'url' is required")
+    url, basic_auth = split_userinfo(check_url(f"{key}.url", raw["url"]))
     if basic_auth is not None and raw.get("api_key"):
         problems.found.append(
             f"{key}: the url carries credentials (user:pass@) and api_key is set too; "
@@ -76,10 +74,13 @@ def _endpoint(i: int, raw: object, default_slots: int, api_keys: dict[Any, objec
     if api_key is not None:
         if not isinstance(api_key, str):
             problems.found.append(f"{key}.api_key: expected a string, got {a_type(api_key)}")
+            api_key = None
         else:
-            with problems.check():
+            try:
                 api_key = expand_env(api_key, f"{key}.api_key") or None
-    problems.raise_any()
+            except ConfigError as e:
+                problems.found.extend(e.problems)
+                api_key = None
     name = raw.get("name", default_name(url))
     return {
         **raw,
@@ -91,37 +92,40 @@ def _endpoint(i: int, raw: object, default_slots: int, api_keys: dict[Any, objec
     }
 
 
-def _client_key(where: str, entry: object) -> dict[str, object]:
+def _client_key(i: int, entry: object, problems: Problems) -> dict[str, object]:
     """One entry of `client_keys` as the mapping ClientKey is made from, its key checked and
-    expanded."""
+    expanded. What is wrong is noted in `problems`; without a usable key, ConfigError (the
+    entry is left out)."""
+    where = f"client_keys[{i}]"
     if not isinstance(entry, dict):
         raise ConfigError(
             f"{where}: expected a mapping with 'name', 'key' and optional 'models', "
             f"'max_concurrent', got {a_type(entry)}"
         )
-    problems = Problems()
-    with problems.check():
-        refuse_unknown(f"{where}.", entry, accepted_keys(ClientKey))
-    name, models, key = entry.get("name"), entry.get("models"), None
-    with problems.check():
-        key = check_key(f"{where}.key", entry.get("key"))
-    problems.raise_any()
-    return {
-        **entry,
-        "name": name.strip() if isinstance(name, str) else name,
-        "key": key,
-        "models": None if models == [] else models,
-    }
+    entry = _known(entry, f"{where}.", accepted_keys(ClientKey), problems)
+    name, models = entry.get("name"), entry.get("models")
+    made = {**entry, "key": check_key(f"{where}.key", entry.get("key")), "models": None if models == [] else models}
+    if isinstance(name, str):
+        made["name"] = name.strip()
+    return made
 
 
-def _listed(problems: Problems, key: str, raw: list[object], make: Any) -> tuple[list[dict[str, object]], list[int]]:
-    """`make(i, item)` for each item of the list `key`: those made, and the index in the file
-    of each (an item refused here is left out, and noted, so msgspec's later messages name
-    the others by their place in the file)."""
+def _known(raw: dict[Any, Any], where: str, allowed: list[str], problems: Problems) -> dict[Any, Any]:
+    """`raw` without its unknown keys, each noted (with the nearest valid name)."""
+    with problems.check():
+        refuse_unknown(where, raw, allowed)
+        return raw
+    return {k: v for k, v in raw.items() if k in allowed}
+
+
+def _listed(problems: Problems, raw: list[object], make: Any) -> tuple[list[dict[str, object]], list[int]]:
+    """`make(i, item, problems)` for each item of a list: those made, and the index in the
+    file of each (an item refused here is left out, and noted, so msgspec's later messages
+    name the others by their place in the file)."""
     made, at = [], []
     for i, item in enumerate(raw):
         with problems.check():
-            made.append(make(i, item))
+            made.append(make(i, item, problems))
             at.append(i)
     return made, at
 
@@ -151,7 +155,7 @@ def parse_config(data: object, source: str = "config") -> RouterConfig:
         slots = cast(int, defaults(RouterConfig)["max_concurrent_connections"])
     places: dict[str, list[int]] = {}  # a list's items as msgspec sees them: their index in the file
     values["endpoints"], places["endpoints"] = _listed(
-        problems, "endpoints", raw_eps, lambda i, raw: _endpoint(i, raw, slots, api_keys)
+        problems, raw_eps, lambda i, raw, found: _endpoint(i, raw, slots, api_keys, found)
     )
     for setting in _KEY_SETTINGS:
         if values.get(setting) is not None:
@@ -162,9 +166,7 @@ def parse_config(data: object, source: str = "config") -> RouterConfig:
     if "client_keys" in values:
         raw_keys = values["client_keys"]
         if isinstance(raw_keys, list):
-            values["client_keys"], places["client_keys"] = _listed(
-                problems, "client_keys", raw_keys, lambda i, entry: _client_key(f"client_keys[{i}]", entry)
-            )
+            values["client_keys"], places["client_keys"] = _listed(problems, raw_keys, _client_key)
         else:
             problems.found.append(
                 "client_keys: expected a list of {name, key, models?, max_concurrent?} mappings, "
@@ -208,9 +210,10 @@ def _convert(values: dict[str, Any], places: dict[str, list[int]], problems: Pro
 
 
 def _take_out(values: dict[str, Any], steps: list[str | int], places: dict[str, list[int]]) -> bool:
-    """Remove what msgspec refused at `steps`: the key (a list wrong in one item goes whole),
-    or an entry of `endpoints` or `client_keys` whose required key is wrong. False when there
-    is nothing to remove (the file's top level, or `endpoints` itself)."""
+    """Remove what msgspec refused at `steps`: the key (a list of values wrong in one goes
+    whole), or the entry of `endpoints` or `client_keys` that is wrong as a whole or in a
+    required key. False when there is nothing to remove (the file's top level, or the last
+    endpoint)."""
     holder: dict[str, Any] | None = None
     key, node, item = "", cast(Any, values), None
     for step in steps:
@@ -224,13 +227,16 @@ def _take_out(values: dict[str, Any], steps: list[str | int], places: dict[str, 
             if holder is values and item is None:
                 item = (key, step)
             node = node[step]
-    if holder is None or (holder is values and key == "endpoints"):
-        return False
-    if key in _REQUIRED and item is not None and holder is not values:  # that entry goes, and its place
+    entry = item is not None and item[0] in places and (isinstance(steps[-1], int) or key in _REQUIRED)
+    if item is not None and entry:  # that entry goes, and its place
         listed, index = item
+        if listed == "endpoints" and len(values[listed]) == 1:
+            return False
         del values[listed][index]
-        del places.setdefault(listed, list(range(index + 1)))[index]
+        del places[listed][index]
         return True
+    if holder is None or (holder is values and key in places):
+        return False
     del holder[key]
     return True
 
