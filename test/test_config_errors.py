@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from nomyo_router.config import ConfigError, load_config
+from nomyo_router.config import ConfigError, load_config, parse_config
 
 BAD = """\
 endpoints:
@@ -109,3 +109,31 @@ def test_check_reports_tracing_without_its_extra(tmp_path):
     assert "nomyo-router: tracing: needs the opentelemetry-proto package, which is not installed" in r.stderr
     assert "pip install 'nomyo-router[tracing]'" in r.stderr
     assert "opentelemetry" not in sys.modules or check(str(path)).returncode == 0  # with it installed: ok
+
+
+def test_entries_of_a_list_are_named_by_their_place_in_the_file():
+    """An entry left out (not a mapping, no usable url or key) does not shift the names of
+    the others' problems; an entry with an unknown key is still checked whole."""
+    with pytest.raises(ConfigError) as e:
+        parse_config(
+            {
+                "endpoints": [5, {"url": "http://x:1", "max_concurrent": "a", "modls": 5}, "http://y:2"],
+                "client_keys": [
+                    {"name": 5, "key": "0123456789"},
+                    {"nme": "ok", "key": "abcdefghijk", "rpm": "x"},
+                    {"name": "z", "key": "short"},
+                    {"name": "w", "key": "wwwwwwwwwwww", "rpm": 0},
+                ],
+            }
+        )
+    assert e.value.problems == [
+        "endpoints[0]: expected a URL or a mapping with 'url', got an int",
+        "endpoints[1].modls: unknown key; did you mean models?",
+        "client_keys[1].nme: unknown key; did you mean name?",
+        "client_keys[2].key: a key of 5 characters is too easy to guess; use at least 8 (16 or more recommended)",
+        "endpoints[1].max_concurrent: expected an integer >= 1, got 'a'",
+        "client_keys[0].name: expected a non-empty string, got 5",
+        "client_keys[1].rpm: expected an integer >= 1, got 'x'",
+        "client_keys[1]: 'name' is required",
+        "client_keys[3].rpm: expected an integer >= 1, got 0",
+    ]
