@@ -236,7 +236,7 @@ class RouterApp:
         rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
         rec.reserved = reserved
         if router.tracer is not None:
-            router.tracer.begin(rec, scope, req.kind, req.key, t0)
+            router.tracer.begin(rec, scope, req.kind, req.key, t0, req.body)
         # The one way out of this request's answer, and its one completion point (`finish`).
         # (the writer is popped from the scope: no reference cycle through it)
         ex = Exchange(send, rec, t0, router.events, scope.pop(BODY_WRITER, None))

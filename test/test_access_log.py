@@ -23,6 +23,7 @@ import pytest
 from mock import run_mock
 from nomyo_router.events import Events, RequestRecord
 from nomyo_router.ops.accesslog import text_value
+from nomyo_router.ops.logformat import JsonFormatter
 from test.helpers import endpoints, read_response, run_router
 
 KEY = "router-key-0123456789"
@@ -47,6 +48,8 @@ KEYS = {
     "resumed",
     "error",
 }
+ENVELOPE = ("time", "level", "logger", "message")  # every JSON line's (ops/logformat.py)
+JSON_LINE = JsonFormatter()
 ALWAYS = {"request_id", "api", "route", "model", "stream", "status", "queue_ms", "total_ms", "retries", "resumed"}
 GENERATED = re.compile(r"[0-9a-f]+-[0-9]+")  # app.next_request_id
 
@@ -112,7 +115,10 @@ def one_line(line: str) -> None:
 def parse(line: str, fmt: str) -> dict[str, Any]:
     one_line(line)
     fields = parse_json(line) if fmt == "json" else parse_text(line)
-    if fmt == "json":
+    if fmt == "json":  # the line's own fields, then the request's
+        envelope = {k: fields.pop(k) for k in ENVELOPE}
+        assert envelope["level"] == "INFO" and envelope["logger"] == "nomyo_router.access"
+        assert envelope["message"] == f"{fields['route']} {fields['status']}"
         assert set(fields) == KEYS
         fields = {k: v for k, v in fields.items() if v is not None}
     else:  # typed back as a JSON line has them
@@ -128,7 +134,12 @@ def parse(line: str, fmt: str) -> dict[str, Any]:
 
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "nomyo_router.access"]
+    """The lines as written: a JSON one as `log_format: json`'s formatter writes it."""
+    return [
+        JSON_LINE.format(r) if hasattr(r, "access") else r.getMessage()
+        for r in caplog.records
+        if r.name == "nomyo_router.access"
+    ]
 
 
 async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -172,7 +183,7 @@ def keyed(mock: Any, fmt: str, **extra: Any) -> dict[str, Any]:
 async def test_forged_request_ids_and_model_names_stay_in_their_field(mock, caplog, fmt):
     auth = b"Authorization: Bearer " + KEY.encode()
     sent: list[tuple[bytes | str, int, bytes]] = []  # (what was sent, status, echoed id)
-    with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+    with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
         async with run_router(keyed(mock, fmt)) as r:
             for rid, _ in REQUEST_IDS:
                 status, head = await raw_post(
@@ -216,7 +227,7 @@ async def test_a_stream_cut_mid_way_is_one_line_with_the_200_the_client_got(capl
             "resume_streams": resume,
             "eject_after": 1000,
         }
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             async with run_router(cfg) as r, aiohttp.ClientSession() as s:
                 async with s.post(r.url + "/api/chat", json={**CHAT, "stream": True}) as resp:
                     assert resp.status == 200
@@ -240,7 +251,7 @@ async def test_a_client_gone_before_any_head_is_499(caplog, fmt):
             "log_format": fmt,
             "client_keys": [{"name": "capped", "key": KEY, "max_concurrent": 1}],
         }
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             async with run_router(cfg) as r:
                 host, port = r.url.removeprefix("http://").split(":")
                 body = json.dumps(CHAT).encode()
@@ -276,7 +287,7 @@ async def test_an_exception_before_any_head_is_the_500_the_client_got(mock, capl
             raise RuntimeError("a bug")
 
         r.router.proxy.forward = broken  # type: ignore[method-assign]
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             status, _ = await raw_post(r.url, "/api/chat", json.dumps(CHAT).encode(), [b"X-Request-ID: boom"])
             await until(lambda: len(access_lines(caplog)) == 1)
     assert status == 500
@@ -334,7 +345,7 @@ def test_any_value_of_any_type_keeps_the_line_whole(caplog, fmt):
     events = Events()
     AccessLog(events, fmt)
     odd: list[Any] = ["1 status=200", ["a b", 'c"'], "", {"k": "v\n"}, 12]
-    with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+    with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
         for value in odd:
             events.request_done(
                 RequestRecord(

@@ -248,7 +248,11 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
         bool, doc("one access line per request on the nomyo_router.access logger (never prompt text)", OBSERVE)
     ] = False
     log_format: Annotated[
-        Literal["text", "json"], doc("the access lines: key=value text or one JSON object", OBSERVE)
+        Literal["text", "json"],
+        doc(
+            "every log line: text, or one JSON object (time, level, logger, message; an access line's fields)",
+            OBSERVE,
+        ),
     ] = "text"
     usage_db: Annotated[
         Annotated[str, Meta(pattern=r"\S")] | None,

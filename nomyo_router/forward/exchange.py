@@ -145,7 +145,10 @@ class Exchange:
 
     def tokens(self, tail: bytes) -> None:
         """The backend's token counts, from the last bytes of its answer."""
-        self.rec.prompt_tokens, self.rec.completion_tokens = token_counts.counts(tail[-token_counts.TAIL :])
+        rec = self.rec
+        rec.prompt_tokens, rec.completion_tokens = token_counts.counts(tail[-token_counts.TAIL :])
+        if rec.trace is not None:  # (tracing on: its span reads the answer's id and finish reasons)
+            rec.trace.answered(tail)
 
     def counted(self, prompt: object, completion: object) -> None:
         """The backend's token counts, read from its answer's usage object."""

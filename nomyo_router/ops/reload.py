@@ -106,7 +106,7 @@ def read() -> RouterConfig:
     try:
         return load_config(config_path())
     except ConfigError as e:
-        log.error("config reload rejected, keeping the running config: %s", e)
+        log.error("config reload rejected, keeping the running config: %s", e.one_line)
         raise
 
 
@@ -136,5 +136,5 @@ class ReloadRoute:
                 # (None: a reload asked for after this one replaced it while it waited)
                 body = {"status": "reloaded", **done} if done is not None else {"status": "superseded"}
         except ConfigError as e:
-            raise ApiError(400, f"config rejected, the running one stays: {e}") from None
+            raise ApiError(400, f"config rejected, the running one stays: {e.one_line}") from None
         await send_response(send, 200, json.dumps(body).encode())
