@@ -217,6 +217,23 @@ async def test_ollama_without_numbers_halves_the_history_then_keeps_only_what_mu
     assert resp.headers["X-Router-Trimmed"] == "32"
 
 
+async def test_re_asks_are_bounded_by_max_attempts_and_count_on_the_key_s_rpm():
+    async with refusing("ollama", limit=700) as (b, url):
+        async with run_router(config(url, "ollama", context_overflow="trim", max_attempts=2)) as r:
+            async with httpx.AsyncClient(timeout=10) as c:
+                body = {"model": "llama3", "messages": history(16), "stream": False}
+                resp = await c.post(r.url + "/api/chat", json=body)
+    assert resp.status_code == 200 and [len(s) for s in b.seen] == [34, 2]  # two asks in all
+    keys = [{"name": "k", "key": "k-key-123456", "rpm": 2}]
+    async with refusing("ollama", limit=700) as (b, url):
+        async with run_router(config(url, "ollama", context_overflow="trim", client_keys=keys)) as r:
+            async with httpx.AsyncClient(timeout=10) as c:
+                resp = await c.post(r.url + "/api/chat", json=body, headers={"Authorization": "Bearer k-key-123456"})
+    # the request and its first re-ask are the key's two requests of the minute; the next is refused
+    assert resp.status_code == 429 and "rate limit" in resp.json()["error"]
+    assert [len(s) for s in b.seen] == [34, 18]
+
+
 async def test_another_400_and_the_default_pass_the_answer_through_untouched():
     async with refusing("other") as (b, url):
         async with run_router(config(url, "openai", context_overflow="trim")) as r:
