@@ -19,8 +19,9 @@ the request itself. An ensemble makes at most `samples` + 2 backend requests (ea
 failover of any request, up to `max_attempts` tries); the samples and the review each count
 one request against the client key's rpm and budgets (a step they refuse is left out), the
 final step is the request's own. Trim-and-retry does not re-run an ensemble. Each step's
-tokens are accounted (usage, metrics, the access log) as a request of its own, `<request id>.s1`, `.s2`, …, `.review`; the final step is the request.
-Chat and completion routes of both APIs; `moe-` models are never cached.
+tokens are accounted (usage, metrics, the access log) as a request of its own,
+`<request id>.s1`, `.s2`, …, `.review`; the final step is the request. Chat and completion
+routes of both APIs; `moe-` models are never cached.
 """
 
 from __future__ import annotations
