@@ -102,3 +102,20 @@ def test_every_listener_sees_the_placeholder_for_a_name_nobody_serves(ended):
         rec.endpoint = "a"
     router.events.request_done(rec)
     assert rec.model == ("llama3" if ended else UNKNOWN_MODEL)
+
+
+async def test_spans_name_an_unknown_model_by_the_placeholder():
+    tracing = pytest.importorskip("test.test_tracing")
+    async with run_mock(**FAST) as m, tracing.receiver() as (rx, url):
+        config = {"endpoints": endpoints(m), "tracing": {"endpoint": url, "sample_ratio": 1.0}}
+        async with run_router(config) as r, httpx.AsyncClient(timeout=10) as c:
+            for i in range(3):
+                body = {"model": f"guess-{i}-" + "z" * 200, "messages": MSGS, "stream": False}
+                assert (await c.post(r.url + "/api/chat", json=body)).status_code == 404
+            for _ in range(100):  # (the exporter sends its batch within a second)
+                if len([s for _, s in rx.spans if s.kind == tracing.Span.SPAN_KIND_SERVER]) >= 3:
+                    break
+                await asyncio.sleep(0.05)
+    server = [s for _, s in rx.spans if s.kind == tracing.Span.SPAN_KIND_SERVER]
+    models = {tracing.attrs(s.attributes)["gen_ai.request.model"] for s in server}
+    assert len(server) == 3 and models == {UNKNOWN_MODEL} and not any("guess-" in s.name for _, s in rx.spans)
