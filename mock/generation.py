@@ -112,13 +112,16 @@ def _parse(api: str, kind: str, body: dict) -> Generation:
 
 
 def _check_parts(messages: list) -> None:
-    """Content parts are objects with a string `type`, and their `text`, when present, is a
-    string (OpenAI's and vLLM's schemas refuse anything else with a 400)."""
+    """Messages are objects whose `role` is a string and `content` a string, a list or null;
+    content parts are objects with a string `type`, and their `text`, when present, is a
+    string (OpenAI's, vLLM's and Ollama's schemas refuse anything else with a 400)."""
     for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
-        if not isinstance(content, list):
-            continue
-        for p in content:
+        if not isinstance(m, dict) or not isinstance(m.get("role", ""), str):
+            raise BadRequest(400, f"messages[{i}] must be an object with a string role")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise BadRequest(400, f"messages[{i}].content must be a string or a list of parts")
+        for p in content if isinstance(content, list) else ():
             if not isinstance(p, dict) or not isinstance(p.get("type"), str):
                 raise BadRequest(400, f"messages[{i}].content: each part must be an object with a string type")
             if "text" in p and not isinstance(p["text"], str):

@@ -129,3 +129,22 @@ def test_after_fuzzing_no_slot_or_queue_place_is_left(router) -> None:
     health = json.loads(conn.getresponse().read())
     assert health["queue_length"] == 0
     assert all(e["in_flight"] == 0 for e in health["endpoints"]), health["endpoints"]
+
+
+async def test_the_mock_answers_a_malformed_body_400_as_a_server_does():
+    """Not 500: a body of the wrong shape is the client's fault (the router's fuzzing tells a
+    backend's 5xx apart, so a mock that failed on such bodies would hide the router's own)."""
+    import aiohttp
+
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}, "text": 5}
+    bodies = [
+        ("/v1/chat/completions", {"model": "llama3", "messages": [{"role": "user", "content": [part]}]}),
+        ("/v1/chat/completions", {"model": "llama3", "messages": [{"role": "user", "content": [5]}]}),
+        ("/api/chat", {"model": "llama3", "messages": [{"role": "user", "content": [{"text": None}]}]}),
+        ("/api/chat", {"model": "llama3", "messages": [{"role": "user", "content": {"a": 1}}]}),
+        ("/api/chat", {"model": "llama3", "messages": [None, {"role": 5, "content": {}}]}),
+    ]
+    async with run_mock(**FAST) as m, aiohttp.ClientSession() as s:
+        for path, data in bodies:
+            async with s.post(m.url + path, json=data) as resp:
+                assert resp.status == 400, (path, data, await resp.text())
