@@ -30,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import ZERO, free_port, mock_process, rss_mb  # noqa: E402
-
 from loadtest.router_process import router_process  # noqa: E402
 
 
