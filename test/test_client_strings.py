@@ -119,3 +119,21 @@ async def test_spans_name_an_unknown_model_by_the_placeholder():
     server = [s for _, s in rx.spans if s.kind == tracing.Span.SPAN_KIND_SERVER]
     models = {tracing.attrs(s.attributes)["gen_ai.request.model"] for s in server}
     assert len(server) == 3 and models == {UNKNOWN_MODEL} and not any("guess-" in s.name for _, s in rx.spans)
+
+
+def test_the_span_template_cache_is_bounded_in_bytes():
+    """Names are bounded at the door and unknown ones are one placeholder; the cache of span
+    templates is bounded in bytes besides (models and routes come and go with reloads)."""
+    pytest.importorskip("opentelemetry.proto.trace.v1.trace_pb2")
+    from nomyo_router.config import TracingConfig
+    from nomyo_router.ops import otlp
+    from nomyo_router.ops.tracing import Settings
+
+    exporter = otlp.Exporter(Settings(TracingConfig(endpoint="http://127.0.0.1:9"), env={}))
+    longest = 0
+    for i in range(4000):  # (past the byte bound before MAX_TEMPLATES entries)
+        model = f"{i:06d}" + "m" * (MAX_MODEL_BYTES - 6)
+        exporter._template(("chat", model), otlp.SERVER, "chat", model, None, None, "/api/chat")
+        longest = max(longest, exporter._template_bytes)
+    assert longest <= otlp.MAX_TEMPLATE_BYTES + 4 * MAX_MODEL_BYTES  # (one template past the bound at most)
+    assert len(exporter._templates) < 4000  # it was emptied on the way
