@@ -210,7 +210,7 @@ class RouterApp:
         if client is not None:
             if not client.may_use(req.key):
                 raise ApiError(403, f"this API key may not use model '{req.model}'")
-            req.client = client.name
+            req.client, req.routing_headers = client.name, client.routing_headers
         if router.windows is not None and req.ctype is None:  # longer than some endpoint's context window?
             try:
                 req.too_small = router.windows.check(req, router.endpoints)
@@ -242,8 +242,9 @@ class RouterApp:
         ex = Exchange(send, rec, t0, router.events, scope.pop(BODY_WRITER, None))
         ex.queued = (router.body_budget, scope.pop(QUEUED_BYTES))  # (given back when it holds a slot)
         handle: Handle = router.ensemble.handle if ensemble else router.proxy.forward
-        if router.config.context_overflow == "trim":  # a chat too long for the model: its oldest turns go
-            handle = overflow.wrap(handle, router.events)
+        if router.config.context_overflow == "trim" and not ensemble:  # a chat too long: its oldest turns go
+            bounds = overflow.Bounds(router.config.max_attempts, router.proxy.budget, router.charge)
+            handle = overflow.wrap(handle, router.events, bounds)
         if router.cache is not None or "nomyo" in req.body:  # the response cache; NOMYO's body field
             handle = response_cache.handler(router.cache, scope, req, handle)
         router.events.request_started(rec)  # (no listener unless /api/usage-stream is read)

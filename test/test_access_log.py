@@ -24,6 +24,7 @@ from mock import run_mock
 from nomyo_router.events import Events, RequestRecord
 from nomyo_router.ops.accesslog import text_value
 from nomyo_router.ops.logformat import JsonFormatter
+from nomyo_router.ops.metrics import UNKNOWN_MODEL
 from test.helpers import endpoints, read_response, run_router
 
 KEY = "router-key-0123456789"
@@ -76,7 +77,7 @@ MODELS = [
     "line\u2028sep\x85nel",
     "nul\x00",
     "é ü",
-    "x" * 300,
+    "x" * 256,  # (the longest name allowed: MAX_MODEL_BYTES)
 ]  # (a lone surrogate: refused as bad JSON, 400, no line)
 
 _PAIR = re.compile(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|[^ "]+)(?: |$)')
@@ -208,10 +209,10 @@ async def test_forged_request_ids_and_model_names_stay_in_their_field(mock, capl
         line = by_id[echoed.decode("ascii")]
         assert line["status"] == 200 and line["model"] == "llama3" and line["client"] == CLIENT
         assert line["endpoint"] == "m0" and line["route"] == "/api/chat" and line["stream"] is False
-    for model, (_, status, rid) in zip(MODELS, sent[len(REQUEST_IDS) :], strict=True):
-        assert status == 404  # an unknown model, still logged
+    for _model, (_, status, rid) in zip(MODELS, sent[len(REQUEST_IDS) :], strict=True):
+        assert status == 404  # an unknown model, still logged, under the placeholder (never what the client wrote)
         line = by_id[rid.decode()]
-        assert line["model"] == model and line["status"] == 404 and line["client"] == CLIENT
+        assert line["model"] == UNKNOWN_MODEL and line["status"] == 404 and line["client"] == CLIENT
         assert line["error"] == "error" and "endpoint" not in line
 
 

@@ -54,6 +54,11 @@ class Client:
     name: str
     models: frozenset[str] | None  # model keys (name:tag) it may use; None: all
     role: str = "client"  # client | default (router_api_key) | admin | metrics
+    # Gets the routing headers that tell where a request went and why (X-Router-Endpoint,
+    # -Affinity, -Cache): they describe state every key shares (the prefix index, which
+    # endpoint holds what), so with `client_keys` only operators and keys with
+    # `debug_headers: true` see them; one key must learn nothing of another's requests.
+    routing_headers: bool = True
 
     def may_use(self, model_key: str) -> bool:
         return self.models is None or model_key in self.models
@@ -68,12 +73,13 @@ def keys_of(config: RouterConfig) -> Keys | None:
     """Every key the config names, or None when the router is open."""
     from ..domain import model_key
 
-    entries: list[tuple[str, str, frozenset[str] | None, str]] = []
+    tenants = bool(config.client_keys)  # keys of several clients: each sees only its own
+    entries: list[tuple[str, str, frozenset[str] | None, str, bool]] = []
     for role, key in (("default", config.router_api_key), ("admin", config.admin_key), ("metrics", config.metrics_key)):
         if key:
-            entries.append((role, key, None, role))
+            entries.append((role, key, None, role, role in OPERATOR_ROLES or not tenants))
     entries += [
-        (c.name, c.key, frozenset(model_key(m) for m in c.models) if c.models else None, "client")
+        (c.name, c.key, frozenset(model_key(m) for m in c.models) if c.models else None, "client", c.debug_headers)
         for c in config.client_keys
     ]
     # the admin and metrics keys alone do not close the router: they only unlock their routes
@@ -86,10 +92,14 @@ def caps_of(config: RouterConfig) -> dict[str, int]:
 
 
 class Keys:
-    def __init__(self, entries: Sequence[tuple[str, str, frozenset[str] | None, str]], required: bool = True) -> None:
+    def __init__(
+        self, entries: Sequence[tuple[str, str, frozenset[str] | None, str, bool]], required: bool = True
+    ) -> None:
+        """`entries`: (name, key, models, role, sees the routing headers)."""
         self.required = required  # False: an open router that still knows the admin or metrics key
         self._by_digest = {
-            digest_of(key): (digest_of(key), Client(name, models, role)) for name, key, models, role in entries
+            digest_of(key): (digest_of(key), Client(name, models, role, shown))
+            for name, key, models, role, shown in entries
         }
 
     def check(self, presented: bytes | None) -> Client | None:
