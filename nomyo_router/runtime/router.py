@@ -151,7 +151,7 @@ class Router:
         if self.gc is not None:
             self.gc.start()
         if self.tracer is not None:
-            self.tracer.exporter.start()
+            self.tracer.start()
         await self.discovery.start()
         if self.windows is not None:
             self.windows.start()
@@ -189,7 +189,7 @@ class Router:
         if self.cache is not None:
             await self.cache.close()
         self.upstream.close()
-        if self.tracer is not None:  # (what is left is sent, within a few seconds)
+        if self.tracer is not None:  # (what is left is sent, within a second)
             await asyncio.to_thread(self.tracer.close)
         await self.manage_session.close()
         await self.store.close()
