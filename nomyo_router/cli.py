@@ -112,6 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         os.umask(os.umask(0) | 0o077)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .upstream import descriptors
+
+    before, now = descriptors.raise_soft_limit()  # (the workers inherit it)
+    logging.getLogger("nomyo_router").info(
+        "file descriptors: soft limit %d%s, hard %d",
+        now,
+        f" (raised from {before})" if now != before else "",
+        descriptors.limits()[1],
+    )
     settings = dict(
         host=args.host,
         port=args.port,

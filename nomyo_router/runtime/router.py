@@ -37,6 +37,7 @@ from ..upstream.h1 import Upstream
 from ..upstream.health import Health
 from ..upstream.session import ManageSession
 from . import reconfigure
+from .descriptor_watch import DescriptorWatch
 from .gc_pacing import GcPace
 from .handlers import Handlers
 from .idle_spin import IdleSpin
@@ -76,6 +77,7 @@ class Router:
         self.keys = access.keys_of(config)
         self.origins = access.Origins(config.allowed_origins)
         self.loop_lag = LoopLag()
+        self.descriptor_watch = DescriptorWatch(self.events)
         self.idle_spin = IdleSpin(config.idle_spin_us / 1e6)  # armed by the protocol (protocol.py)
         # full collections on a timer, not by growth (thousands of open streams)
         self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
@@ -147,6 +149,7 @@ class Router:
         if self.cache is not None:
             await self.cache.start()
         self.loop_lag.start()
+        self.descriptor_watch.start()
         self.rate_limits.start()
         if self.gc is not None:
             self.gc.start()
@@ -181,6 +184,7 @@ class Router:
         if self.windows is not None:
             await self.windows.stop()
         await self.loop_lag.stop()
+        await self.descriptor_watch.stop()
         await self.rate_limits.stop()
         if self.gc is not None:
             self.gc.stop()
