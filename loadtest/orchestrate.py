@@ -69,7 +69,9 @@ class Fleet:
         self.config_path = write_config(self.router_config(), prefix="nomyo-loadtest-")
         port = self.router_port or free_port()
         self.router_url = f"http://127.0.0.1:{port}"
-        cmd = router_argv(self.config_path, port, self.router_workers)
+        # (access lines are logged at INFO: a run that asks for them gets them in the router's log)
+        level = "info" if self.router_extra.get("access_log") else "warning"
+        cmd = router_argv(self.config_path, port, self.router_workers, log_level=level)
         # A file, not a pipe: a router that logs more than a pipe holds during a run (ejections,
         # failures under fault injection) would block on its next line, and the run with it.
         self.router_log = log = tempfile.TemporaryFile(prefix="nomyo-loadtest-router-")

@@ -20,7 +20,9 @@ import yaml
 from mock.runner import free_port, stop_group, wait_http
 
 
-def router_argv(config_path: str, port: int, workers: int = 1, core: int | None = None) -> list[str]:
+def router_argv(
+    config_path: str, port: int, workers: int = 1, core: int | None = None, log_level: str = "warning"
+) -> list[str]:
     """`nomyo-router` serving the config at `config_path` on `port` (pinned to `core` if given)."""
     pin = ["taskset", "-c", str(core)] if core is not None else []
     # -P: the installed package is served, never a `nomyo_router/` directory the command
@@ -38,7 +40,7 @@ def router_argv(config_path: str, port: int, workers: int = 1, core: int | None 
         "--workers",
         str(workers),
         "--log-level",
-        "warning",
+        log_level,
     ]
 
 

@@ -34,8 +34,7 @@ async def limited_router(mock_url: str, nofile: str) -> AsyncIterator[tuple[str,
     """The router from its CLI under `prlimit --nofile=SOFT:HARD`: (url, process, its log's path)."""
     path = write_config({"endpoints": [{"name": "m1", "url": mock_url, "max_concurrent": 64}], "usage_db": None})
     port = free_port()
-    argv = router_argv(path, port)
-    argv[argv.index("warning")] = "info"
+    argv = router_argv(path, port, log_level="info")
     fd, log_path = tempfile.mkstemp(prefix="nomyo-fd-", suffix=".log")
     proc = subprocess.Popen(
         ["prlimit", f"--nofile={nofile}", *argv],
