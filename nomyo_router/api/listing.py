@@ -151,13 +151,21 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def ready(endpoints: Sequence[Endpoint], store: StateStore) -> bool:
+    """Whether this router can serve: at least one backend is healthy. The state store needs
+    no check of its own: when Redis stalls or the workers' host dies, the store serves under
+    each process's own limits until it is back (degraded by design), so it never stops a
+    request on its own."""
+    return any(store.is_healthy(ep) and ep.type is not None for ep in endpoints)
+
+
 async def health(
     endpoints: Sequence[Endpoint], store: StateStore, verdicts: Verdicts | None = None, details: bool = True
 ) -> tuple[int, bytes]:
     """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag).
     Without `details`, only whether the router is up: {"status": "ok" | "unavailable"}."""
     if not details:
-        ok = any(store.is_healthy(ep) and ep.type is not None for ep in endpoints)
+        ok = ready(endpoints, store)
         return (200 if ok else 503), b'{"status":"ok"}' if ok else b'{"status":"unavailable"}'
     snap = await store.snapshot()
     in_flight = snap.get("in_flight", {})
