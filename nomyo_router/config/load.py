@@ -115,6 +115,8 @@ def parse_config(data: object, source: str = "config") -> RouterConfig:
     if type(slots) is not int or slots < 1:  # (a bad one is reported as itself, below)
         slots = cast(int, defaults(RouterConfig)["max_concurrent_connections"])
     values["endpoints"] = [_endpoint(i, raw, slots, api_keys) for i, raw in enumerate(raw_eps)]
+    if isinstance(values.get("state"), str):  # (a deployment may choose it: the kustomize redis component)
+        values["state"] = expand_env(values["state"], "state")
     for setting in _KEY_SETTINGS:
         if values.get(setting) is not None:
             values[setting] = check_key(setting, values[setting])

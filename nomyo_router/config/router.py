@@ -197,7 +197,8 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
         str,
         Meta(pattern=r"^(auto|memory|shared)\Z|^(redis|rediss|unix)://"),
         doc(
-            "where slots, the queue, pins and health live: auto, memory, shared (workers) or redis://... (instances)",
+            "where slots, the queue, pins and health live: auto, memory, shared (workers) or redis://... "
+            "(instances); ${ENV} expanded",
             STATE,
             expected="'auto', 'memory', 'shared' or a redis:// URL",
         ),
