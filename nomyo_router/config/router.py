@@ -157,7 +157,7 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
     router_api_key: Annotated[
         Secret,
         doc(
-            "one client key (NOMYO's name); every route but / and /health then needs it; ${ENV} expanded; "
+            "one client key (NOMYO's name); every route but /, /health and the probes then needs it; ${ENV} expanded; "
             "sha256:<hex> stores only its hash",
             ACCESS,
         ),
