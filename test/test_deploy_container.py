@@ -141,8 +141,10 @@ def test_compose_config_by_docker_compose():
     out = run([*cli, "-f", str(COMPOSE.relative_to(ROOT)), "config"], env=env)  # from the root, as documented
     assert out.returncode == 0, out.stderr
     rendered = yaml.safe_load(out.stdout)
-    [published] = rendered["services"]["router"]["ports"]
-    assert published["host_ip"] == "127.0.0.1" and str(published["published"]) == "12434"
+    [published] = rendered["services"]["router"]["ports"]  # (the long form from compose v2, short from v1)
+    if isinstance(published, dict):
+        published = f"{published['host_ip']}:{published['published']}:{published['target']}"
+    assert published.removesuffix("/tcp") == "127.0.0.1:12434:12434"
     assert set(rendered["services"]) == {"router", "redis", "ollama"}
     router = rendered["services"]["router"]
     assert Path(router["build"]["context"]) == ROOT  # the build context is the repository
