@@ -27,9 +27,9 @@ setup-lint: $(BIN)/python
 	  $(BIN)/pip install -q -e '.[deploy,lint,kv-events,tracing]'
 
 redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing redis-server from the distribution"; \
-	  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null; }
+	@{ command -v redis-server >/dev/null 2>&1 && command -v redis-sentinel >/dev/null 2>&1; } || { \
+	  echo "installing redis-server and redis-sentinel from the distribution"; \
+	  (apt-get update -qq && apt-get install -y -qq redis-server redis-sentinel) >/dev/null; }
 
 chromium:
 	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \

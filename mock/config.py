@@ -31,6 +31,7 @@ class MockConfig:
     hang_rate: float = 0.0
     error_rate: float = 0.0  # answers that fail under a 200 (a crashed model runner): see HELP
     first_byte_delay_ms: float = 0.0
+    list_delay_ms: float = 0.0  # delay before its model lists (/api/tags, /api/ps, /v1/models)
     seed: int = 0
     openai_busy_status: int = 503
     stream_tick_ms: float = 0.0  # > 0: streams written by one shared timer per tick (mock.ticker)
@@ -49,6 +50,7 @@ class MockConfig:
             "batch_slowdown",
             "prefill_ms_per_1k_tokens",
             "first_byte_delay_ms",
+            "list_delay_ms",
             "stream_tick_ms",
         ):
             if getattr(self, name) < 0:
@@ -113,6 +115,7 @@ HELP = {
     "a stream gets an error record mid-way (then its end; OpenAI: then [DONE], as vLLM), "
     "a whole answer is an error object",
     "first_byte_delay_ms": "delay before the response headers",
+    "list_delay_ms": "delay before the model lists (/api/tags, /api/ps, /v1/models): a backend slow to discover",
     "seed": "seed of the fault dice and jitter",
     "stream_tick_ms": "> 0: one shared timer per tick writes every open stream's due chunk "
     "(tokens delivered <= one tick late; TTFT exact); 0: one sleep per token",

@@ -4,6 +4,7 @@ mock's current config."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from . import formats
@@ -26,10 +27,17 @@ class Metadata:
             ("GET", "/health"): self.health,  # vLLM's liveness route (vllm-router waits on it)
         }
 
+    async def _slow_list(self) -> None:
+        if self.b.config.list_delay_ms:
+            self.b.errors_injected["list_delay"] += 1
+            await asyncio.sleep(self.b.config.list_delay_ms / 1000)
+
     async def tags(self, request: web.Request) -> web.Response:
+        await self._slow_list()
         return web.json_response({"models": [formats.ollama_model_entry(m) for m in self.b.config.models]})
 
     async def ps(self, request: web.Request) -> web.Response:
+        await self._slow_list()
         c = self.b.config
         return web.json_response({"models": [formats.ollama_ps_entry(m, c.context_length) for m in c.models]})
 
@@ -40,6 +48,7 @@ class Metadata:
         return web.Response(200, b"")
 
     async def models(self, request: web.Request) -> web.Response:
+        await self._slow_list()
         return web.json_response(
             {
                 "object": "list",

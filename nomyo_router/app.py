@@ -34,6 +34,7 @@ from .api.asgi import (
 from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
 from .api.ratelimits import SCOPE_KEY as RATELIMIT_HEADERS
+from .api.ratelimits import reservation
 from .api.requests import GENERATION_ROUTES, parse
 from .cache import hook as response_cache
 from .config import RouterConfig
@@ -173,8 +174,9 @@ class RouterApp:
         client = scope.get("nomyo.client")
         if client is not None and router.client_limits.full(client.name):
             _refuse_full(router.config)  # before its body is read: a flood from one key buffers nothing
-        if client is not None and client.name in router.rate_limits.by_client:  # (429 before its body is read)
-            send = await router.rate_limits.admit(client.name, scope, send)
+        rate_limits = router.rate_limits
+        if client is not None and client.name in rate_limits.by_client:  # (429 before its body is read)
+            send = await rate_limits.admit(client.name, scope, send)
         raw = await read_body(scope, receive, router.config.max_body_bytes)
         req = parse(scope["path"], raw, t0)
         ensemble = req.model.startswith(moe.PREFIX)  # NOMYO's moe-<model>: <model>'s best of several answers
@@ -189,7 +191,11 @@ class RouterApp:
                 req.too_small = router.windows.check(req, router.endpoints)
             except TooLong as too_long:  # (context_routing: reject, and no endpoint's window fits)
                 raise ApiError(400, str(too_long), param="messages", code="context_length_exceeded") from None
-        if is_unload(req.kind, req.api, req.body):  # `ollama stop`: every endpoint that has it loaded
+        unloading = is_unload(req.kind, req.api, req.body)
+        reserved = None  # a token budget's reservation: what this request may spend (settled at its end)
+        if client is not None and rate_limits.budgeted(client.name):
+            send, reserved = await rate_limits.reserve(client.name, 0 if unloading else reservation(req), scope, send)
+        if unloading:  # `ollama stop`: every endpoint that has it loaded
             assert router.discovery is not None
             await router.discovery.fresh_ps(max_age=0.0)  # a model loaded a moment ago must be unloaded too
             status, body = await unload(router.upstream, router.endpoints, req.path, req.key, raw)
@@ -202,6 +208,7 @@ class RouterApp:
         given = header(scope, b"x-request-id")
         rid = given.decode("ascii") if given is not None and _GIVEN_ID.fullmatch(given) else next_request_id()
         rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
+        rec.reserved = reserved
         if router.tracer is not None:
             router.tracer.begin(rec, scope, req.kind, req.key, t0)
         # The one way out of this request's answer, and its one completion point (`finish`).

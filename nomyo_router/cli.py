@@ -20,6 +20,7 @@ import sys
 sys.modules.setdefault("watchfiles", None)  # type: ignore[arg-type]
 
 import uvicorn  # noqa: E402
+from uvicorn.config import STARTUP_FAILURE  # noqa: E402
 from uvicorn.supervisors import Multiprocess  # noqa: E402
 
 # Not `.app`: the master only supervises, and importing the app (aiohttp, ...) cost it ~11 MB.
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     from .ops import leftovers, preflight
     from .state import private
 
-    problems = preflight.check_config_paths(config)  # a path that cannot be opened: say so now
+    # a path that cannot be opened: say so now, once, not in every worker
+    problems = [*preflight.check_config_paths(config), *preflight.check_state_path(config, args.workers)]
     for problem in problems:
         print(f"nomyo-router: {problem}", file=sys.stderr)
     if problems:
@@ -82,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{args.config}: ok, {len(config.endpoints)} endpoint(s)")
         return 0
+    if config.state.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
+        from .state import redis_check  # (redis-py in this process only when the state is Redis)
+
+        misconfigured = redis_check.check(config.state, config.redis_timeout)  # wrong password, TLS, ...
+        if misconfigured is not None:
+            print(f"nomyo-router: {misconfigured}", file=sys.stderr)
+            return 2
     if args.workers > 1 and config.state == "memory":
         print(
             "nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
@@ -89,13 +98,19 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     leftovers.sweep_all(private.state_dir())  # what routers no longer running left (never a live one's)
-    shared_files = config.state in ("auto", "shared") and "NOMYO_ROUTER_STATE_PATH" not in os.environ
+    # (with Redis too: its workers share one table while Redis is away, state/redis_local.py)
+    shared_files = config.state != "memory" and "NOMYO_ROUTER_STATE_PATH" not in os.environ
     own_metrics = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
     if args.workers > 1 and (shared_files or own_metrics):
         try:  # fail here, once, rather than in every worker
             private.ensure_private_dir(private.state_dir())
         except private.UnsafeStatePath as e:
             print(f"nomyo-router: unsafe shared-state directory: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:  # (its parent is missing or read-only: XDG_RUNTIME_DIR, TMPDIR)
+            print(
+                f"nomyo-router: {preflight.describe('shared-state directory', private.state_dir(), e)}", file=sys.stderr
+            )
             return 2
         leftovers.record_owner(private.state_dir())  # before any file named after this pid
     if args.workers > 1 and own_metrics:
@@ -138,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     server_config = uvicorn.Config("nomyo_router.app:app", **settings)
     lifecycle.use_bound_workers()  # workers end with this process, even when it is SIGKILLed
-    Supervisor(server_config, sockets=[server_config.bind_socket()]).run()
+    supervisor = Supervisor(server_config, sockets=[server_config.bind_socket()])
+    supervisor.run()
     # every worker has exited (uvicorn joined them): what they and this process made goes too
     if shared_files or own_metrics:
         leftovers.remove_own(private.state_dir())
     _fold_sqlite_files(config)
-    return 0
+    return supervisor.exit_status
 
 
 def _fold_sqlite_files(config: RouterConfig) -> None:
@@ -185,7 +201,18 @@ def _version() -> str:
 class Supervisor(Multiprocess):
     """uvicorn's worker supervisor, but SIGHUP reloads the config inside the workers (keeping
     their connections, queues, pins and learned state) instead of replacing them; a file that
-    does not validate is rejected here, logged, and nobody reloads."""
+    does not validate is rejected here, logged, and nobody reloads. A worker that fails to
+    start stops the router, as in uvicorn, but with the worker's exit status (uvicorn's
+    supervisor exits 0, so systemd's `Restart=on-failure` would not restart it)."""
+
+    exit_status = 0
+
+    def keep_subprocess_alive(self) -> None:
+        super().keep_subprocess_alive()
+        if self.exit_status == 0 and self.should_exit.is_set():
+            failed = [p.exitcode for p in self.processes if p.exitcode == STARTUP_FAILURE]
+            if failed:  # (uvicorn stopped because a worker failed to start)
+                self.exit_status = STARTUP_FAILURE
 
     def handle_hup(self) -> None:
         try:

@@ -40,12 +40,16 @@ def redis_url():
 
 
 class RedisServer:
-    def __init__(self) -> None:
+    """`args`: more of redis-server's options (`--requirepass`, TLS); `tls`: the port given is
+    its TLS port (then `args` names the certificate and key)."""
+
+    def __init__(self, args: tuple[str, ...] = (), tls: bool = False) -> None:
         from mock import free_port
 
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         self.proc = None
+        self.extra, self.tls = args, tls
 
     def start(self) -> RedisServer:
         import shutil
@@ -55,7 +59,8 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:
             pytest.fail("redis-server is not installed; `make test` installs it from the distribution")
-        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        ports = ["--port", "0", "--tls-port", str(self.port)] if self.tls else ["--port", str(self.port)]
+        args = [exe, *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self.extra]
         version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
         if int(version.split("v=", 1)[1].split(".", 1)[0]) >= 7:  # before 7: always allowed
             args += ["--enable-debug-command", "local"]  # DEBUG SLEEP: how test_redis_stall stalls it

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import itertools
 import json
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import AsyncIterator
@@ -39,7 +42,7 @@ async def run_router(
     `keep_alive`: seconds an idle kept-alive connection stays open (uvicorn's default).
     `tls`: (key file, certificate file) to serve https."""
     if isinstance(config, dict):
-        config = parse_config({"usage_db": TEST_USAGE_DB, **config})
+        config = parse_config({"usage_db": fresh_usage_db(), **config})
     app = RouterApp(config)
     port = free_port()
     server = uvicorn.Server(
@@ -72,6 +75,15 @@ async def run_router(
 
 
 TEST_USAGE_DB = os.path.join(tempfile.gettempdir(), f"nomyo-usage-test-{os.getpid()}.db")
+_USAGE_DIR = tempfile.mkdtemp(prefix="nomyo-usage-test-")
+atexit.register(shutil.rmtree, _USAGE_DIR, True)
+_USAGE_DBS = itertools.count()
+
+
+def fresh_usage_db() -> str:
+    """A usage database of its own for each router a test starts: the token budgets read back
+    what a database holds (a restart remembers them), so routers must not share one by chance."""
+    return os.path.join(_USAGE_DIR, f"usage-{next(_USAGE_DBS)}.db")
 
 
 def endpoints(*mocks: Any, slots: int = 2, **extra: Any) -> list[dict[str, Any]]:

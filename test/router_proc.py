@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import tempfile
 
 from loadtest.router_process import router_process
+from test.helpers import fresh_usage_db
 
 
 def router_workers(
@@ -15,7 +15,7 @@ def router_workers(
 ) -> contextlib.AbstractContextManager[tuple[str, subprocess.Popen[bytes]]]:
     """`wait=False`: return at once (when this test's own event loop must keep running,
     e.g. because it hosts the shared state); then await `ready(url)`."""
-    usage_db = os.path.join(tempfile.gettempdir(), f"nomyo-usage-test-{os.getpid()}.db")
+    usage_db = fresh_usage_db()
     env = dict(os.environ)
     if state_path:
         env["NOMYO_ROUTER_STATE_PATH"] = state_path

@@ -9,10 +9,12 @@ import aiohttp
 import pytest
 
 from mock import run_mock
+from nomyo_router.config import CONFIG_ENV, load_config
 from nomyo_router.routing.context import _show_window, output_tokens, prompt_tokens
 from test import real_backends
 from test.conftest import FAST
 from test.helpers import run_router
+from test.test_reload import write
 
 WORDS = "lorem ipsum dolor sit amet " * 40  # 1080 characters: 270 estimated tokens
 
@@ -126,6 +128,26 @@ async def test_a_configured_window_overrides_the_learned_one_and_vllm_is_learned
             await r.router.windows.learn()
             status, ep, _ = await served_by(s, r.url, "/v1/chat/completions", chat(800))
             assert (status, ep) == (200, "small")
+
+
+async def test_windows_are_known_when_serving_starts_and_when_a_reload_returns(tmp_path, monkeypatch):
+    """No waiting for a timer: the start learns them with discovery before it serves, and a
+    reload learns those of the endpoints it adds before they take traffic."""
+    async with run_mock(**FAST, context_length=2048) as small, run_mock(**FAST, context_length=32768) as big:
+        path = str(tmp_path / "c.yaml")
+        base = {"admin_key": "admin-key-123456", "usage_db": None, "routing": "least_busy"}
+        write(path, {**base, "endpoints": two(small, big)})
+        monkeypatch.setenv(CONFIG_ENV, path)
+        async with run_router(load_config(path)) as r, aiohttp.ClientSession() as s:
+            ws = r.router.windows  # (nothing awaited since the start)
+            assert [ws.window(ep, "llama3:latest") for ep in r.router.endpoints] == [2048, 32768]
+            assert [(await served_by(s, r.url, "/api/chat", chat(8000)))[1] for _ in range(4)] == ["big"] * 4
+            write(path, {**base, "endpoints": [{**two(small, big)[0], "name": "small2"}, two(small, big)[1]]})
+            async with s.post(r.url + "/admin/reload", headers={"Authorization": "Bearer admin-key-123456"}) as resp:
+                assert resp.status == 200 and (await resp.json())["added"] == ["small2"]
+            assert [ws.window(ep, "llama3:latest") for ep in r.router.endpoints] == [2048, 32768]
+            assert [(await served_by(s, r.url, "/api/chat", chat(8000)))[1] for _ in range(4)] == ["big"] * 4
+        assert small.stats()["requests"].get("/api/chat", 0) == 0
 
 
 async def test_off_routes_as_before():

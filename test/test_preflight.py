@@ -1,6 +1,8 @@
-"""An unusable usage_db stops `--check` and every start-up within seconds, with the path as
-configured and the operating system's reason; a usable one passes and --check creates
-nothing. Real `python -m nomyo_router` runs."""
+"""An unusable usage_db or response-cache file stops `--check` and every start-up within
+seconds, with one line naming the key, the path as configured and the operating system's or
+SQLite's reason, and exit status 2 at any worker count; a usable one passes and --check
+creates nothing. A failure only a worker finds stops the router with a non-zero status too.
+Real `python -m nomyo_router` runs."""
 
 from __future__ import annotations
 
@@ -19,9 +21,14 @@ import yaml
 from mock import free_port
 
 
-def run(tmp_path: Path, usage_db: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+def run(
+    tmp_path: Path, usage_db: str | None, *args: str, cache: str | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"endpoints": ["http://127.0.0.1:9"], "usage_db": usage_db}))
+    config: dict[str, object] = {"endpoints": ["http://127.0.0.1:9"], "usage_db": usage_db}
+    if cache is not None:
+        config["cache"] = {"enabled": True, "backend": "sqlite", "path": cache}
+    cfg.write_text(yaml.safe_dump(config))
     t0 = time.monotonic()
     r = subprocess.run(
         [sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--log-level", "warning", *args],
@@ -143,3 +150,63 @@ def test_no_usage_db_and_redis_state_are_not_checked(tmp_path):
             timeout=30,
         )
         assert r.returncode == 0, r.stderr
+
+
+def with_port(args: tuple[str, ...]) -> tuple[str, ...]:
+    return args if args == ("--check",) else (*args, "--port", str(free_port()))
+
+
+@pytest.mark.parametrize("args", MODES, ids=IDS)
+def test_a_garbage_cache_file_stops_start_up_in_one_line(tmp_path, args):
+    (tmp_path / "answers.db").write_bytes(b"\x00garbage, not SQLite\xff" * 20)
+    r, took = run(tmp_path, None, *with_port(args), cache="answers.db")
+    assert r.returncode == 2 and took < 10, (r.returncode, took, r.stderr[-500:])
+    assert r.stderr.splitlines() == ["nomyo-router: cache.path: cannot open answers.db: file is not a database"]
+    assert (tmp_path / "answers.db").read_bytes().startswith(b"\x00garbage")  # never moved aside or replaced
+
+
+@pytest.mark.parametrize("args", MODES[1:], ids=IDS[1:])
+def test_a_read_only_cache_file_stops_start_up_in_one_line(tmp_path, args):
+    with read_only_dir(tmp_path, with_db=True) as d:
+        path = str(d / "u.db")
+        r, took = run(tmp_path, None, *with_port(args), cache=path)
+    assert r.returncode == 2 and took < 10, (r.returncode, took, r.stderr[-500:])
+    reason = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
+    assert r.stderr.splitlines() == [f"nomyo-router: cache.path: cannot open {path}: {reason}"]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_worker_that_fails_to_start_stops_the_router_with_a_non_zero_status(tmp_path, workers):
+    """A file only a worker opens (a `file:` name is not checked before: SQLite reads it as a
+    file in a directory `file:` that does not exist): one line naming it, and an exit status
+    systemd's `Restart=on-failure` acts on, with one worker and with a supervisor of two."""
+    path = "file:nowhere/u.db"
+    r, took = run(tmp_path, path, *with_port(("--workers", workers)))
+    assert r.returncode == 3 and took < 20, (r.returncode, took, r.stderr[-800:])
+    assert f"usage_db: cannot open {path}: unable to open database file" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_an_unusable_state_path_stops_start_up_in_one_line(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"endpoints": ["http://127.0.0.1:9"], "usage_db": None}))
+    for env, line in (
+        (
+            {"NOMYO_ROUTER_STATE_PATH": "/nonexistent/st"},
+            "NOMYO_ROUTER_STATE_PATH: cannot open /nonexistent/st: No such file or directory "
+            "(the directory does not exist)",
+        ),
+        (
+            {"XDG_RUNTIME_DIR": "/nonexistent/run"},
+            "shared-state directory: cannot open /nonexistent/run/nomyo-router: No such file or directory "
+            "(the directory does not exist)",
+        ),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--workers", "2", "--port", str(free_port())],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, **env},
+        )
+        assert r.returncode == 2 and r.stderr.splitlines() == [f"nomyo-router: {line}"], r.stderr

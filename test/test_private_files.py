@@ -49,7 +49,7 @@ async def test_the_usage_database_and_its_wal_and_shm_are_0600(tmp_path, umask, 
     usage = SqliteUsage(Events(), db)
     await usage.start()
     try:
-        await usage._write({("2024-01-01", "m", "e", "c"): [1, 0, 2, 3]})
+        await usage._write({("2024-01-01", "m", "e", "c"): [1, 0, 2, 3, 0, 0]})
         files = {p.name: mode(p) for p in tmp_path.iterdir()}
         assert files == {"usage.db": 0o600, "usage.db-wal": 0o600, "usage.db-shm": 0o600}
     finally:

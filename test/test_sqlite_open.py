@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nomyo_router.ops.preflight import PathProblem
 from nomyo_router.ops.sqlite_file import fold_wal, open_shared
 
 SCHEMA = ["CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, n INTEGER)"]
@@ -48,7 +49,7 @@ def test_processes_opening_a_new_file_together_all_open_it(tmp_path: Path) -> No
 
 def test_an_error_other_than_a_lock_is_not_retried(tmp_path: Path) -> None:
     (tmp_path / "bad.db").write_bytes(b"not a database, and longer than a header" * 4)
-    with pytest.raises(sqlite3.DatabaseError, match="not a database"):
+    with pytest.raises(PathProblem, match=r"^database: cannot open .*bad\.db: file is not a database$"):
         open_shared(str(tmp_path / "bad.db"), SCHEMA, deadline_s=60)  # (at once: the test would time out)
 
 

@@ -80,9 +80,12 @@ async def test_usage_survives_a_restart_of_two_workers(tmp_path):
                 assert after["by_endpoint"]["m"]["requests"] == 100
                 async with s.get(url + "/api/usage", params={"format": "csv"}) as resp:
                     lines = (await resp.text()).splitlines()
-                assert lines[0] == "day,model,endpoint,client,requests,errors,prompt_tokens,completion_tokens"
+                assert lines[0] == (
+                    "day,model,endpoint,client,requests,errors,prompt_tokens,completion_tokens,"
+                    "relayed_prompt_tokens,relayed_completion_tokens"
+                )
                 assert lines[1].split(",")[1:5] == ["llama3", "m", "", "100"]
-                assert int(lines[1].split(",")[-1]) == expected
+                assert int(lines[1].split(",")[7]) == expected
 
 
 async def test_each_client_key_sees_its_own_usage(mock, tmp_path):
@@ -185,7 +188,18 @@ async def test_csv_cells_that_a_spreadsheet_would_run_are_made_text(tmp_path):
                 assert resp.status == 200
                 rows = list(csv.reader(io.StringIO(await resp.text())))
             everyone = await usage(s, r.url, "tab-key-1234567")  # JSON is data, not a sheet: as is
-    assert rows[0] == ["day", "model", "endpoint", "client", "requests", "errors", "prompt_tokens", "completion_tokens"]
+    assert rows[0] == [
+        "day",
+        "model",
+        "endpoint",
+        "client",
+        "requests",
+        "errors",
+        "prompt_tokens",
+        "completion_tokens",
+        "relayed_prompt_tokens",
+        "relayed_completion_tokens",
+    ]
     assert [row[1:5] for row in rows[1:]] == [["'" + evil_model, "'@box", "'" + evil_client, "1"]]
     assert everyone["rows"][0]["model"] == evil_model and everyone["rows"][0]["client"] == "-tab"
 
@@ -194,10 +208,10 @@ def test_to_csv_quotes_every_formula_start():
     from nomyo_router.ops.usage.routes import to_csv
 
     starts = ["=1", "+1", "-1", "@1", "\t1", "\r1"]
-    out = to_csv([(("2024-01-01", s, "ep", "plain"), [1, 0, 2, 3]) for s in starts])
+    out = to_csv([(("2024-01-01", s, "ep", "plain"), [1, 0, 2, 3, 0, 0]) for s in starts])
     import csv
     import io
 
     rows = list(csv.reader(io.StringIO(out.decode(), newline="")))
     assert [row[1] for row in rows[1:]] == ["'" + s for s in starts]
-    assert all(row[2:4] == ["ep", "plain"] and row[4:] == ["1", "0", "2", "3"] for row in rows[1:])
+    assert all(row[2:4] == ["ep", "plain"] and row[4:] == ["1", "0", "2", "3", "0", "0"] for row in rows[1:])

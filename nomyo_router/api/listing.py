@@ -224,6 +224,7 @@ async def health(
         body["loop_lag_ms"] = round(verdicts.lag.recent_max() * 1000, 1)
     if "degraded" in snap:
         body["degraded"], body["degraded_events"] = snap["degraded"], snap["degraded_events"]
+        body["instances"] = snap.get("instances", 0)  # (what a degraded instance's share is by)
     return (200 if ok else 503), json.dumps(body).encode()
 
 

@@ -2,14 +2,22 @@
 
 A key with `rpm`, `tpm` or `tokens_per_day` (in `client_keys`) has each generation request
 admitted by the state store's one count (state/limits.py: in memory, at the shared-state host
-with `--workers N`, in Redis across instances) before its body is read. Beyond a limit it is
-answered 429 in the caller's API shape — OpenAI code `rate_limit_exceeded` (type `requests`
-or `tokens`), `insufficient_quota` for the daily budget; Ollama routes `{"error": "..."}` —
-with `Retry-After`, and never reaches a backend. Every answer of a limited key carries
-OpenAI's `x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests`,
-`x-ratelimit-limit-tokens`, `x-ratelimit-remaining-tokens` (and `x-ratelimit-reset-*`),
-counting the request itself; the token headers show `tpm`, or the daily budget when the key
-has no `tpm`. Tokens are spent when the answer ends (the events hub's record).
+with `--workers N`, in Redis across instances). Beyond a limit it is answered 429 in the
+caller's API shape — OpenAI code `rate_limit_exceeded` (type `requests` or `tokens`),
+`insufficient_quota` for a spent daily budget; Ollama routes `{"error": "..."}` — with
+`Retry-After`, and never reaches a backend. Every answer of a limited key carries OpenAI's
+`x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests`, `x-ratelimit-limit-tokens`,
+`x-ratelimit-remaining-tokens` (and `x-ratelimit-reset-*`), counting the request itself; the
+token headers show `tpm`, or the daily budget when the key has no `tpm`.
+
+A key with only `rpm` is admitted before its body is read. A key with a token budget is
+admitted once its body is parsed, because the admission reserves what the request may spend
+(`reservation`: its prompt at 4 characters a token, plus its `max_tokens` /
+`max_completion_tokens` / `num_predict`, else `OUTPUT_ESTIMATE`); only a key whose daily
+budget is already spent is refused before its body. When the answer ends (the events hub's
+record) the reservation is settled to the tokens counted: the backend's, or those the router
+counted as it relayed them (`RequestRecord.tokens_from`); a backend's successful answer that
+reached the client with no count at all is charged its reservation.
 
 Keys without limits pay one dict lookup; a limited key pays one count (with Redis, one round
 trip) per request.
@@ -20,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -27,22 +36,39 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ..background import end
 from ..events import Events, RequestRecord
-from ..state.limits import Limits, Verdict
+from ..routing.context import output_tokens, prompt_tokens
+from ..state.limits import DAY_S, Limits, Verdict
 from .asgi import Headers, Scope, Send, with_headers
 from .errors import ApiError
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
     from ..state import StateStore
+    from .requests import GenRequest
 
 SCOPE_KEY = "nomyo.ratelimit"  # the headers for this request's answer, whatever it is (app.py)
 REFRESH_S = 2.0  # how often /metrics' view of every limited key is read from the count
+OUTPUT_ESTIMATE = 1024  # tokens reserved for the answer of a request that does not bound its length
+_GENERATES = frozenset(("chat", "generate", "responses"))  # the kinds of request that answer text
 
 
 def limits_of(config: RouterConfig) -> dict[str, Limits]:
     return {
         c.name: Limits(c.rpm, c.tpm, c.tokens_per_day) for c in config.client_keys if c.rpm or c.tpm or c.tokens_per_day
     }
+
+
+def reservation(req: GenRequest) -> int:
+    """What a request may spend: its prompt (4 characters a token, as context routing counts
+    it) and the answer it allows, else OUTPUT_ESTIMATE (a generation) or nothing (embeddings,
+    rerank and the rest answer no tokens of text)."""
+    allowed = output_tokens(req.api, req.body) or (OUTPUT_ESTIMATE if req.kind in _GENERATES else 0)
+    return prompt_tokens(req.body) + allowed
+
+
+def _answered(rec: RequestRecord) -> bool:
+    """Whether a backend's answer (a success) reached the client, whole or in part."""
+    return rec.endpoint is not None and rec.ttft_s is not None and 200 <= rec.status < 300
 
 
 def _seconds(s: float) -> bytes:
@@ -61,19 +87,29 @@ def headers_of(limits: Limits, v: Verdict) -> Headers:
     if limits.tpm is not None:
         h += [
             (b"x-ratelimit-limit-tokens", b"%d" % limits.tpm),
-            (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tpm - v.tokens, 0)),
+            (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tpm - v.tokens - v.held, 0)),
             (b"x-ratelimit-reset-tokens", _seconds(v.reset_tokens)),
         ]
     elif limits.tokens_per_day is not None:
         h += [
             (b"x-ratelimit-limit-tokens", b"%d" % limits.tokens_per_day),
-            (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tokens_per_day - v.day_tokens, 0)),
+            (b"x-ratelimit-remaining-tokens", b"%d" % max(limits.tokens_per_day - v.day_tokens - v.held, 0)),
         ]
     return h
 
 
 def refusal(limits: Limits, v: Verdict, headers: Headers) -> ApiError:
     wait = max(1, math.ceil(v.retry_after))
+    if v.refused == "tokens_per_day" and limits.tokens_per_day is not None and v.day_tokens < limits.tokens_per_day:
+        return ApiError(
+            429,
+            f"this API key's daily token budget ({limits.tokens_per_day} tokens per UTC day) is held by its "
+            f"requests in progress ({v.held} tokens reserved); try again in {wait}s",
+            code="rate_limit_exceeded",
+            kind="tokens",
+            retry_after=wait,
+            headers=headers,
+        )
     if v.refused == "tokens_per_day":
         return ApiError(
             429,
@@ -105,6 +141,7 @@ class RateLimits:
         self.store = store
         self.by_client: dict[str, Limits] = limits_of(config)
         self.last: dict[str, Verdict] = {}  # each key's count as last read (for /metrics, the dashboard)
+        self._day_end: dict[str, float] = {}  # when the UTC day of each `last` ends
         self._task: asyncio.Task[None] | None = None
         events.on_request_done(self.done)
 
@@ -113,28 +150,65 @@ class RateLimits:
         self.by_client = limits_of(config)
         for client in [c for c in self.last if c not in self.by_client]:
             del self.last[client]
+            self._day_end.pop(client, None)
         self.store.limiter().forget(set(self.by_client))
 
+    def budgeted(self, client: str) -> bool:
+        """Whether the key has a token budget (admitted after its body is parsed: `reserve`)."""
+        limits = self.by_client.get(client)
+        return limits is not None and (limits.tpm is not None or limits.tokens_per_day is not None)
+
     async def admit(self, client: str, scope: Scope, send: Send) -> Send:
-        """Admit one request of a limited `client` (429 if a limit refuses it); the `send`
-        that adds the x-ratelimit-* headers to its answer."""
+        """Before the body is read: admit one request of a key with only `rpm` (429 if it
+        refuses it), returning the `send` that adds the x-ratelimit-* headers to its answer.
+        A key with a token budget is only refused here when its daily budget is spent."""
         limits = self.by_client[client]
-        v = await self.store.admit(client, limits)
-        self.last[client] = v
+        if self.budgeted(client):
+            v = self._spent(client, limits)
+            if v is not None:
+                raise refusal(limits, v, headers_of(limits, v))
+            return send
+        return (await self.reserve(client, 0, scope, send))[0]
+
+    async def reserve(self, client: str, tokens: int, scope: Scope, send: Send) -> tuple[Send, tuple[int, int] | None]:
+        """Admit one request of a limited `client`, reserving `tokens` of its budgets (429 if a
+        limit refuses it): the `send` that adds the x-ratelimit-* headers, and the
+        reservation (its number and tokens, for the request's record) when one was made."""
+        limits = self.by_client[client]
+        v = await self.store.admit(client, limits, reserve=tokens)
+        self._saw(client, v)
         headers = headers_of(limits, v)
         if v.refused is not None:
             raise refusal(limits, v, headers)
         scope[SCOPE_KEY] = headers  # (an error answered later carries them too)
-        return with_headers(scope, send, headers)
+        return with_headers(scope, send, headers), ((v.hold, tokens) if v.hold else None)
+
+    def _saw(self, client: str, v: Verdict) -> None:
+        self.last[client] = v
+        self._day_end[client] = (time.time() // DAY_S + 1) * DAY_S
+
+    def _spent(self, client: str, limits: Limits) -> Verdict | None:
+        """The key's daily budget as last seen, if it was spent then (until that day ends)."""
+        v, now = self.last.get(client), time.time()
+        if v is None or limits.tokens_per_day is None or v.day_tokens < limits.tokens_per_day:
+            return None
+        end_of_day = self._day_end.get(client, 0.0)
+        return v._replace(refused="tokens_per_day", retry_after=end_of_day - now) if now < end_of_day else None
 
     def done(self, rec: RequestRecord) -> None:
-        """The answer ended: spend its tokens (the backend's counts) on the key's budgets."""
-        client = rec.client
+        """The answer ended: settle its reservation to the tokens it used (an answer that
+        reached the client uncounted is charged what it reserved)."""
+        client, held = rec.client, rec.reserved
         limits = self.by_client.get(client) if client is not None else None
-        if client is None or limits is None or (limits.tpm is None and limits.tokens_per_day is None):
+        if client is None or (limits is None and held is None):
             return
-        tokens = (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
-        if tokens > 0:
+        p, c = rec.prompt_tokens, rec.completion_tokens
+        tokens = (p or 0) + (c or 0)
+        if held is not None:
+            if p is None and c is None and _answered(rec):
+                tokens = held[1]
+            self.store.spend(client, tokens, limits or Limits(), held[0], held[1])
+        elif limits is not None and tokens > 0 and (limits.tpm is not None or limits.tokens_per_day is not None):
             self.store.spend(client, tokens, limits)
 
     # ---- what operators see ------------------------------------------------------------
@@ -155,7 +229,7 @@ class RateLimits:
     async def refresh(self) -> None:
         """Read every limited key's count now, counting nothing."""
         for client, limits in list(self.by_client.items()):
-            self.last[client] = await self.store.admit(client, limits, count=False)
+            self._saw(client, await self.store.admit(client, limits, count=False))
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """Each limited key's use against its limits, for the dashboard."""

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from ..config import CacheConfig
+from ..state import redis_url
 from .stores import Cursor, Store, Vectors
 
 
@@ -29,13 +30,11 @@ class RedisStore(Store):
         self._redis: Any = None
 
     async def start(self) -> None:
-        import redis.asyncio as aioredis
-
-        self._redis = aioredis.from_url(self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout)
+        self._redis = redis_url.client(self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout)
 
     async def close(self) -> None:
         if self._redis is not None:
-            await self._redis.aclose()
+            await redis_url.close(self._redis)
 
     async def get(self, key: str) -> bytes | None:
         data = await self._redis.get(self.p + "e:" + key)

@@ -25,6 +25,7 @@ from ..api.requests import GenRequest
 from ..background import end
 from ..config import CacheConfig
 from ..events import Events, RequestRecord
+from ..ops.log_limit import LimitedLog
 from . import answer as answers
 from . import keys, render
 from .stores import Store
@@ -77,7 +78,7 @@ class ResponseCache:
         self.hits = self.misses = 0  # this process's, not yet added to the store's counters
         self._inflight: dict[str, asyncio.Future[bytes | None]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._failing = False
+        self._log = LimitedLog(log)  # a failing store: a line per outage or per minute, per operation
 
     async def start(self) -> None:
         await self.store.start()
@@ -104,7 +105,10 @@ class ResponseCache:
             await self.store.add_counts(hits, misses)
         except Exception as e:  # kept for the next flush
             self.hits, self.misses = self.hits + hits, self.misses + misses
-            log.warning("response cache: could not add the counters (%s)", e)
+            self._log.failed("count", logging.WARNING, "response cache: could not add the counters (%s)", e)
+            return
+        if self._log.failing("count"):
+            self._log.recovered("count", logging.WARNING, "response cache: counters added again")
 
     async def stats(self) -> dict[str, Any]:
         await self.flush()
@@ -134,13 +138,13 @@ class ResponseCache:
             return await handle(req, _with(send, BYPASS), rec)
         ns = req.client or ""
         key = keys.request_key(req, ns)
-        data = await self._guarded(self.store.get(key))
+        data = await self._guarded(self.store.get(key), "read")
         vector = None
         if data is None and self.semantic is not None and self.semantic.applies(req):  # the nearest question
             ns = self.semantic.namespace(req)
-            vector = await self._guarded(self.semantic.vector(req, rec))
-            near = await self._guarded(self.semantic.nearest(ns, vector)) if vector is not None else None
-            data = await self._guarded(self.store.get(near)) if near is not None else None
+            vector = await self._guarded(self.semantic.vector(req, rec), "embed")
+            near = await self._guarded(self.semantic.nearest(ns, vector), "read") if vector is not None else None
+            data = await self._guarded(self.store.get(near), "read") if near is not None else None
             if near is not None and data is None:
                 self.semantic.index.drop(ns, near)  # expired or evicted meanwhile
         if data is None and key in self._inflight:  # the same question is being answered: wait for it
@@ -184,24 +188,28 @@ class ResponseCache:
         kept = answers.encode(found)
         if vector is not None and self.semantic is not None and not self.semantic.keepable(req, found):
             vector = None  # personal: found by its exact question only
-        await self._guarded(self.store.put(key, ns, kept, vector))
+        await self._guarded(self.store.put(key, ns, kept, vector), "write")
         return kept
 
-    async def _guarded(self, work: Awaitable[T]) -> T | None:
-        """`work`'s result, or None when the store fails (logged once per outage)."""
+    async def _guarded(self, work: Awaitable[T], what: str) -> T | None:
+        """`work`'s result, or None when the store fails. Logged per operation (`what`: read,
+        write, embed), once per outage or minute (reads may work while every write fails,
+        as on a full disk), and once when it works again."""
         try:
             result = await work
         except Exception as e:  # (OSError, timeouts, redis' and sqlite's own errors)
-            if not self._failing:
-                log.warning(
-                    "response cache: the %s store failed (%s: %s); answering from backends",
-                    self.cfg.backend,
-                    type(e).__name__,
-                    e,
-                )
-            self._failing = True
+            self._log.failed(
+                what,
+                logging.WARNING,
+                "response cache: could not %s (the %s store: %s: %s); answering from backends",
+                what,
+                self.cfg.backend,
+                type(e).__name__,
+                e,
+            )
             return None
-        self._failing = False
+        if self._log.failing(what):
+            self._log.recovered(what, logging.WARNING, "response cache: %s works again", what)
         return result
 
 

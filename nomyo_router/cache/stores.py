@@ -153,7 +153,7 @@ class SqliteStore(Store):
         await self._run(self._connect)
 
     def _connect(self) -> None:
-        self._db = open_shared(self.path, _SCHEMA)  # 0600: it holds answers to people's prompts
+        self._db = open_shared(self.path, _SCHEMA, "cache.path")  # 0600: it holds answers to people's prompts
 
     async def close(self) -> None:
         if self._db is not None:

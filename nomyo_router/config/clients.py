@@ -50,8 +50,9 @@ class ClientKey(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=T
     tpm: Annotated[
         Slots | None,
         doc(
-            "tokens (prompt + completion, as the backends report them) per rolling 60 s; a request is "
-            "admitted while the last minute's use is below it, counted when its answer ends",
+            "tokens (prompt + completion) per rolling 60 s; a request is admitted while the last minute's "
+            "tokens plus those its requests in progress reserved are below it, and reserves what it may spend "
+            "(its prompt and max_tokens, else 1024 for the answer), settled to what it used when it ends",
             unit="tokens",
             default="no limit",
         ),
@@ -59,7 +60,8 @@ class ClientKey(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=T
     tokens_per_day: Annotated[
         Slots | None,
         doc(
-            "tokens per calendar day (UTC), counted like tpm; beyond: 429 insufficient_quota until midnight UTC",
+            "tokens per calendar day (UTC), counted like tpm and kept across restarts (the usage database, or "
+            "Redis); once spent: 429 insufficient_quota until midnight UTC",
             unit="tokens",
             default="no limit",
         ),

@@ -39,6 +39,8 @@ def doc(text: str, group: str = "", **extra: object) -> Meta:
 Slots = Annotated[int, Meta(ge=1)]
 Count = Annotated[int, Meta(ge=0)]
 Seconds = Annotated[float, Meta(gt=0, extra={"unit": "seconds"})]
+# redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db][?options] (state/redis_url.py)
+SENTINEL_URL = r"^redis\+sentinel://([^@/]*@)?[^/,@]+:[0-9]+(,[^/,@]+:[0-9]+)*/[^/?]+(/[0-9]+)?(\?|\Z)"
 SecondsOrOff = Annotated[float, Meta(ge=0, extra={"unit": "seconds"})]
 Millis = Annotated[float, Meta(ge=0, extra={"unit": "ms"})]
 Bytes = Annotated[int, Meta(ge=1024, extra={"unit": "bytes"})]

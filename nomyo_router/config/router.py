@@ -8,7 +8,19 @@ from msgspec import Meta
 
 from .backends import EndpointConfig
 from .clients import ClientKey
-from .declare import Bytes, ConfigStruct, Count, Millis, Name, Seconds, SecondsOrOff, Secret, Slots, doc
+from .declare import (
+    SENTINEL_URL,
+    Bytes,
+    ConfigStruct,
+    Count,
+    Millis,
+    Name,
+    Seconds,
+    SecondsOrOff,
+    Secret,
+    Slots,
+    doc,
+)
 from .sections import CacheConfig, MoeConfig, TracingConfig
 
 __all__ = ["INPUT_ONLY", "ROUTING_POLICIES", "RouterConfig", "Routing"]
@@ -195,12 +207,12 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
     ] = 30.0
     state: Annotated[
         str,
-        Meta(pattern=r"^(auto|memory|shared)\Z|^(redis|rediss|unix)://"),
+        Meta(pattern=r"^(auto|memory|shared)\Z|^(redis|rediss|unix)://|" + SENTINEL_URL),
         doc(
-            "where slots, the queue, pins and health live: auto, memory, shared (workers) or redis://... "
-            "(instances); ${ENV} expanded",
+            "where slots, the queue, pins and health live: auto, memory, shared (workers) or redis://... (instances;"
+            " rediss:// for TLS, redis+sentinel://host:26379,host:26379/service for Sentinel); ${ENV} expanded",
             STATE,
-            expected="'auto', 'memory', 'shared' or a redis:// URL",
+            expected="'auto', 'memory', 'shared', a redis:// URL or redis+sentinel://host:port[,host:port]/service",
         ),
     ] = "auto"
     lease_ttl: Annotated[Seconds, doc("Redis: a dead instance's slots come back after this", STATE)] = 30.0
@@ -216,7 +228,8 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
     usage_db: Annotated[
         Annotated[str, Meta(pattern=r"\S")] | None,
         doc(
-            "SQLite file for token accounting (GET /api/usage); null: off; with Redis state, in Redis",
+            "SQLite file for token accounting (GET /api/usage); with Redis state, kept in Redis instead; "
+            "null: off, nothing written anywhere",
             OBSERVE,
             expected="a file path (e.g. ./nomyo-usage.db) or null to turn token accounting off",
         ),

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta
 
-from .declare import Bytes, ConfigStruct, Name, Seconds, Slots, doc
+from .declare import SENTINEL_URL, Bytes, ConfigStruct, Name, Seconds, Slots, doc
 
 __all__ = ["CacheConfig", "MoeConfig", "TracingConfig"]
 
@@ -53,12 +53,13 @@ class CacheConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only
     path: Annotated[
         Annotated[str, Meta(pattern=r"\S")],
         doc(
-            "sqlite: the database file (created 0600: it holds prompts' answers)",
+            "sqlite: the database file (created 0600: it holds prompts' answers); one that cannot be "
+            "opened stops the start with its path and the reason (never moved aside)",
             expected="a file path such as ./nomyo-cache.db",
         ),
     ] = "./nomyo-cache.db"
     url: Annotated[
-        Annotated[str, Meta(pattern=r"^(redis|rediss|unix)://")] | None,
+        Annotated[str, Meta(pattern=r"^(redis|rediss|unix)://|" + SENTINEL_URL)] | None,
         doc("redis: the server's URL", expected="a redis:// URL", default="the state: redis://... URL"),
     ] = None
     max_entries: Annotated[Slots, doc("answers kept at most; the oldest go first")] = 10_000

@@ -1,16 +1,22 @@
 """Start-up checks of the files the config names, before any worker starts.
 
-A usage database that cannot be opened used to surface as an exception inside every worker's
-start-up (or not at all under `--check`). `nomyo-router --check` and every start now open it
-first and stop within a second, naming the key, the path exactly as configured and the
-operating system's reason, e.g.
+A usage database or a response-cache file that cannot be opened used to surface as an
+exception inside every worker's start-up (a traceback that did not name the file, and with
+`--workers 2` an exit status of 0). `nomyo-router --check` and every start now open each
+first and stop within a second with one line naming the key, the path exactly as configured
+and the operating system's or SQLite's reason, and exit status 2, e.g.
 
     nomyo-router: usage_db: cannot open /nonexistent/dir/u.db: No such file or directory (the directory does not exist)
+    nomyo-router: cache.path: cannot open ./nomyo-cache.db: file is not a database
 
-The check creates nothing: a database that does not exist yet is created (0600, by
-ops/usage/store.py) when the router starts; here only its directory is shown writable, with a
-probe file that is removed at once. SQLite keeps `-wal` and `-shm` files beside the
-database, so that directory must be writable even when the database file is.
+A file that is not an SQLite database is never moved aside or replaced, not even the
+response cache's (whose answers could be fetched again): a path that names the wrong file
+(a typo, another program's database) must not cost that file.
+
+The check creates nothing: a database that does not exist yet is created (0600) when the
+router starts; here only its directory is shown writable, with a probe file that is removed
+at once. SQLite keeps `-wal` and `-shm` files beside the database, so that directory must be
+writable even when the database file is.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from ..config import RouterConfig
 _HINTS = {
     errno.ENOENT: "the directory does not exist",
     errno.ENOTDIR: "a part of the path is not a directory",
-    errno.EISDIR: "usage_db names the database file, e.g. DIR/nomyo-usage.db",
 }
+_EXAMPLE = {"usage_db": "nomyo-usage.db", "cache.path": "nomyo-cache.db"}  # (EISDIR: a file in it, e.g.)
+STATE_PATH_ENV = "NOMYO_ROUTER_STATE_PATH"
 _DIR_HINT = "SQLite writes its -wal and -shm files in the database's directory"
 
 
@@ -39,27 +46,56 @@ class _DirectoryNotWritable(OSError):
 
 
 def check_config_paths(config: RouterConfig) -> list[str]:
-    """One line per unusable path the config names (today: usage_db)."""
+    """One line per unusable path the config names: the usage database (kept in Redis with
+    `state: redis://`), the response cache's SQLite file."""
+    files = []
+    redis = config.state.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://"))
+    if config.usage_db and not redis:  # (Redis keeps usage)
+        files.append(("usage_db", config.usage_db))
+    if config.cache.enabled and config.cache.backend == "sqlite":
+        files.append(("cache.path", config.cache.path))
     problems = []
-    db = config.usage_db
-    if db and not config.state.startswith(("redis://", "rediss://", "unix://")):  # (Redis keeps usage)
+    for key, path in files:
         try:
-            check_usage_db(db)
+            check_sqlite_file(key, path)
         except PathProblem as e:
             problems.append(str(e))
     return problems
 
 
-def check_usage_db(path: str) -> None:
-    """Raise PathProblem if SQLite could not open (or create) the usage database `path`."""
+def check_state_path(config: RouterConfig, workers: int) -> list[str]:
+    """The base path of the workers' shared state when the operator set it
+    (`NOMYO_ROUTER_STATE_PATH`, used with `state: shared`, or `auto` with several workers):
+    its directory must exist and be writable. (The default directory is made by the
+    supervisor, which says so in one line when it cannot: cli.py.)"""
+    explicit = os.environ.get(STATE_PATH_ENV)
+    if not explicit or not (config.state == "shared" or (config.state == "auto" and workers > 1)):
+        return []
+    directory = os.path.dirname(explicit) or "."
+    try:
+        if not os.path.isdir(directory):
+            os.stat(directory)  # (ENOENT: the directory does not exist; ENOTDIR: a file on the way)
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory)
+        _probe_writable(directory)
+    except OSError as e:
+        return [describe(STATE_PATH_ENV, explicit, e)]
+    return []
+
+
+def check_sqlite_file(key: str, path: str) -> None:
+    """Raise PathProblem if SQLite could not open (or create) the database `path` that the
+    config's `key` names."""
     if path == ":memory:" or path.startswith("file:"):
         return
     try:
-        _check_usage_db(path)
+        _check_sqlite_file(key, path)
     except _DirectoryNotWritable as e:
-        raise PathProblem(describe("usage_db", path, e, _DIR_HINT)) from None
+        raise PathProblem(describe(key, path, e, _DIR_HINT)) from None
+    except IsADirectoryError as e:
+        example = _EXAMPLE.get(key, "data.db")
+        raise PathProblem(describe(key, path, e, f"{key} names the database file, e.g. DIR/{example}")) from None
     except OSError as e:
-        raise PathProblem(describe("usage_db", path, e)) from None
+        raise PathProblem(describe(key, path, e)) from None
 
 
 def describe(key: str, path: str, e: OSError, hint: str | None = None) -> str:
@@ -69,7 +105,7 @@ def describe(key: str, path: str, e: OSError, hint: str | None = None) -> str:
     return f"{key}: cannot open {path}: {reason}" + (f" ({hint})" if hint else "")
 
 
-def _check_usage_db(path: str) -> None:
+def _check_sqlite_file(key: str, path: str) -> None:
     directory = os.path.dirname(path) or "."
     try:
         st = os.stat(path)
@@ -86,7 +122,7 @@ def _check_usage_db(path: str) -> None:
     if not os.path.exists(path + "-wal"):  # SQLite must create it, and -shm, beside the database
         _probe_writable(directory)
     if st is not None and st.st_size:
-        _read_header(path)
+        _read_header(key, path)
 
 
 def _probe_writable(directory: str) -> None:
@@ -104,7 +140,7 @@ def _probe_writable(directory: str) -> None:
     os.unlink(probe)
 
 
-def _read_header(path: str) -> None:
+def _read_header(key: str, path: str) -> None:
     """A file that is not an SQLite database (or is damaged) fails here, not in every worker.
     (SQLite is imported here, only for a database that has content already.)"""
     import sqlite3
@@ -117,4 +153,4 @@ def _read_header(path: str) -> None:
         finally:
             db.close()
     except sqlite3.Error as e:
-        raise PathProblem(f"usage_db: cannot open {path}: {e}") from None
+        raise PathProblem(f"{key}: cannot open {path}: {e}") from None

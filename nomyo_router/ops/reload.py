@@ -10,7 +10,9 @@ What changes at once, in every worker, without touching requests in flight:
 - keys (`router_api_key`, `client_keys`, `admin_key`), `allowed_origins`, `access_log`,
   `log_format`, `max_body_bytes`, `retry_after`.
 Any other key that changed is reported as needing a restart (it is not applied); an
-invalid file is rejected with the reason, logged, and the running config kept. Here: what a
+invalid file is rejected with the reason, logged, and the running config kept. Reloads run
+one at a time in the order asked for, and one still waiting when a later one is asked for
+is dropped (`runtime/reconfigure.Reloads`): the last file read is the one in force. Here: what a
 reload may change and its plan, reading the file, and the route; the new config is applied
 to the running router's components by the wiring that built them (`runtime/reconfigure.py`),
 which also handles SIGHUP.
@@ -108,12 +110,13 @@ def read() -> RouterConfig:
 
 
 class ReloadRoute:
-    """`POST /admin/reload` (admin key): validate, then reload this process (`apply`) or, under
-    a supervisor, every worker (the supervisor signals them all)."""
+    """`POST /admin/reload` (admin key): reload this process (`reload`: reads the file in its
+    turn, after any reload asked for earlier) or, under a supervisor, validate the file and
+    have the supervisor signal every worker."""
 
-    def __init__(self, config: Callable[[], RouterConfig], apply: Callable[[RouterConfig], Awaitable[Plan]]) -> None:
+    def __init__(self, config: Callable[[], RouterConfig], reload: Callable[[], Awaitable[Plan | None]]) -> None:
         self.config = config  # (the running one: a reload replaces it)
-        self.apply = apply
+        self.reload = reload
 
     async def admin_reload(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = scope.get("nomyo.client")
@@ -121,14 +124,16 @@ class ReloadRoute:
             raise ApiError(403, "set admin_key in the config to allow POST /admin/reload (or send SIGHUP)")
         if client is None or client.name != "admin":
             raise ApiError(403, "POST /admin/reload needs the admin key")
+        supervisor = os.environ.get(SUPERVISOR_ENV)
         try:
-            new = await asyncio.to_thread(read)
+            if supervisor:  # every worker must apply it: the supervisor signals them all
+                new = await asyncio.to_thread(read)
+                os.kill(int(supervisor), signal.SIGHUP)
+                body: dict[str, object] = {"status": "reloading", "workers": "all", **plan(self.config(), new)}
+            else:
+                done = await self.reload()
+                # (None: a reload asked for after this one replaced it while it waited)
+                body = {"status": "reloaded", **done} if done is not None else {"status": "superseded"}
         except ConfigError as e:
             raise ApiError(400, f"config rejected, the running one stays: {e}") from None
-        supervisor = os.environ.get(SUPERVISOR_ENV)
-        if supervisor:  # every worker must apply it: the supervisor signals them all
-            os.kill(int(supervisor), signal.SIGHUP)
-            body: dict[str, object] = {"status": "reloading", "workers": "all", **plan(self.config(), new)}
-        else:
-            body = {"status": "reloaded", **await self.apply(new)}
         await send_response(send, 200, json.dumps(body).encode())

@@ -18,6 +18,8 @@ import sqlite3
 import time
 from collections.abc import Iterable
 
+from .preflight import PathProblem
+
 BUSY_TIMEOUT_S = 10.0  # how long a write waits for another process's transaction
 OPEN_DEADLINE_S = 10.0  # how long opening keeps retrying a locked file
 
@@ -44,12 +46,23 @@ def private_db_file(path: str) -> None:
                 os.chmod(extra, 0o600)
 
 
-def open_shared(path: str, schema: Iterable[str], deadline_s: float = OPEN_DEADLINE_S) -> sqlite3.Connection:
+def open_shared(
+    path: str, schema: Iterable[str], key: str = "database", deadline_s: float = OPEN_DEADLINE_S
+) -> sqlite3.Connection:
     """A private, autocommit connection in WAL mode with `schema` applied (statements that may
-    run again: `CREATE … IF NOT EXISTS`). Raises the last `sqlite3.OperationalError` when
-    the file stays locked past `deadline_s`, or at once for any other error."""
+    run again: `CREATE … IF NOT EXISTS`). Raises PathProblem (one line naming `key`, the config
+    key that names the file, the path as configured and the reason) when the file stays locked
+    past `deadline_s`, or at once for any other error. (The start-up checks, ops/preflight.py,
+    find almost every such file before a worker starts; this covers what changed since.)"""
+    try:
+        return _open_shared(path, list(schema), deadline_s)
+    except (sqlite3.Error, OSError) as e:
+        reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        raise PathProblem(f"{key}: cannot open {path}: {reason}") from e
+
+
+def _open_shared(path: str, statements: list[str], deadline_s: float) -> sqlite3.Connection:
     private_db_file(path)
-    statements = list(schema)
     end = time.monotonic() + deadline_s
     pause = 0.01
     while True:

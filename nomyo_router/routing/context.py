@@ -3,8 +3,10 @@ an endpoint whose window fits (`context_routing: route`), or is refused when non
 (`reject`: 400 `context_length_exceeded`).
 
 Each endpoint's window per model is configured (`endpoints[].context_length`, for all its
-models) or learned: the loaded `num_ctx` from Ollama's `/api/ps` (`context_length`), else
-its `/api/show` (the Modelfile's `num_ctx` parameter, else `model_info.*.context_length`),
+models) or learned with discovery (before the router serves, after each discovery round, and
+by a reload before the endpoints it adds take traffic): the loaded `num_ctx` from Ollama's
+`/api/ps` (`context_length`), else its `/api/show` (the Modelfile's `num_ctx` parameter,
+else `model_info.*.context_length`),
 vLLM's `max_model_len` in `/v1/models`. An unknown window counts as fitting. A request's
 size is its prompt text at about 4 characters a token (images and other binary parts left
 out) plus the output it asks for (`max_tokens`, `max_completion_tokens`,
@@ -20,7 +22,6 @@ leaves them out before affinity and load are considered.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -32,7 +33,6 @@ from ..domain import Endpoint, model_key
 log = logging.getLogger("nomyo_router.context")
 
 CHARS_PER_TOKEN = 4
-LEARN_S = 2.0  # how often the learned windows are gathered again (discovery refreshes them)
 _BINARY = frozenset(("images", "image", "image_url", "input_image", "audio", "input_audio", "file", "files"))
 _OUTPUT = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
@@ -122,9 +122,9 @@ class Windows:
         self.endpoints = endpoints
         self.timeout = timeout
         self._show: dict[tuple[str, str, str], int | None] = {}  # (endpoint, model, digest) -> window
+        self._asking: dict[tuple[str, str, str], asyncio.Future[None]] = {}  # /api/show calls in flight
         self._learned: dict[str, dict[str, int]] = {}  # endpoint name -> model key -> window
         self.floor = math.inf  # the smallest known window: a request below it fits everywhere
-        self._task: asyncio.Task[None] | None = None
 
     # ---- the request path ------------------------------------------------------------------
     def window(self, ep: Endpoint, key: str) -> int | None:
@@ -159,26 +159,21 @@ class Windows:
         return None
 
     # ---- learning ------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):  # (a backend that fails is discovery's to report)
-                await self.learn()
-            await asyncio.sleep(LEARN_S)
-
     async def learn(self) -> None:
         """Gather every endpoint's windows from what discovery keeps (/api/ps, /v1/models),
         asking Ollama's /api/show once per model version it has not seen."""
         eps = list(self.endpoints())
+        await self.fetch(eps)
+        self.compute(eps)
+
+    async def fetch(self, eps: Sequence[Endpoint]) -> None:
+        """Ask the Ollama endpoints among `eps` for the windows of the model versions not
+        seen yet (/api/show): the one step of learning that waits on a backend."""
         await asyncio.gather(*(self._ask_show(ep) for ep in eps if ep.type == "ollama"), return_exceptions=True)
+
+    def compute(self, eps: Sequence[Endpoint]) -> None:
+        """Every window of `eps` (the router's endpoints now, or those a reload is about to
+        put in force) from what discovery and `fetch` found; no I/O."""
         learned: dict[str, dict[str, int]] = {}
         floor = math.inf
         for ep in eps:
@@ -195,21 +190,41 @@ class Windows:
                 if isinstance(m.get("context_length"), int) and m["context_length"] > 0:
                     windows[model_key(m.get("model") or m.get("name") or "")] = m["context_length"]
             learned[ep.name] = windows
-            served = [self.window(ep, key) for key in ep.models]
+            if ep.context_length is not None:
+                served: list[int | None] = [ep.context_length] if ep.models else []
+            else:
+                served = [windows.get(key) for key in ep.models]
             floor = min([floor, *(w for w in served if w is not None)])
         self._learned, self.floor = learned, floor
 
     async def _ask_show(self, ep: Endpoint) -> None:
+        """Every model version of `ep` not seen yet, asked at once; a version another learning
+        is asking about now is waited for, not asked again."""
+        asks = []
         for m in list(ep.tags):
             name = m.get("model") or m.get("name") or ""
             key = (ep.name, name, str(m.get("digest", "")))
             if not name or key in self._show:
                 continue
-            try:
-                status, _, body = await self.upstream.fetch(
-                    ep, "/api/show", json.dumps({"model": name}).encode(), total=self.timeout
-                )
-            except Exception as e:
-                log.debug("endpoint %s: /api/show %s failed (%s)", ep.name, name, e)
-                continue
+            task = self._asking.get(key)
+            if task is None:
+                task = self._asking[key] = asyncio.ensure_future(self._show_one(ep, name, key))
+            asks.append(task)
+        if asks:  # (shielded: a learning that is cancelled leaves the answer to the others)
+            await asyncio.gather(*(asyncio.shield(t) for t in asks))
+
+    async def _show_one(self, ep: Endpoint, name: str, key: tuple[str, str, str]) -> None:
+        try:
+            status, _, body = await self.upstream.fetch(
+                ep, "/api/show", json.dumps({"model": name}).encode(), total=self.timeout
+            )
             self._show[key] = _show_window(json.loads(body)) if status == 200 else None
+        except Exception as e:  # (asked again at the next learning)
+            log.debug("endpoint %s: /api/show %s failed (%s)", ep.name, name, e)
+        finally:
+            self._asking.pop(key, None)
+
+    def close(self) -> None:
+        """Stop asking (shutdown)."""
+        for task in list(self._asking.values()):
+            task.cancel()

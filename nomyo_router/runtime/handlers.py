@@ -69,10 +69,9 @@ class Handlers:
     @cached_property
     def reload(self) -> ReloadRoute:
         from ..ops.reload import ReloadRoute
-        from .reconfigure import apply
 
         r = self._router
-        return ReloadRoute(lambda: r.config, lambda new: apply(r, new))
+        return ReloadRoute(lambda: r.config, r.reloads.reload)
 
     @cached_property
     def status(self) -> Status:

@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..config import CONFIG_ENV, ConfigError, RouterConfig, load_config
+from ..ops.preflight import PathProblem
 from .router import Router
 
 log = logging.getLogger("nomyo_router")
@@ -20,6 +21,8 @@ async def startup(config: RouterConfig | None) -> Router | str:
         await router.start()
     except ConfigError as e:
         print(f"nomyo-router: bad config: {e}", file=sys.stderr, flush=True)
+        return str(e)
+    except PathProblem as e:  # a file the config names: one line (uvicorn logs it), no traceback
         return str(e)
     except Exception as e:
         log.exception("start-up failed")

@@ -26,6 +26,7 @@ from ..forward.proxy import Proxy
 from ..ops.accesslog import AccessLog
 from ..ops.history import history_for
 from ..ops.metrics import Metrics, spin_counter, state_gauges
+from ..ops.usage.budgets import budget_source
 from ..ops.usage.store import make_usage
 from ..routing.context import Windows
 from ..routing.policies import Policy, make_policy, picker
@@ -100,7 +101,21 @@ class Router:
 
             self.tracer, self.upstream = tracing.make(config, self.events)
         self.manage_session = ManageSession(config)  # aiohttp, made when first needed
-        self.discovery = Discovery(self.endpoints, self.upstream, self.store, self.scheduler, config, self.health)
+        # context-length-aware routing (None: context_routing off); learned with discovery
+        self.windows = (
+            Windows(config.context_routing, self.upstream, lambda: self.endpoints)
+            if config.context_routing != "off"
+            else None
+        )
+        self.discovery = Discovery(
+            self.endpoints,
+            self.upstream,
+            self.store,
+            self.scheduler,
+            config,
+            self.health,
+            learned=self.windows.learn if self.windows is not None else None,
+        )
         self.proxy = Proxy(
             self.scheduler,
             self.upstream,
@@ -112,15 +127,10 @@ class Router:
         )
         self.cache = make_cache(config, self)  # the response cache; None: off
         self.ensemble = moe.Ensemble(self)  # moe-<model> requests
-        # context-length-aware routing (None: context_routing off)
-        self.windows = (
-            Windows(config.context_routing, self.upstream, lambda: self.endpoints)
-            if config.context_routing != "off"
-            else None
-        )
         self.kv_tasks: list[asyncio.Task[None]] = []  # precise mode: KV-event subscribers
         self.kv_states: dict[str, KVEventState] = {}
         self.handlers = Handlers(self)  # the operator's routes, each built when first asked
+        self.reloads = reconfigure.Reloads(self)  # SIGHUP and POST /admin/reload, one at a time
 
     def serves(self, model: str) -> bool:
         key = model_key(model)
@@ -152,9 +162,7 @@ class Router:
             self.gc.start()
         if self.tracer is not None:
             self.tracer.exporter.start()
-        await self.discovery.start()
-        if self.windows is not None:
-            self.windows.start()
+        await self.discovery.start()  # (models and context windows known before serving)
         if any(e.kv_events for e in self.config.endpoints):
             from ..routing import kv_events
 
@@ -179,7 +187,7 @@ class Router:
             task.cancel()
         await self.discovery.stop()
         if self.windows is not None:
-            await self.windows.stop()
+            self.windows.close()
         await self.loop_lag.stop()
         await self.rate_limits.stop()
         if self.gc is not None:
@@ -227,8 +235,9 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
     mode = config.state
     if mode == "auto":
         mode = "shared" if multiprocessing.parent_process() is not None else "memory"
+    budgets = budget_source(config)  # what the token budgets spent before this process
     if mode == "memory":
-        return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
+        return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins, budgets)
     if mode == "shared":
         from ..state.shared import SharedStore  # (workers only: mmap tables and the host's link)
 
@@ -239,10 +248,23 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
             config.affinity_ttl,
             config.affinity_max_pins,
             picker(policy),
+            budgets,
         )
     from ..state.redis import RedisStore
 
-    return RedisStore(mode, endpoints, config)
+    local = None
+    if multiprocessing.parent_process() is not None:  # workers: one table while Redis is away
+        from ..state.redis_local import HostTable
+
+        local = HostTable(
+            shared_state_path(),
+            endpoints,
+            config.max_queue,
+            config.affinity_ttl,
+            config.affinity_max_pins,
+            picker(policy),
+        )
+    return RedisStore(mode, endpoints, config, local)
 
 
 def shared_state_path() -> str:

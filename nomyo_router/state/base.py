@@ -167,14 +167,16 @@ class StateStore(ABC):
             self._limiter = Limiter()
         return self._limiter
 
-    async def admit(self, client: str, limits: Limits, count: bool = True) -> Verdict:
-        """Admit one request of `client` under `limits` (counting it), or say which limit
-        refuses it; `count=False` only looks. Called only for keys that have limits."""
-        return self.limiter().admit(client, limits, time.time(), count)
+    async def admit(self, client: str, limits: Limits, count: bool = True, reserve: int = 0) -> Verdict:
+        """Admit one request of `client` under `limits` (counting it and reserving `reserve`
+        tokens: the verdict's `hold`), or say which limit refuses it; `count=False` only
+        looks. Called only for keys that have limits."""
+        return self.limiter().admit(client, limits, time.time(), count, reserve)
 
-    def spend(self, client: str, tokens: int, limits: Limits) -> None:
-        """An answer of `client` ended having used `tokens` (sent on without waiting)."""
-        self.limiter().spend(client, tokens, limits, time.time())
+    def spend(self, client: str, tokens: int, limits: Limits, hold: int = 0, reserved: int = 0) -> None:
+        """An answer of `client` ended having used `tokens`; its reservation (`hold`, of
+        `reserved` tokens) is settled to them (sent on without waiting)."""
+        self.limiter().spend(client, tokens, limits, time.time(), hold, reserved)
 
     async def start(self) -> None:
         """Connect or elect, for stores that share state; called once before serving."""

@@ -29,9 +29,11 @@ Wire format: one JSON object per line. Worker -> host:
   {"op": "health", "ep", "ok"}      {"op": "snapshot", "id"} -> {"id", "snap"}
   {"op": "pub", "topic", "data"} -> relayed to the others as {"pub", "data"}
   {"op": "batch", "ops": [...]}     several of the above, written in one loop turn
-  {"op": "limit", "id", "client", "limits", "count"} -> {"id", "verdict"}  (a limited key's request:
-      the host's one count admits it or not, limits.py)
-  {"op": "spend", "client", "tokens", "limits"}  (its answer ended having used that many tokens)
+  {"op": "limit", "id", "client", "limits", "count", "reserve"} -> {"id", "verdict"}  (a limited
+      key's request: the host's one count admits it or not, and reserves its tokens, limits.py)
+  {"op": "spend", "client", "tokens", "limits", "hold", "reserved"}  (its answer ended having used
+      that many tokens: its reservation is settled; a worker that is gone has its reservations
+      dropped)
 (Pins and usage counts need no message: pins.py and slots.py.)
 """
 
@@ -47,7 +49,7 @@ from typing import Any
 from ..domain import Endpoint
 from .base import Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
 from .fair import Fair
-from .limits import Limiter, Limits
+from .limits import BudgetSource, Limiter, Limits
 from .memory import MemoryStore
 from .pins import PinTable
 from .slots import SlotTable
@@ -86,7 +88,7 @@ class TableStore(MemoryStore):
         }
 
     def _free(self, ep: Endpoint) -> bool:
-        return ep.name not in self._unhealthy and self.table.in_flight(ep.name) < ep.slots
+        return ep.name not in self._unhealthy and self.table.in_flight(ep.name) < self.table.limit(ep.slots)
 
     async def acquire(
         self,
@@ -124,7 +126,10 @@ class TableStore(MemoryStore):
 class Coordinator:
     """Serves one MemoryStore to every worker over a Unix socket."""
 
-    def __init__(self, store: TableStore, endpoints: Sequence[Endpoint], pick: Picker) -> None:
+    def __init__(
+        self, store: TableStore, endpoints: Sequence[Endpoint], pick: Picker, budgets: BudgetSource | None = None
+    ) -> None:
+        """`budgets`: what the token budgets had spent before this host (the usage database)."""
         self.store = store
         self.endpoints = {e.name: e for e in endpoints}
         self.pick = pick
@@ -132,6 +137,7 @@ class Coordinator:
         self._closed = False
         self._writers: set[asyncio.StreamWriter] = set()  # for relaying `pub` messages
         self.limiter = Limiter()  # every worker's rate limits, counted once, here
+        self._budgets = budgets
 
     def update_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
         self.endpoints.update((e.name, e) for e in endpoints)
@@ -145,6 +151,7 @@ class Coordinator:
         """`takeover`: an earlier host died; give back the slots of processes that are gone."""
         if takeover:
             self.store.table.reclaim()
+        await self.limiter.seed_from(self._budgets)  # (a restart, or an earlier host that died)
         self._server = await asyncio.start_unix_server(self._connection, path=path)
 
     def _dispatch_all(self) -> None:
@@ -158,6 +165,7 @@ class Coordinator:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pending: dict[int, asyncio.Task[None]] = {}
+        holds: dict[int, str] = {}  # the worker's token reservations not settled yet -> client
         who: list[int] = []  # [row, pid] in the slot table, from the worker's hello
         store = self.store
 
@@ -230,11 +238,26 @@ class Coordinator:
                     store.set_healthy(ep, msg["ok"])
             elif op == "limit":
                 verdict = self.limiter.admit(
-                    msg["client"], Limits.from_wire(msg["limits"]), time.time(), msg.get("count", True)
+                    msg["client"],
+                    Limits.from_wire(msg["limits"]),
+                    time.time(),
+                    msg.get("count", True),
+                    msg.get("reserve", 0),
                 )
+                if verdict.hold:
+                    holds[verdict.hold] = msg["client"]
                 send({"id": msg["id"], "verdict": verdict.wire()})
             elif op == "spend":
-                self.limiter.spend(msg["client"], msg["tokens"], Limits.from_wire(msg["limits"]), time.time())
+                hold = msg.get("hold", 0)
+                holds.pop(hold, None)
+                self.limiter.spend(
+                    msg["client"],
+                    msg["tokens"],
+                    Limits.from_wire(msg["limits"]),
+                    time.time(),
+                    hold,
+                    msg.get("reserved", 0),
+                )
             elif op == "snapshot":
                 snap = await store.snapshot()
                 snap["in_flight"] = {name: store.table.in_flight(name) for name in self.endpoints}
@@ -257,6 +280,8 @@ class Coordinator:
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+            for hold, client in holds.items():  # its requests ended with it: nothing will settle them
+                self.limiter.release(client, hold)
             if who and not self._closed:  # the worker is gone: so are its slots and its waits
                 store.table.reclaim(who[0], who[1])
                 self._dispatch_all()

@@ -12,6 +12,7 @@ from typing import Any
 from ..domain import Endpoint
 from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from .fair import Fair, FairClock
+from .limits import BudgetSource
 
 
 class _Waiter:
@@ -30,7 +31,11 @@ class _Waiter:
 
 
 class MemoryStore(StateStore):
-    def __init__(self, max_queue: int, pin_ttl: float = 600.0, max_pins: int = 100_000) -> None:
+    def __init__(
+        self, max_queue: int, pin_ttl: float = 600.0, max_pins: int = 100_000, budgets: BudgetSource | None = None
+    ) -> None:
+        """`budgets`: what the token budgets had spent before this process (the usage database)."""
+        self._budgets = budgets
         self.max_queue = max_queue
         self.pin_ttl = pin_ttl
         self.max_pins = max_pins
@@ -42,6 +47,9 @@ class MemoryStore(StateStore):
         self._queued = 0
         self._fair = FairClock()  # each waiting request's place: priority, then fair share (fair.py)
         self._endpoints: dict[str, Endpoint] = {}
+
+    async def start(self) -> None:
+        await self.limiter().seed_from(self._budgets)
 
     def _free(self, ep: Endpoint) -> bool:
         return ep.name not in self._unhealthy and self._in_flight.get(ep.name, 0) < ep.slots

@@ -11,11 +11,12 @@
 - Waiters sleep on a future, woken through pub/sub when a slot is handed to them; no
   polling. The same periodic sweep hands on slots freed by expiry.
 - If Redis becomes unreachable or stalls, the instance logs loudly, counts it (`/health`),
-  and keeps serving from a per-process MemoryStore that also counts the leases the process
-  already holds (so one process alone never exceeds an endpoint's slots); waiters queued in
-  Redis move to it at once. A probe every second switches back when Redis answers again: it
-  re-registers the slot table (a restarted Redis has lost it), subscribes afresh, reconciles,
-  and the requests still waiting locally then queue in Redis again.
+  and keeps serving from its own table (redis_local.py: one table for all its workers, its
+  share of each endpoint's slots by the instances Redis last knew of), which also counts the
+  leases the instance already holds; waiters queued in Redis move to it at once. A probe
+  every second switches back when Redis answers again: it re-registers the slot table (a
+  restarted Redis has lost it), subscribes afresh, reconciles, and the requests still
+  waiting locally then queue in Redis again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -30,19 +33,21 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from ..config import RouterConfig
+from ..config import SUPERVISOR_ENV, RouterConfig
 from ..domain import Endpoint
-from .base import Changes, Choose, Lease, QueueTimeout, Rehome, StateStore
+from .base import Changes, Choose, Lease, StateStore
 from .fair import Fair
 from .limits import Limits, Verdict
-from .memory import MemoryStore
+from .redis_check import RedisMisconfigured, misconfiguration
 from .redis_limits import RedisLimits
 from .redis_link import RedisLink, end
+from .redis_local import LocalTable, ProcessTable, wait_locally
 from .redis_messages import Messages
 from .redis_pins import RedisPins
 from .redis_queue import RedisLost, SharedQueue
 from .redis_reconcile import Ledger, as_str
 from .redis_rehome import Rehoming
+from .redis_url import address
 from .redis_usage import UsageBatches
 
 log = logging.getLogger("nomyo_router.redis")
@@ -51,7 +56,11 @@ RETRY_S = 1.0
 
 
 class RedisStore(StateStore):
-    def __init__(self, url: str, endpoints: Sequence[Endpoint], config: RouterConfig) -> None:
+    def __init__(
+        self, url: str, endpoints: Sequence[Endpoint], config: RouterConfig, local: LocalTable | None = None
+    ) -> None:
+        """`local`: where this instance's limits are kept while Redis is away: the table its
+        workers share (`HostTable`), or by default this process's own (`ProcessTable`)."""
         self.url = url
         self.endpoints = {e.name: e for e in endpoints}
         self.config = config
@@ -60,10 +69,11 @@ class RedisStore(StateStore):
         self.owner = uuid.uuid4().hex[:12]
         self.lease_ms = int(config.lease_ttl * 1000)
         self.link = RedisLink(url, config.redis_timeout, self.prefix, self.lease_ms)
-        self.ledger = Ledger(self.owner)
-        # Counts every lease of this process, whichever store granted it: while Redis is away
-        # its limits are the process's, and those include the leases Redis granted before.
-        self.local = MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
+        supervisor = os.environ.get(SUPERVISOR_ENV)  # (the workers of one supervisor: one instance)
+        self.ledger = Ledger(self.owner, f"{socket.gethostname()}:{supervisor}" if supervisor else self.owner)
+        # Counts every lease of this instance, whichever store granted it: while Redis is away
+        # its limits are the instance's, and those include the leases Redis granted before.
+        self.local: LocalTable = local or ProcessTable(config.max_queue, config.affinity_ttl, config.affinity_max_pins)
         self.degraded = False
         self.degraded_events = 0
         self._back = asyncio.Event()  # set when Redis answers again; a new one per outage
@@ -82,10 +92,15 @@ class RedisStore(StateStore):
 
     # ---- life cycle -----------------------------------------------------------
     async def start(self) -> None:
+        await self.local.start()  # (workers: elect the host of their shared table)
         try:
             await self._register()
             await self.messages.listen()
         except (RedisError, OSError) as e:
+            reason = misconfiguration(e, self.url)
+            if reason is not None:  # not an outage: it will not pass by itself
+                await self.link.close()
+                raise RedisMisconfigured(f"state: Redis at {address(self.url)}: {reason}") from None
             self._degrade(e)
         self._loops = [asyncio.create_task(self._sweep_loop())]
 
@@ -115,6 +130,7 @@ class RedisStore(StateStore):
             await end(t)  # (a single cancel can be lost in redis-py: see `end`)
         await asyncio.gather(*self._tasks, self.messages.close(), return_exceptions=True)
         await self.link.close()
+        await self.local.close()
 
     def _is_degraded(self) -> bool:
         return self.degraded
@@ -124,10 +140,13 @@ class RedisStore(StateStore):
             self.degraded = True
             self.degraded_events += 1
             self._back = asyncio.Event()
+            n = self.ledger.instances
             log.error(
-                "REDIS UNREACHABLE (%s: %s): serving with per-process limits until it is back",
+                "REDIS UNREACHABLE (%s: %s): serving with this instance's limits until it is back "
+                "(%s of each endpoint's slots)",
                 type(error).__name__,
                 error,
+                f"1/{n}, as {n} instances shared them" if n > 1 else "all",
             )
         # Nobody is stranded in a queue that does not answer: waiters move to the local queue now.
         for fut in self.ledger.waiting.values():
@@ -153,7 +172,7 @@ class RedisStore(StateStore):
         # last check and switching over, so that no local grant slips in).
         for _ in range(5):
             await self._sweep()
-            held = sum(self.local.in_flight(ep) for ep in self.endpoints.values())
+            held = sum(self.local.own(ep) for ep in self.endpoints.values())
             if self.ledger.all_swept() and held == len(self.ledger.held):
                 break
         self.degraded = False
@@ -218,7 +237,7 @@ class RedisStore(StateStore):
 
     def _hold_granted(self, name: str, lid: str) -> Lease:
         endpoint = self.endpoints[name]
-        self.local._take(endpoint)  # counted locally too: the limit while Redis is away
+        self.local.count(endpoint)  # counted locally too: the limit while Redis is away
         return self._hold(endpoint, lid)
 
     async def _acquire_local(
@@ -226,29 +245,9 @@ class RedisStore(StateStore):
     ) -> Lease | None:
         """The local queue while Redis is away; None if Redis answers again first (the
         request then queues there, so that one queue orders everyone again)."""
-        task = asyncio.ensure_future(self.local.acquire(model, candidates, choose, timeout, fair=fair))
-        back = asyncio.ensure_future(self._back.wait())
-        try:
-            await asyncio.wait((task, back), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # the client went away
-            back.cancel()
-            task.cancel()
-            await asyncio.wait((task,))
-            if not task.cancelled() and task.exception() is None:
-                task.result().release()  # the slot came just before
-            raise
-        back.cancel()
-        if not task.done():
-            task.cancel()  # MemoryStore passes on a slot handed over just as it gave up
-            await asyncio.wait((task,))
-        if task.cancelled():
+        local = await wait_locally(self.local, self._back, model, candidates, choose, timeout, fair)
+        if local is None:
             return None
-        try:
-            local = task.result()
-        except QueueTimeout:
-            raise QueueTimeout(model) from None  # a local place means nothing in Redis
-        except Rehome as e:
-            raise Rehome(model, None, e.waited) from None
         if not self.degraded:  # handed out after Redis came back, which alone grants now
             local.release()
             return None
@@ -301,6 +300,7 @@ class RedisStore(StateStore):
         finally:  # releases it held back: sent if it was answered (the reconciliation too)
             for name, lid in self.ledger.swept(res):
                 self._background(self._release(name, lid))
+        self.local.share_by(self.ledger.instances)  # this instance's share if Redis goes away
 
     def publish(self, topic: str, data: object) -> None:
         self.messages.publish(topic, data)
@@ -312,11 +312,11 @@ class RedisStore(StateStore):
         self.usage.record(endpoint, model)  # sent with the next sweep, in one script call
 
     # ---- views, health, pins ----------------------------------------------------------
-    async def admit(self, client: str, limits: Limits, count: bool = True) -> Verdict:
-        return await self.limits.admit(client, limits, count)
+    async def admit(self, client: str, limits: Limits, count: bool = True, reserve: int = 0) -> Verdict:
+        return await self.limits.admit(client, limits, count, reserve)
 
-    def spend(self, client: str, tokens: int, limits: Limits) -> None:
-        self.limits.spend(client, tokens, limits)
+    def spend(self, client: str, tokens: int, limits: Limits, hold: int = 0, reserved: int = 0) -> None:
+        self.limits.spend(client, tokens, limits, hold, reserved)
 
     def in_flight(self, endpoint: Endpoint) -> int:
         """Over all instances, as the last grant or sweep (at most a second ago) reported it,
@@ -330,7 +330,12 @@ class RedisStore(StateStore):
         return own if self.degraded else max(own, self.ledger.shared_queue)
 
     async def snapshot(self) -> dict[str, Any]:
-        snap: dict[str, Any] = {"mode": "redis", "degraded": self.degraded, "degraded_events": self.degraded_events}
+        snap: dict[str, Any] = {
+            "mode": "redis",
+            "degraded": self.degraded,
+            "degraded_events": self.degraded_events,
+            "instances": self.ledger.instances,
+        }
         if self.degraded:
             local = await self.local.snapshot()
             return {**snap, "in_flight": local["in_flight"], "queue_length": local["queue_length"]}

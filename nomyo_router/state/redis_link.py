@@ -18,7 +18,6 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Protocol, TypeVar
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -27,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..background import end as end
 from . import redis_scripts as lua
+from . import redis_url
 
 T = TypeVar("T")
 # What a Lua script is passed (redis-py encodes each), and what it answers: a Lua table
@@ -53,7 +53,7 @@ class RedisLink:
         self.prefix = prefix
         self.lease_ms = lease_ms
         # socket timeouts too, so that redis-py itself drops a connection that went silent
-        self.client = aioredis.from_url(
+        self.client = redis_url.client(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
@@ -107,4 +107,4 @@ class RedisLink:
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.timeout):
-                await self.client.aclose()
+                await redis_url.close(self.client)

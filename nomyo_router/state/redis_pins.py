@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
-from .memory import MemoryStore
+from .base import StateStore
 from .redis_link import RedisLink
 from .redis_reconcile import as_str
 
@@ -22,7 +22,7 @@ class RedisPins:
         self,
         link: RedisLink,
         ttl: float,
-        local: MemoryStore,
+        local: StateStore,
         degraded: Callable[[], bool],
         degrade: Callable[[BaseException], None],
     ) -> None:

@@ -17,7 +17,9 @@ One race is closed here rather than in Redis: a lease released while a sweep tha
 on its way would be added back by that sweep. Such releases wait for the sweep's reply.
 
 The sweep's reply also brings every endpoint's count over all instances and the shared
-queue's length, which the gauges read without a round trip of their own.
+queue's length, which the gauges read without a round trip of their own, and how many
+instances swept within `lease_ttl` (each takes its share of the slots by it while Redis is
+away: redis_local.py).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ if TYPE_CHECKING:
 
 
 class Ledger:
-    def __init__(self, owner: str) -> None:
-        self.owner = owner
+    def __init__(self, owner: str, instance: str) -> None:
+        self.owner = owner  # this process
+        self.instance = instance  # its instance: it and the other workers of its supervisor
+        self.instances = 0  # live instances, as of the last sweep (0: no sweep answered yet)
         self.seq = 0  # the highest id number handed out
         self.held: dict[str, str] = {}  # lease id -> endpoint: every lease of this instance
         self.waiting: dict[str, asyncio.Future[str | None]] = {}  # queued in Redis, or acquiring
@@ -70,7 +74,7 @@ class Ledger:
     # ---- the sweep -------------------------------------------------------------------
     def sweep_args(self) -> list[Arg]:
         """SWEEP's arguments after the prefix and lease time; marks the sweep as on its way."""
-        args: list[Arg] = [self.owner, self.seq]
+        args: list[Arg] = [self.owner, self.seq, self.instance]
         for lid, name in self.held.items():
             args += [name, lid]
         for lid in self.waiting:
@@ -98,7 +102,8 @@ class Ledger:
             return []
         self.ghosts += int(res[0])
         self.shared_queue = int(res[1])
-        self.shared = {as_str(res[i]): int(res[i + 1]) for i in range(2, len(res) - 1, 2)}
+        self.instances = int(res[2])
+        self.shared = {as_str(res[i]): int(res[i + 1]) for i in range(3, len(res) - 1, 2)}
         for name, _ in deferred:  # still counted in Redis when it answered
             self.released(name)
         return deferred

@@ -16,6 +16,7 @@ Keys under the prefix P (passed as ARGV[1]):
   P:own:<owner>      hash  id -> endpoint ('' while it waits): all an instance holds or waits
                            for, so its sweep finds what it no longer knows of (reconciliation)
   P:usage-sent:<owner>  int   the last usage batch counted (a batch sent twice counts once)
+  P:instances        zset  instance (host:supervisor pid) -> until when it counts as live (ms)
   P:fair:now         int   the virtual time: the start of the waiter last handed a slot (fair.py)
   P:fair:finish      hash  client -> the finish of its last waiter (its next one starts there or later)
   P:fair:served      hash  client -> the finish of its last waiter handed a slot
@@ -195,17 +196,23 @@ return 'gone'
 # was away) —; remove what Redis holds for the instance that the instance does not know of
 # (ghosts: grants and queue entries whose replies a stalled or dead connection lost) but only
 # up to number `max_seq`, as higher ones may still be on their way; let expired leases go;
-# hand freed slots on; report every endpoint's count and the queue's length.
-# ARGV: P, lease_ttl_ms, owner, max_seq, then endpoint, id pairs (endpoint '' for an id the
-#       instance waits on, queued or with its acquire under way)
-# Returns {ghosts removed, queue length, endpoint, in flight, ...}
+# hand freed slots on; report every endpoint's count and the queue's length; count the
+# instance as live for `lease_ttl` and report how many are (what each takes a share by while
+# Redis is away: redis_local.py).
+# ARGV: P, lease_ttl_ms, owner, max_seq, instance, then endpoint, id pairs (endpoint '' for an
+#       id the instance waits on, queued or with its acquire under way)
+# Returns {ghosts removed, queue length, live instances, endpoint, in flight, ...}
 SWEEP = (
     _COMMON
     + r"""
 local ttl, owner, max_seq = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local own = P .. ':own:' .. owner
+local instances = P .. ':instances'
+redis.call('ZADD', instances, now + ttl, ARGV[5])
+redis.call('ZREMRANGEBYSCORE', instances, '-inf', now)
+keep(instances, ttl)
 local known = {}
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local ep, id = ARGV[i], ARGV[i + 1]
   known[id] = true
   if ep ~= '' then
@@ -229,7 +236,7 @@ for i = 1, #entries, 2 do
   end
 end
 if redis.call('EXISTS', own) == 1 then keep(own, ttl) end
-local out = {ghosts, 0}
+local out = {ghosts, 0, redis.call('ZCARD', instances)}
 for _, ep in ipairs(redis.call('HKEYS', P .. ':slots')) do
   dispatch(ep, ttl)
   out[#out + 1] = ep

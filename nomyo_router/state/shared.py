@@ -14,35 +14,43 @@ import itertools
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..domain import Endpoint
 from . import private
-from .base import Changes, Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome, StateStore
+from .base import Changes, Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
 from .coordinator import Coordinator, TableStore
 from .fair import Fair
-from .limits import Limits, Verdict
+from .limits import BudgetSource
 from .pins import PinTable
+from .shared_limits import SharedLimits
 from .slots import SlotTable
 
 log = logging.getLogger("nomyo_router.shared")
 
 CONNECT_TIMEOUT_S = 10.0
-LIMIT_TIMEOUT_S = 2.0  # how long a limited key's request waits for the host's verdict
 LEARN_TIMEOUT_S = 5.0  # how long a grant on an endpoint this worker's reload has not added yet waits
 
 
-class SharedStore(StateStore):
+class SharedStore(SharedLimits):
     """State shared by the workers of one host. `base` names the lock file and the socket."""
 
     def __init__(
-        self, base: str, endpoints: Sequence[Endpoint], max_queue: int, pin_ttl: float, max_pins: int, pick: Picker
+        self,
+        base: str,
+        eps: Sequence[Endpoint],
+        max_queue: int,
+        pin_ttl: float,
+        max_pins: int,
+        pick: Picker,
+        budgets: BudgetSource | None = None,
     ) -> None:
-        """`pick`: how the routing policy chooses among free endpoints (the host grants slots)."""
+        """`pick`: how the routing policy chooses among free endpoints (the host grants slots);
+        `budgets`: what the token budgets had spent before (read by whichever worker hosts)."""
+        self._budgets = budgets
         self.lock_path, self.sock_path = base + ".lock", base + ".sock"
-        self.endpoints = {e.name: e for e in endpoints}
+        self.endpoints = {e.name: e for e in eps}
         self._max_queue = max_queue
         self._pick = pick
         self._lock_fd: int | None = None
@@ -86,7 +94,7 @@ class SharedStore(StateStore):
         if takeover:
             os.unlink(self.sock_path)
         store = TableStore(self._table, self._pins, self._max_queue)
-        self._coordinator = Coordinator(store, list(self.endpoints.values()), self._pick)
+        self._coordinator = Coordinator(store, list(self.endpoints.values()), self._pick, self._budgets)
         await self._coordinator.start(self.sock_path, takeover)
         os.chmod(self.sock_path, 0o600)  # (the directory is 0700 already; this is the second lock)
         log.warning("worker %d hosts the shared state at %s", os.getpid(), self.sock_path)
@@ -197,7 +205,9 @@ class SharedStore(StateStore):
             free = [
                 e
                 for e in candidates
-                if e.name not in unhealthy and not table.unhealthy(e.name) and table.in_flight(e.name) < e.slots
+                if e.name not in unhealthy
+                and not table.unhealthy(e.name)
+                and table.in_flight(e.name) < table.limit(e.slots)
             ]
             while free:
                 ep = free[0] if len(free) == 1 else choose(free)
@@ -287,27 +297,6 @@ class SharedStore(StateStore):
 
     def in_flight(self, endpoint: Endpoint) -> int:
         return self._table.in_flight(endpoint.name)
-
-    async def admit(self, client: str, limits: Limits, count: bool = True) -> Verdict:
-        """Rate limits are counted once, by the host (the host worker asks its own count):
-        one round trip, only for keys that have limits. While no host answers (one is being
-        elected), this worker's own count stands in; a new host starts counting afresh."""
-        host = self._coordinator
-        if host is not None:
-            return host.limiter.admit(client, limits, time.time(), count)
-        try:
-            async with asyncio.timeout(LIMIT_TIMEOUT_S):
-                reply = await self._call({"op": "limit", "client": client, "limits": limits.wire(), "count": count})
-        except TimeoutError:
-            return await super().admit(client, limits, count)
-        return Verdict.from_wire(reply["verdict"])
-
-    def spend(self, client: str, tokens: int, limits: Limits) -> None:
-        host = self._coordinator
-        if host is not None:
-            host.limiter.spend(client, tokens, limits, time.time())
-        else:
-            self._send({"op": "spend", "client": client, "tokens": tokens, "limits": limits.wire()})
 
     def publish(self, topic: str, data: object) -> None:
         self._send({"op": "pub", "topic": topic, "data": data})

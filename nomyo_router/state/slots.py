@@ -8,7 +8,7 @@ wake-ups.
 
 Layout (native int32 unless noted), one file `<base>.slots` mapped by every worker:
 
-    header     magic 8 bytes, endpoints E, rows W, rows in use
+    header     magic 8 bytes, endpoints E, rows W, rows in use, share (see `limit`)
     names      E x 64 bytes: endpoint name (utf-8), index = the endpoint's column
     unhealthy  E bytes, written by the host (its verdict over every worker's reports)
     pids       W: the worker that owns each row (0: free)
@@ -40,7 +40,8 @@ ENDPOINTS = 256
 ROWS = 64
 NAME = 64
 _HEAD = struct.Struct("8siii")
-_NAMES = _HEAD.size + 4  # aligned
+_SHARE = _HEAD.size  # int32 after the header: the instances an endpoint's slots are shared by
+_NAMES = _SHARE + 4
 _UNHEALTHY = _NAMES + ENDPOINTS * NAME
 _PIDS = _UNHEALTHY + ENDPOINTS
 _WAITING = _PIDS + ROWS * 4
@@ -50,6 +51,11 @@ PAIR = 128
 _PAIRS = _HELD + ENDPOINTS * ROWS * 4
 _USAGE = _PAIRS + PAIRS * PAIR
 SIZE = _USAGE + PAIRS * ROWS * 8
+
+
+def share_of(slots: int, instances: int) -> int:
+    """An instance's part of an endpoint's `slots` when `instances` share it (at least one)."""
+    return slots if instances <= 1 else max(1, slots // instances)
 
 
 def _alive(pid: int) -> bool:
@@ -87,6 +93,7 @@ class SlotTable:
                 raise RuntimeError(f"{path}: a slot table of another layout")
             mv = self._mv = memoryview(self._map)
             self._meta = mv[8:20].cast("i")  # endpoints, rows, rows in use
+            self._share = mv[_SHARE:_NAMES].cast("i")
             self._pids = mv[_PIDS:_WAITING].cast("i")
             self._waiting = mv[_WAITING:_HELD].cast("i")
             self._held = mv[_HELD:_PAIRS].cast("i")
@@ -206,10 +213,23 @@ class SlotTable:
                 out.setdefault(self.name_of(col), {})[model] = n
         return out
 
+    # -- the share: Redis state degraded, this host takes its part of every endpoint ---
+    def share_by(self, instances: int) -> None:
+        """From now on each endpoint's limit here is its slots divided by `instances` (at
+        least one); 0 or 1: all its slots. Every worker of the host reads the same word."""
+        self._share[0] = max(instances, 0)
+
+    def limit(self, slots: int) -> int:
+        return share_of(slots, self._share[0])
+
     # -- reads (no lock: a word read is atomic; decisions that matter re-check under it) --
     def in_flight(self, name: str) -> int:
         c = self.column(name) * ROWS
         return sum(self._held[c : c + self._rows])
+
+    def own(self, name: str) -> int:
+        """Slots this handle's row holds on `name`."""
+        return self._held[self.column(name) * ROWS + self.row]
 
     def waiting(self) -> int:
         return sum(self._waiting[: self._rows])
@@ -231,10 +251,22 @@ class SlotTable:
             rows = self._meta[2]
             if fast and any(self._waiting[:rows]):
                 return False
+            share = self._share[0]  # (inline: `limit`, without a call on the hot path)
+            if share > 1:
+                slots = max(1, slots // share)
             if self._unhealthy[c] or sum(held[at : at + rows]) >= slots:
                 return False
             held[at + (self.row if row is None else row)] += 1
             return True
+        finally:
+            flock(self.fd, LOCK_UN)
+
+    def add(self, name: str) -> None:
+        """Count a slot granted elsewhere (by Redis) in our row, whatever the limit here."""
+        at = self.column(name) * ROWS + self.row
+        flock(self.fd, LOCK_EX)
+        try:
+            self._held[at] += 1
         finally:
             flock(self.fd, LOCK_UN)
 
@@ -291,7 +323,8 @@ class SlotTable:
     def close(self) -> None:
         """Give our row back (its counts with it: we hold nothing once we close)."""
         self.reclaim(self.row, os.getpid())
-        for view in (self._meta, self._pids, self._waiting, self._held, self._unhealthy, self._usage, self._mv):
+        views = (self._meta, self._share, self._pids, self._waiting, self._held, self._unhealthy, self._usage)
+        for view in (*views, self._mv):
             view.release()
         self._map.close()
         os.close(self.fd)

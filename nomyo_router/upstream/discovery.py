@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ..config import RouterConfig
@@ -43,8 +43,13 @@ class Discovery:
         scheduler: Scheduler,
         config: RouterConfig,
         health: Health,
+        learned: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`learned`: what else is learned from the model lists (context windows, which may
+        ask each new model's details), awaited after every discovery round."""
         self.endpoints = list(endpoints)
+        self.learned = learned
+        self._learning: set[asyncio.Task[None]] = set()
         self.health = health
         self.upstream = upstream
         self.store = store
@@ -57,13 +62,14 @@ class Discovery:
         self._ps_round: asyncio.Future[list[None]] | None = None
         self._ps_at = 0.0
         self._timeout = config.health_timeout
-        self.sync = ModelSync(store, lambda: self.endpoints, scheduler.reindex, self._refresh)
+        self.sync = ModelSync(store, lambda: self.endpoints, self._reindexed, self._refresh)
 
     async def start(self) -> None:
         """One round before serving, so the first requests find their models; then loops.
         (Known to the other workers first, so no change made meanwhile passes us by.)"""
         self.sync.start()
         await asyncio.gather(*(self._refresh(ep) for ep in self.endpoints))
+        await self._learn()
         self._tasks = [
             asyncio.create_task(self._every(self.config.health_interval, self._probe_all)),
             asyncio.create_task(self._every(self.config.probe_interval_down, self._probe_down)),
@@ -72,9 +78,24 @@ class Discovery:
 
     async def stop(self) -> None:
         self.sync.stop()
-        for t in self._tasks:
+        for t in [*self._tasks, *self._learning]:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._learning, return_exceptions=True)
+
+    async def _learn(self) -> None:
+        if self.learned is not None:
+            try:
+                await self.learned()
+            except Exception:  # (a backend that fails is the probes' to report)
+                log.debug("learning from the model lists failed", exc_info=True)
+
+    def _reindexed(self) -> None:
+        """Another worker's lists were applied: routable at once, and learned from now."""
+        self.scheduler.reindex()
+        if self.learned is not None:
+            task = asyncio.get_running_loop().create_task(self._learn())
+            self._learning.add(task)
+            task.add_done_callback(self._learning.discard)
 
     async def _every(self, interval: float, job: Any) -> None:
         while True:
@@ -120,6 +141,7 @@ class Discovery:
         """Re-discover these endpoints now (model management just changed them), and return
         once every other worker has applied the new lists too."""
         snaps = await asyncio.gather(*(self._refresh(ep) for ep in endpoints))
+        await self._learn()
         await self.sync.share(
             {ep: s for ep, s in zip(endpoints, snaps, strict=True) if s is not None}, wait=True, full=False
         )
@@ -147,6 +169,7 @@ class Discovery:
         self.sync.last_full = time.monotonic()
         eps = list(self.endpoints)
         snaps = await asyncio.gather(*(self._refresh(ep) for ep in eps))
+        await self._learn()
         await self.sync.share({ep: s for ep, s in zip(eps, snaps, strict=True) if s is not None}, wait=False, full=True)
 
     async def _get(self, ep: Endpoint, path: str) -> Any:
@@ -172,6 +195,7 @@ class Discovery:
             self._probing.discard(ep)
         if not ep.models:
             await self._refresh(ep)
+            await self._learn()
         self.health.probe(ep, True)
 
     async def _detect(self, ep: Endpoint) -> None:

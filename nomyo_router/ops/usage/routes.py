@@ -1,8 +1,11 @@
 """`GET /api/usage`: stored token accounting as JSON (or CSV with `?format=csv`).
 
 Query parameters: `since` and `until` (YYYY-MM-DD, inclusive, UTC days), `model`, `client`,
-`format=json|csv`. A client key sees only its own rows; the router key (`router_api_key`) and
-the admin key see everyone's; without keys the router is open and so is this.
+`format=json|csv`. Each row counts requests, errors and tokens; `relayed_prompt_tokens` and
+`relayed_completion_tokens` are the part of its tokens the router counted itself (the rest
+are the backends' own counts), and a JSON row's `tokens_from` says which in one word. A
+client key sees only its own rows; the router key (`router_api_key`) and the admin key see
+everyone's; without keys the router is open and so is this.
 """
 
 from __future__ import annotations
@@ -63,10 +66,26 @@ def summary(rows: list[tuple[Row, Counts]]) -> dict[str, Any]:
         "totals": totals,
         **groups,
         "rows": [
-            {"day": r[0], "model": r[1], "endpoint": r[2], "client": r[3], **dict(zip(FIELDS, c, strict=True))}
+            {
+                "day": r[0],
+                "model": r[1],
+                "endpoint": r[2],
+                "client": r[3],
+                **dict(zip(FIELDS, c, strict=True)),
+                "tokens_from": tokens_from(c),
+            }
             for r, c in rows
         ],
     }
+
+
+def tokens_from(c: Counts) -> str | None:
+    """Whose counts a row's tokens are: "backend" (the backends' usage), "relayed" (counted
+    by the router as it relayed them), "both" (some of each), None (no tokens)."""
+    tokens, relayed = c[2] + c[3], c[4] + c[5]
+    if not tokens:
+        return None
+    return "relayed" if relayed >= tokens else "backend" if not relayed else "both"
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

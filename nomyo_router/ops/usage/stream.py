@@ -8,7 +8,8 @@ Three kinds of event, each one JSON object in `data:`:
   by model and by client key (`tokens`, from the metrics the events hub feeds: every worker's
   under `--workers N`, since each process started);
 - `start`, when a generation request arrives (its id, model, client, API, route);
-- `done`, when it has been answered (its endpoint, status, tokens, time, cache outcome);
+- `done`, when it has been answered (its endpoint, status, tokens and whose count they are,
+  `tokens_from`: "backend" or "relayed" (counted by the router), time, cache outcome);
 - `end`, the last one, when the router stops: the stream then ends at once instead of holding
   the graceful shutdown for all of `shutdown_grace` (nomyo_router.protocol tells it).
 
@@ -147,6 +148,7 @@ class UsageStream:
                     "status": rec.status,
                     "prompt_tokens": rec.prompt_tokens,
                     "completion_tokens": rec.completion_tokens,
+                    "tokens_from": tokens_from(rec),
                     "total_ms": round(rec.total_s * 1000, 2),
                     "cache": rec.cache,
                     "error": rec.error,
@@ -210,6 +212,13 @@ async def _write(send: Send, data: bytes, more: bool = True) -> None:
         await asyncio.wait_for(send({"type": "http.response.body", "body": data, "more_body": more}), SEND_TIMEOUT)
     except TimeoutError:  # it stopped reading: its connection is closed (the answer never completes)
         raise ClientGone from None
+
+
+def tokens_from(rec: RequestRecord) -> str | None:
+    """Whose counts the record's tokens are ("backend" unless a relay says it counted them)."""
+    if rec.tokens_from is not None or (rec.prompt_tokens is None and rec.completion_tokens is None):
+        return rec.tokens_from
+    return "backend"
 
 
 def snapshot_of(store: StateStore, endpoints: Sequence[Endpoint], metrics: Metrics) -> dict[str, Any]:
