@@ -41,7 +41,7 @@ async def one(port: int, key: str, statuses: collections.Counter[int], hold: asy
         statuses[-1] += 1
         return
     head = (
-        f"POST /api/chat HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
     ).encode()
     writer.write(head + BODY)

@@ -39,7 +39,7 @@ async def normal(url: str, seconds: float) -> list[float]:
 async def slow(host: str, port: int, closed: list[float], t0: float) -> None:
     try:
         reader, writer = await asyncio.open_connection(host, port)
-        for ch in b"POST /api/chat HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 60:
+        for ch in b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 60:
             if reader.at_eof():
                 break
             writer.write(bytes([ch]))
@@ -57,7 +57,7 @@ async def slow(host: str, port: int, closed: list[float], t0: float) -> None:
 async def big(host: str, port: int, closed: list[float], t0: float) -> None:
     try:
         reader, writer = await asyncio.open_connection(host, port)
-        writer.write(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        writer.write(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
         for _ in range(256):  # 256 x 4 KiB = 1 MiB, never finished
             writer.write(b"b" * 4096)
             await writer.drain()

@@ -54,6 +54,15 @@ class Generation:
 
 
 def _parse_generation(api: str, kind: str, body: dict) -> Generation:
+    """The request `body` asks for; a body of another shape is answered 400, as a real server's
+    schema validation answers it (never a 500: the body is the client's fault)."""
+    try:
+        return _parse(api, kind, body)
+    except (TypeError, AttributeError, KeyError, ValueError) as e:
+        raise BadRequest(400, f"malformed request body ({type(e).__name__}: {e})") from None
+
+
+def _parse(api: str, kind: str, body: dict) -> Generation:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest(400, "model is required")
@@ -84,6 +93,7 @@ def _parse_generation(api: str, kind: str, body: dict) -> Generation:
         messages = body.get("messages") or []
         if not isinstance(messages, list):
             raise BadRequest(400, "messages must be a list")
+        _check_parts(messages)
         prompt_text = chat_prompt(messages)
     else:
         prompt = body.get("prompt", "")
@@ -99,6 +109,23 @@ def _parse_generation(api: str, kind: str, body: dict) -> Generation:
         gen.offset = answer_offset(body.get("messages") or [])
     gen.extras = fidelity.parse(api, kind, body)
     return gen
+
+
+def _check_parts(messages: list) -> None:
+    """Messages are objects whose `role` is a string and `content` a string, a list or null;
+    content parts are objects with a string `type`, and their `text`, when present, is a
+    string (OpenAI's, vLLM's and Ollama's schemas refuse anything else with a 400)."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role", ""), str):
+            raise BadRequest(400, f"messages[{i}] must be an object with a string role")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise BadRequest(400, f"messages[{i}].content must be a string or a list of parts")
+        for p in content if isinstance(content, list) else ():
+            if not isinstance(p, dict) or not isinstance(p.get("type"), str):
+                raise BadRequest(400, f"messages[{i}].content: each part must be an object with a string type")
+            if "text" in p and not isinstance(p["text"], str):
+                raise BadRequest(400, f"messages[{i}].content: a part's text must be a string")
 
 
 async def read_json(request: web.Request) -> dict:

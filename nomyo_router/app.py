@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from .api import access, listing
+from .api import access, listing, ratelimits
 from .api.asgi import (
     BODY_WRITER,
     BodyTooLarge,
@@ -31,6 +31,7 @@ from .api.asgi import (
     send_response,
     with_headers,
 )
+from .api.body_budget import OverBudget
 from .api.errors import ApiError, error_body, render
 from .api.fairness import ClientLimits
 from .api.ratelimits import SCOPE_KEY as RATELIMIT_HEADERS
@@ -59,6 +60,7 @@ _id_prefix = f"{os.getpid():x}-"
 # spaces: it is echoed in a response header and written in the access log, where spaces,
 # control characters or non-ASCII bytes could forge fields or lines. Else one is made up.
 _GIVEN_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+QUEUED_BYTES = "nomyo.queued_bytes"  # a generation body's charge on the bytes held while queued
 
 
 def next_request_id() -> str:
@@ -111,6 +113,12 @@ class RouterApp:
                 if preflight is not None:
                     await send_response(send, 204, b"", headers=access.preflight_headers(preflight))
                     return
+                client = scope.get("nomyo.client")
+                if client is not None and handler is not RouterApp.generate:
+                    rate_limits = self.router.rate_limits
+                    if client.name in rate_limits.by_client:  # counted when it reaches a backend, if it does
+                        scope[ratelimits.COUNT] = rate_limits.counter(client.name, scope)
+                        send = ratelimits.answered_with_headers(scope, send)
             if handler is None:
                 if any(p == path for _, p in ROUTES) or any(path.startswith(p) for _, p, _ in PREFIX_ROUTES):
                     raise ApiError(405, f"method {scope['method']} not allowed on {path}")
@@ -119,19 +127,32 @@ class RouterApp:
         except ApiError as e:
             status, body, headers = render(api, e)
             if RATELIMIT_HEADERS in scope:  # a limited key's request, admitted, then refused
-                headers += scope[RATELIMIT_HEADERS]
+                headers += scope.pop(RATELIMIT_HEADERS)
             await send_response(send, status, body, headers=headers)
         except BodyTooLarge:
             limit = self.router.config.max_body_bytes if self.router else 0
             await send_response(send, 413, error_body(api, 413, f"request body exceeds {limit} bytes"))
         except ClientGone:
             return
+        finally:
+            queued = scope.pop(QUEUED_BYTES, 0)  # a body read, then refused before its exchange took it
+            if queued and self.router is not None:
+                self.router.body_budget.give(queued)
 
     def _admit(self, scope: Scope, send: Send) -> tuple[Send, bytes | None]:
         """Origin and client key, before any route runs. Returns the `send` to use (with CORS
         headers for an allowed browser origin), and the origin when this is a CORS preflight."""
         router = self.router
         assert router is not None
+        keys = router.keys
+        if keys is None or not keys.required:  # an open router: only Host names a local client uses
+            host = header(scope, b"host")
+            if host is not None and not router.hosts.allowed(host):
+                raise ApiError(
+                    421,
+                    f"this router does not answer for Host {host[:256].decode('latin-1')!r}; "
+                    "add the name to allowed_hosts, or configure client keys",
+                )
         origin, key = access.inspect(scope["headers"])
         if origin is not None:
             if not router.origins.allowed(origin.decode("latin-1")):
@@ -139,7 +160,7 @@ class RouterApp:
             if scope["method"] == "OPTIONS":
                 return send, origin
             send = with_headers(scope, send, access.cors_headers(origin))
-        keys, path = router.keys, scope["path"]
+        path = scope["path"]
         if keys is None:
             return send, None
         if path in access.OPERATOR_PATHS:
@@ -175,9 +196,14 @@ class RouterApp:
         if client is not None and router.client_limits.full(client.name):
             _refuse_full(router.config)  # before its body is read: a flood from one key buffers nothing
         rate_limits = router.rate_limits
-        if client is not None and client.name in rate_limits.by_client:  # (429 before its body is read)
-            send = await rate_limits.admit(client.name, scope, send)
-        raw = await read_body(scope, receive, router.config.max_body_bytes)
+        limited = client is not None and client.name in rate_limits.by_client
+        if client is not None and limited:  # (while its last count refused it: 429 before its body is read)
+            rate_limits.still_refused(client.name)
+        try:
+            raw = await read_body(scope, receive, router.config.max_body_bytes, router.body_budget)
+        except OverBudget:
+            _refuse_full(router.config, "the bodies of the requests it holds reached max_queued_body_bytes")
+        scope[QUEUED_BYTES] = len(raw)  # its charge, until it holds a slot (given back by `http` if refused)
         req = parse(scope["path"], raw, t0)
         ensemble = req.model.startswith(moe.PREFIX)  # NOMYO's moe-<model>: <model>'s best of several answers
         if ensemble:
@@ -185,7 +211,7 @@ class RouterApp:
         if client is not None:
             if not client.may_use(req.key):
                 raise ApiError(403, f"this API key may not use model '{req.model}'")
-            req.client = client.name
+            req.client, req.routing_headers = client.name, client.routing_headers
         if router.windows is not None and req.ctype is None:  # longer than some endpoint's context window?
             try:
                 req.too_small = router.windows.check(req, router.endpoints)
@@ -193,8 +219,9 @@ class RouterApp:
                 raise ApiError(400, str(too_long), param="messages", code="context_length_exceeded") from None
         unloading = is_unload(req.kind, req.api, req.body)
         reserved = None  # a token budget's reservation: what this request may spend (settled at its end)
-        if client is not None and rate_limits.budgeted(client.name):
-            send, reserved = await rate_limits.reserve(client.name, 0 if unloading else reservation(req), scope, send)
+        if client is not None and limited:  # counted once nothing above refused it
+            tokens = 0 if unloading or not rate_limits.budgeted(client.name) else reservation(req)
+            send, reserved = await rate_limits.reserve(client.name, tokens, scope, send)
         if unloading:  # `ollama stop`: every endpoint that has it loaded
             assert router.discovery is not None
             await router.discovery.fresh_ps(max_age=0.0)  # a model loaded a moment ago must be unloaded too
@@ -210,13 +237,15 @@ class RouterApp:
         rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
         rec.reserved = reserved
         if router.tracer is not None:
-            router.tracer.begin(rec, scope, req.kind, req.key, t0)
+            router.tracer.begin(rec, scope, req.kind, req.key, t0, req.body)
         # The one way out of this request's answer, and its one completion point (`finish`).
         # (the writer is popped from the scope: no reference cycle through it)
         ex = Exchange(send, rec, t0, router.events, scope.pop(BODY_WRITER, None))
+        ex.queued = (router.body_budget, scope.pop(QUEUED_BYTES))  # (given back when it holds a slot)
         handle: Handle = router.ensemble.handle if ensemble else router.proxy.forward
-        if router.config.context_overflow == "trim":  # a chat too long for the model: its oldest turns go
-            handle = overflow.wrap(handle, router.events)
+        if router.config.context_overflow == "trim" and not ensemble:  # a chat too long: its oldest turns go
+            bounds = overflow.Bounds(router.config.max_attempts, router.proxy.budget, router.charge)
+            handle = overflow.wrap(handle, router.events, bounds)
         if router.cache is not None or "nomyo" in req.body:  # the response cache; NOMYO's body field
             handle = response_cache.handler(router.cache, scope, req, handle)
         router.events.request_started(rec)  # (no listener unless /api/usage-stream is read)
@@ -242,7 +271,12 @@ class RouterApp:
         router = self._router()
         raw = await read_body(scope, receive, router.config.max_body_bytes)
         status, body = await listing.show(
-            raw, router.endpoints, router.store, router.upstream, listing.visible_to(scope.get("nomyo.client"))
+            raw,
+            router.endpoints,
+            router.store,
+            router.upstream,
+            listing.visible_to(scope.get("nomyo.client")),
+            lambda: ratelimits.count(scope),
         )
         await send_response(send, status, body)
 
@@ -250,6 +284,7 @@ class RouterApp:
         router = self._router()
         eps = router.endpoints
         if scope["path"] == "/api/ps" and router.discovery is not None:
+            await ratelimits.count(scope)  # (it asks the backends: a limited key's rpm)
             await router.discovery.fresh_ps()  # what is loaded changes by the second
         if scope["path"] == "/api/version":
             body = listing.version(eps)
@@ -319,10 +354,10 @@ async def _enter(limits: ClientLimits, client: str, config: RouterConfig, held: 
         _refuse_full(config)
 
 
-def _refuse_full(config: RouterConfig) -> NoReturn:
+def _refuse_full(config: RouterConfig, why: str = "the router's queue is full") -> NoReturn:
     raise ApiError(
         503,
-        "server busy, please try again: the router's queue is full",
+        f"server busy, please try again: {why}",
         code="queue_full",
         retry_after=config.retry_after,
     )

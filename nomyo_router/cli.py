@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import logging.config
 import os
 import signal
 import sys
@@ -29,6 +30,7 @@ from uvicorn.supervisors import Multiprocess  # noqa: E402
 # imported in main(): with one worker this process is the worker, and every worker of several
 # imports this module again as its __mp_main__.
 from .config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, RouterConfig, load_config  # noqa: E402
+from .ops import logformat  # noqa: E402
 
 DEFAULT_PORT = 12434
 
@@ -69,16 +71,25 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         config = load_config(args.config)
-    except ConfigError as e:
-        print(f"nomyo-router: bad config: {e}", file=sys.stderr)
+    except ConfigError as e:  # every problem of the file, a line each, naming the file
+        for problem in e.problems:
+            problem = problem.removeprefix(f"{args.config}: ")
+            print(f"nomyo-router: bad config: {args.config}: {problem}", file=sys.stderr)
         return 2
     from .ops import leftovers, preflight
     from .state import private
 
-    # a path that cannot be opened: say so now, once, not in every worker
-    problems = [*preflight.check_config_paths(config), *preflight.check_state_path(config, args.workers)]
+    # a path that cannot be opened, a section whose extra is not installed: say so now, once,
+    # not in every worker
+    problems = [
+        *preflight.check_config_paths(config),
+        *preflight.check_state_path(config, args.workers),
+        *preflight.check_extras(config),
+    ]
     for problem in problems:
         print(f"nomyo-router: {problem}", file=sys.stderr)
+    for warning in preflight.extras_warnings(config):
+        print(f"nomyo-router: warning: {warning}", file=sys.stderr)
     if problems:
         return 2
     if args.check:
@@ -91,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         if misconfigured is not None:
             print(f"nomyo-router: {misconfigured}", file=sys.stderr)
             return 2
+    log_config = logformat.config(config.log_format, args.log_level)
+    logging.config.dictConfig(log_config)  # (uvicorn applies it again, and in every worker)
     if args.workers > 1 and config.state == "memory":
-        print(
-            "nomyo-router: warning: state 'memory' with several workers keeps separate limits per "
-            "worker; use 'auto' (the default) or 'shared'",
-            file=sys.stderr,
+        logging.getLogger("nomyo_router").warning(
+            "state 'memory' with several workers keeps separate limits per worker; use 'auto' (the default) or 'shared'"
         )
     leftovers.sweep_all(private.state_dir())  # what routers no longer running left (never a live one's)
     # (with Redis too: its workers share one table while Redis is away, state/redis_local.py)
@@ -126,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         # create every file for the router's user alone (0600), like the state files beside them.
         os.umask(os.umask(0) | 0o077)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = dict(
         host=args.host,
         port=args.port,
@@ -136,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="on",
         ws="none",  # no WebSocket routes (the app refuses upgrades); saves ~2 MB per worker
         limit_concurrency=config.max_connections or None,
-        access_log=False,
+        access_log=False,  # (the router writes its own: ops/accesslog.py)
+        log_config=log_config,  # every process, every logger: ops/logformat.py
         log_level=args.log_level,
         timeout_keep_alive=75,
         backlog=2048,
@@ -216,10 +227,13 @@ class Supervisor(Multiprocess):
 
     def handle_hup(self) -> None:
         try:
-            load_config(os.environ[CONFIG_ENV])
+            config = load_config(os.environ[CONFIG_ENV])
         except ConfigError as e:
-            logging.getLogger("nomyo_router.reload").error("config reload rejected, keeping the running config: %s", e)
+            logging.getLogger("nomyo_router.reload").error(
+                "config reload rejected, keeping the running config: %s", e.one_line
+            )
             return
+        logformat.use(config.log_format)  # (the workers switch on their own, runtime/reconfigure.py)
         for process in self.processes:
             pid = process.process.pid
             if pid is not None:

@@ -9,6 +9,7 @@ does not import it (the declaration is handed in), so the two cannot import each
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import operator
@@ -16,7 +17,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Literal, Union
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -29,7 +30,35 @@ _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 
 
 class ConfigError(ValueError):
-    """A bad configuration; the message names the key and the fix."""
+    """A bad configuration; the message names the key and the fix, one line per problem."""
+
+    @property
+    def problems(self) -> list[str]:
+        return str(self).split("\n")
+
+    @property
+    def one_line(self) -> str:
+        """Every problem on one line, for a log line or an answer."""
+        return "; ".join(self.problems)
+
+
+class Problems:
+    """Every problem of a file, found in one run: `with problems.check():` around each check
+    notes its ConfigError and goes on; `raise_any` raises them all as one."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except ConfigError as e:
+            self.found.extend(e.problems)
+
+    def raise_any(self) -> None:
+        if self.found:
+            raise ConfigError("\n".join(dict.fromkeys(self.found)))  # (each once, in order)
 
 
 class Spec:
@@ -95,7 +124,7 @@ class Spec:
             if "ge" in c and "le" in c:
                 text += f" between {c['ge']} and {c['le']}"
             else:
-                text += "".join(f" {sign} {c[k]}" for k, sign in _BOUNDS if k in c)
+                text += " and".join(f" {sign} {c[k]}" for k, sign in _BOUNDS if k in c)
         elif tp is str:  # (a pattern is said by the key's own sentence, never as a regex)
             text = "non-empty string" if self.constraints.get("min_length") else "string"
             text = f"a {text}" if article else text
@@ -144,7 +173,7 @@ def refuse_unknown(where: str, given: Iterable[object], allowed: Iterable[str], 
             else "remove it (the valid keys are in docs/configuration.md)"
         )
         problems.append(f"{where}{key}: unknown key; {fix}")
-    raise ConfigError("; ".join(problems))
+    raise ConfigError("\n".join(problems))
 
 
 def a_type(value: object) -> str:
@@ -188,6 +217,15 @@ def explain(error: msgspec.ValidationError, root: type, data: object) -> ConfigE
     return ConfigError(f"{key}: expected {spec.expected()}, got {_shown(spec, value)}")
 
 
+def error_path(error: msgspec.ValidationError) -> list[str | int] | None:
+    """Where in the data msgspec's error is: its steps (a key, a list index), or None when
+    the message names no place."""
+    m = _AT_RE.match(str(error))
+    if m is None:
+        return None
+    return [name or int(index) for name, index in _STEP_RE.findall(m.group("path"))]
+
+
 def expand_env(value: str, where: str) -> str:
     """`${NAME}` and `${NAME:-default}` from the environment, so a file need not hold keys.
     As in the shell, the default also stands in for a variable set but empty (what compose
@@ -214,9 +252,13 @@ def check_url(key: str, url: object) -> str:
     shown = redact_url(url.strip())
     try:
         parts = urlsplit(url.strip())
-        _ = parts.port  # (raises ValueError for a port that is not a number)
-    except ValueError:
-        raise ConfigError(f"{key}: the port in {shown!r} is not a number") from None
+    except ValueError as e:  # (an unbalanced [ of an IPv6 address)
+        raise ConfigError(f"{key}: {shown!r} is not a URL: {e}") from None
+    port = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+    if port and not port.isdigit():
+        raise ConfigError(f"{key}: the port in {shown!r} is not a number")
+    if port and not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: the port in {shown!r} is not in 1..65535")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{key}: expected an http:// or https:// URL, got {shown!r}")
     return url.strip().rstrip("/")

@@ -29,7 +29,9 @@ The router reads one YAML file: `nomyo-router --config PATH` (default `config.ya
 workers find it in `NOMYO_ROUTER_CONFIG`). It is checked whole at start-up, by
 `nomyo-router --config PATH --check` and on every reload (SIGHUP or `POST /admin/reload`):
 a bad value stops start-up (a rejected reload keeps the running config) with a message naming
-the key, the value given (never a key's or a password's) and what is expected. An unknown key
+the key, the value given (never a key's or a password's) and what is expected, one line per
+problem and every problem of the file at once. A key given twice in one mapping is refused,
+naming both lines (YAML would keep the last silently). An unknown key
 is refused with the nearest valid name (`max_queu: unknown key; did you mean max_queue?`).
 A key given as `null` takes its default, except `usage_db`, where `null` turns accounting off.
 

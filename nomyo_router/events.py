@@ -17,8 +17,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 log = logging.getLogger("nomyo_router.events")
+
+
+class Traced(Protocol):
+    """A request's trace (ops/trace_data.py's Trace), as the request path sees it."""
+
+    def answered(self, tail: bytes) -> None:
+        """The last bytes of the answer relayed (the whole of an answer sent in one piece)."""
 
 
 @dataclass(slots=True)
@@ -49,7 +57,7 @@ class RequestRecord:
     upstream_first_s: float | None = None  # the backend's time to its first stream chunk
     prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
     cache: str | None = None  # the response cache, for a request that opted in: hit | miss | bypass
-    trace: object = None  # the request's trace (ops/tracing.py's Trace), only with tracing on
+    trace: Traced | None = None  # the request's trace (ops/tracing.py's Trace), only with tracing on
 
 
 CLIENT_CLOSED = 499  # nginx's code: the client left before any response head was sent

@@ -6,11 +6,15 @@ hundred sending an unfinished 1 MiB header, were held forever and their memory k
 subclass adds, per connection:
 
 - a request head (request line + headers) larger than `max_header_bytes` (64 KiB) → 431
-  and the connection is closed;
+  and the connection is closed, however the head arrives: in many reads (counted as they
+  come) or in one (measured once parsed, only when the read was larger than the limit);
 - a head not complete within `header_timeout` (10 s) of its first byte (or of the
   connection) → 408 and closed;
 - a body that idles longer than `body_idle_timeout` (30 s) between two pieces → closed
   (the app sees a disconnect);
+- a body not whole within `body_timeout` (60 s) of its head → 408 and closed (the app sees
+  a disconnect and frees what the request held). A body the app streams through as it
+  arrives (a blob upload: `STREAMED_BODY` in the scope) has only the idle bound;
 - a response the client stops reading: writing paused (the transport's buffer full) for
   `stream_idle_timeout` (120 s) while the app answers → the connection is aborted, so the
   app sees a disconnect: the request is cancelled, its slot freed, the backend's connection
@@ -44,9 +48,10 @@ import asyncio
 import logging
 from typing import cast
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from .api.asgi import BODY_WRITER, DISCONNECT_HOOK, GONE, SHUTDOWN_HOOK, Scope
+from .api.asgi import BODY_WRITER, DISCONNECT_HOOK, GONE, SHUTDOWN_HOOK, STREAMED_BODY, Scope
 from .body_writer import BodyWriter, Cork
 from .runtime.idle_spin import IdleSpin
 
@@ -55,6 +60,7 @@ DEFAULTS = {
     "max_header_bytes": 64 * 1024,
     "header_timeout": 10.0,
     "body_idle_timeout": 30.0,
+    "body_timeout": 60.0,
     "stream_idle_timeout": 120.0,
 }
 
@@ -138,8 +144,12 @@ class _Guard:
         "max_head",
         "head_timeout",
         "body_timeout",
+        "body_total",
+        "body_end",
         "stall_timeout",
         "head_bytes",
+        "chunk",
+        "loose",
         "in_head",
         "timer",
         "due",
@@ -152,8 +162,12 @@ class _Guard:
         self.max_head = int(limits["max_header_bytes"])
         self.head_timeout = limits["header_timeout"]
         self.body_timeout = limits["body_idle_timeout"]
+        self.body_total = limits["body_timeout"]
+        self.body_end = 0.0  # when this request's body must be whole
         self.stall_timeout = limits["stream_idle_timeout"]  # no write progress to the client while answering
-        self.head_bytes = 0
+        self.head_bytes = 0  # bytes read since this request's head began (at most: see `loose`)
+        self.chunk = 0  # the size of the read being parsed
+        self.loose = False  # head_bytes counts the whole read this head began in, not only its part
         self.in_head = True
         self.timer: asyncio.TimerHandle | None = None  # fires at `due`, at or before `deadline`
         self.due = 0.0
@@ -163,6 +177,11 @@ class _Guard:
 
 
 BODY_IDLE, KEEP_ALIVE, WRITE_STALL = 0, 1, 2
+HEAD_TOO_LARGE = b"431 Request Header Fields Too Large"
+
+
+class _HeadTooLarge(Exception):
+    """Raised in the parser's callback to stop parsing a head that was refused (431)."""
 
 
 def _scope(cycle: RequestResponseCycle) -> Scope:
@@ -215,8 +234,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         now ends `delay` from now. One timer per connection, moved lazily (it fires, finds the
         deadline moved on, and sleeps again): a `call_later` and its `cancel` cost ~3 µs, and
         were paid four times per request (uvicorn's keep-alive timer included)."""
+        self._arm_at(self.loop.time() + delay, status)
+
+    def _arm_at(self, when: float, status: int) -> None:
         g = self._g
-        g.deadline = when = self.loop.time() + delay
+        g.deadline = when
         g.status = status
         if g.timer is not None:
             if g.due <= when:
@@ -247,6 +269,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self.flow.write_paused:
                 log.info("closing a connection whose client read nothing for %gs of its answer", g.stall_timeout)
                 self.transport.abort()  # (close() would wait for the client to take what is buffered)
+        elif g.status == BODY_IDLE and g.deadline >= g.body_end:  # the body's total time is up
+            cycle = self.cycle
+            if cycle is not None and _scope(cycle).get(STREAMED_BODY):
+                g.body_end = float("inf")  # (streamed through as it comes: only the idle bound)
+                self._arm(g.body_timeout, BODY_IDLE)
+            elif cycle is not None and not cycle.response_started:
+                self._refuse(b"408 Request Timeout")  # (the app sees a disconnect)
+            else:
+                self.transport.close()
         else:  # body idle (the app gets a disconnect), or a kept-alive connection left idle
             self.transport.close()
 
@@ -261,28 +292,69 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if isinstance(cork, Cork) and cork.held is not None:
                 cork.flush()  # (a held head leaves before anything we may write now)
         g = self._g
+        g.chunk = len(data)
         if not g.in_head:
             if g.status == BODY_IDLE and g.deadline is not None:  # a body piece: the idle clock restarts
-                self._arm(g.body_timeout, BODY_IDLE)
-            return super().data_received(data)
+                self._arm_body(self.loop.time())
+            return self._feed(data)
         g.head_bytes += len(data)
-        super().data_received(data)
+        self._feed(data)
         if g.in_head and g.head_bytes > g.max_head and not self.transport.is_closing():
-            self._stop_timer()
-            self._refuse(b"431 Request Header Fields Too Large")
+            if g.loose and self._head_size() <= g.max_head:
+                # (the read this head began in held the end of the request before it: count
+                # the head's complete lines instead, and every read from now on in full)
+                g.loose = False
+                g.head_bytes = self._head_size()
+            else:
+                self._stop_timer()
+                self._refuse(HEAD_TOO_LARGE)
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's `data_received`, except that a head refused while it was parsed (431,
+        already answered) is not answered again, nor logged as an invalid request."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self.transport.is_closing():
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
+    def _head_size(self) -> int:
+        """The size of the head parsed so far: its request line and complete header lines."""
+        return len(self.url) + 16 + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
+    def _arm_body(self, now: float) -> None:
+        """The body's bound: its idle gap from now, or its total time, whichever ends first."""
+        g = self._g
+        self._arm_at(min(now + g.body_timeout, g.body_end), BODY_IDLE)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         g = self._g
         if not g.in_head:  # the next request on a kept-alive connection
             g.in_head = True
-            g.head_bytes = 0
+            g.head_bytes = g.chunk  # (its head began in this read: at most all of it is the head's)
+            g.loose = True
             self._arm(g.head_timeout, 408)
 
     def on_headers_complete(self) -> None:
         g = self._g
         g.in_head = False
-        self._arm(g.body_timeout, BODY_IDLE)
+        if g.head_bytes > g.max_head and self._head_size() > g.max_head:  # (a large read: measure the head)
+            self._stop_timer()
+            self._refuse(HEAD_TOO_LARGE)
+            raise _HeadTooLarge  # (stops the parser: no request starts)
+        now = self.loop.time()
+        g.body_end = now + g.body_total
+        self._arm_body(now)
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None:  # the app may register a disconnect hook (api/asgi.py)

@@ -113,7 +113,7 @@ async def post_stream_raw(
     reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
     data = json.dumps(body).encode()
     writer.write(
-        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
         % (path.encode(), len(data), data)
     )
     head = await reader.readuntil(b"\r\n\r\n")

@@ -23,6 +23,8 @@ import pytest
 from mock import run_mock
 from nomyo_router.events import Events, RequestRecord
 from nomyo_router.ops.accesslog import text_value
+from nomyo_router.ops.logformat import JsonFormatter
+from nomyo_router.ops.metrics import UNKNOWN_MODEL
 from test.helpers import endpoints, read_response, run_router
 
 KEY = "router-key-0123456789"
@@ -47,6 +49,8 @@ KEYS = {
     "resumed",
     "error",
 }
+ENVELOPE = ("time", "level", "logger", "message")  # every JSON line's (ops/logformat.py)
+JSON_LINE = JsonFormatter()
 ALWAYS = {"request_id", "api", "route", "model", "stream", "status", "queue_ms", "total_ms", "retries", "resumed"}
 GENERATED = re.compile(r"[0-9a-f]+-[0-9]+")  # app.next_request_id
 
@@ -73,7 +77,7 @@ MODELS = [
     "line\u2028sep\x85nel",
     "nul\x00",
     "é ü",
-    "x" * 300,
+    "x" * 256,  # (the longest name allowed: MAX_MODEL_BYTES)
 ]  # (a lone surrogate: refused as bad JSON, 400, no line)
 
 _PAIR = re.compile(r'([a-z_]+)=("(?:[^"\\]|\\.)*"|[^ "]+)(?: |$)')
@@ -112,7 +116,10 @@ def one_line(line: str) -> None:
 def parse(line: str, fmt: str) -> dict[str, Any]:
     one_line(line)
     fields = parse_json(line) if fmt == "json" else parse_text(line)
-    if fmt == "json":
+    if fmt == "json":  # the line's own fields, then the request's
+        envelope = {k: fields.pop(k) for k in ENVELOPE}
+        assert envelope["level"] == "INFO" and envelope["logger"] == "nomyo_router.access"
+        assert envelope["message"] == f"{fields['route']} {fields['status']}"
         assert set(fields) == KEYS
         fields = {k: v for k, v in fields.items() if v is not None}
     else:  # typed back as a JSON line has them
@@ -128,7 +135,12 @@ def parse(line: str, fmt: str) -> dict[str, Any]:
 
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "nomyo_router.access"]
+    """The lines as written: a JSON one as `log_format: json`'s formatter writes it."""
+    return [
+        JSON_LINE.format(r) if hasattr(r, "access") else r.getMessage()
+        for r in caplog.records
+        if r.name == "nomyo_router.access"
+    ]
 
 
 async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -146,7 +158,7 @@ async def raw_post(url: str, path: str, body: bytes, headers: list[bytes]) -> tu
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         writer.write(
-            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
             % (path.encode(), len(body))
             + b"".join(h + b"\r\n" for h in headers)
             + b"\r\n"
@@ -172,7 +184,7 @@ def keyed(mock: Any, fmt: str, **extra: Any) -> dict[str, Any]:
 async def test_forged_request_ids_and_model_names_stay_in_their_field(mock, caplog, fmt):
     auth = b"Authorization: Bearer " + KEY.encode()
     sent: list[tuple[bytes | str, int, bytes]] = []  # (what was sent, status, echoed id)
-    with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+    with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
         async with run_router(keyed(mock, fmt)) as r:
             for rid, _ in REQUEST_IDS:
                 status, head = await raw_post(
@@ -197,10 +209,10 @@ async def test_forged_request_ids_and_model_names_stay_in_their_field(mock, capl
         line = by_id[echoed.decode("ascii")]
         assert line["status"] == 200 and line["model"] == "llama3" and line["client"] == CLIENT
         assert line["endpoint"] == "m0" and line["route"] == "/api/chat" and line["stream"] is False
-    for model, (_, status, rid) in zip(MODELS, sent[len(REQUEST_IDS) :], strict=True):
-        assert status == 404  # an unknown model, still logged
+    for _model, (_, status, rid) in zip(MODELS, sent[len(REQUEST_IDS) :], strict=True):
+        assert status == 404  # an unknown model, still logged, under the placeholder (never what the client wrote)
         line = by_id[rid.decode()]
-        assert line["model"] == model and line["status"] == 404 and line["client"] == CLIENT
+        assert line["model"] == UNKNOWN_MODEL and line["status"] == 404 and line["client"] == CLIENT
         assert line["error"] == "error" and "endpoint" not in line
 
 
@@ -216,7 +228,7 @@ async def test_a_stream_cut_mid_way_is_one_line_with_the_200_the_client_got(capl
             "resume_streams": resume,
             "eject_after": 1000,
         }
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             async with run_router(cfg) as r, aiohttp.ClientSession() as s:
                 async with s.post(r.url + "/api/chat", json={**CHAT, "stream": True}) as resp:
                     assert resp.status == 200
@@ -240,7 +252,7 @@ async def test_a_client_gone_before_any_head_is_499(caplog, fmt):
             "log_format": fmt,
             "client_keys": [{"name": "capped", "key": KEY, "max_concurrent": 1}],
         }
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             async with run_router(cfg) as r:
                 host, port = r.url.removeprefix("http://").split(":")
                 body = json.dumps(CHAT).encode()
@@ -252,7 +264,7 @@ async def test_a_client_gone_before_any_head_is_499(caplog, fmt):
                 ):
                     sock = socket.create_connection((host, int(port)))
                     sock.sendall(
-                        b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                         b"Authorization: Bearer %s\r\nX-Request-ID: %s\r\nContent-Length: %d\r\n\r\n%s"
                         % (KEY.encode(), rid, len(body), body)
                     )
@@ -276,7 +288,7 @@ async def test_an_exception_before_any_head_is_the_500_the_client_got(mock, capl
             raise RuntimeError("a bug")
 
         r.router.proxy.forward = broken  # type: ignore[method-assign]
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             status, _ = await raw_post(r.url, "/api/chat", json.dumps(CHAT).encode(), [b"X-Request-ID: boom"])
             await until(lambda: len(access_lines(caplog)) == 1)
     assert status == 500
@@ -334,7 +346,7 @@ def test_any_value_of_any_type_keeps_the_line_whole(caplog, fmt):
     events = Events()
     AccessLog(events, fmt)
     odd: list[Any] = ["1 status=200", ["a b", 'c"'], "", {"k": "v\n"}, 12]
-    with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+    with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
         for value in odd:
             events.request_done(
                 RequestRecord(

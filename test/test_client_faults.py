@@ -53,7 +53,7 @@ async def open_raw(url: str, request: bytes, rcvbuf: int = 0) -> socket.socket:
 def post(path: str, obj: dict) -> bytes:
     data = json.dumps(obj).encode()
     return (
-        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
         % (path.encode(), len(data))
     ) + data
 

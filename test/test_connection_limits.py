@@ -28,7 +28,7 @@ def _send_big_head(url: str) -> bytes:
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         try:
-            sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
             for _ in range(40):  # 40 x 4 KiB
                 sock.sendall(b"a" * 4096)
         except (ConnectionResetError, BrokenPipeError):
@@ -70,7 +70,7 @@ async def test_an_idle_body_is_cut_and_frees_nothing_it_did_not_take(mock):
     async with run_router({"endpoints": endpoints(mock), "body_idle_timeout": 0.5}) as r:
         reader, writer = await _open(r.url)
         writer.write(
-            b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b'Content-Length: 100\r\n\r\n{"model":'
         )
         await writer.drain()
@@ -94,7 +94,7 @@ async def test_connections_beyond_max_connections_get_503(mock):
             w.close()
 
 
-GET_TAGS = b"GET /api/tags HTTP/1.1\r\nHost: x\r\n\r\n"
+GET_TAGS = b"GET /api/tags HTTP/1.1\r\nHost: localhost\r\n\r\n"
 
 
 async def test_a_kept_alive_connection_lives_while_used_and_closes_when_idle(mock):

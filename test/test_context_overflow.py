@@ -202,7 +202,7 @@ async def test_the_oldest_turns_go_until_the_backend_accepts(style, stream):
     assert sum(len(m["content"]) for m in kept) > LIMIT / 2  # ... and not much more than that
 
 
-async def test_ollama_without_numbers_halves_the_history_each_time():
+async def test_ollama_without_numbers_halves_the_history_then_keeps_only_what_must_stay():
     async with refusing("ollama", limit=700) as (b, url):
         async with run_router(config(url, "ollama", context_overflow="trim")) as r:
             async with httpx.AsyncClient(timeout=10) as c:
@@ -211,8 +211,27 @@ async def test_ollama_without_numbers_halves_the_history_each_time():
                 ) as resp:
                     lines = [json.loads(x) async for x in resp.aiter_lines() if x.strip()]
     assert resp.status_code == 200 and lines[-1]["done"] is True
-    assert [len(s) for s in b.seen] == [34, 18, 10, 6]  # 16 turns, then 8, 4, 2 (+ system + last)
-    assert resp.headers["X-Router-Trimmed"] == "28"
+    # 16 turns, then 8 (+ system + last); the third ask is the last max_attempts allows: every
+    # droppable turn goes, so it is answered
+    assert [len(s) for s in b.seen] == [34, 18, 2]
+    assert resp.headers["X-Router-Trimmed"] == "32"
+
+
+async def test_re_asks_are_bounded_by_max_attempts_and_count_on_the_key_s_rpm():
+    async with refusing("ollama", limit=700) as (b, url):
+        async with run_router(config(url, "ollama", context_overflow="trim", max_attempts=2)) as r:
+            async with httpx.AsyncClient(timeout=10) as c:
+                body = {"model": "llama3", "messages": history(16), "stream": False}
+                resp = await c.post(r.url + "/api/chat", json=body)
+    assert resp.status_code == 200 and [len(s) for s in b.seen] == [34, 2]  # two asks in all
+    keys = [{"name": "k", "key": "k-key-123456", "rpm": 2}]
+    async with refusing("ollama", limit=700) as (b, url):
+        async with run_router(config(url, "ollama", context_overflow="trim", client_keys=keys)) as r:
+            async with httpx.AsyncClient(timeout=10) as c:
+                resp = await c.post(r.url + "/api/chat", json=body, headers={"Authorization": "Bearer k-key-123456"})
+    # the request and its first re-ask are the key's two requests of the minute; the next is refused
+    assert resp.status_code == 429 and "rate limit" in resp.json()["error"]
+    assert [len(s) for s in b.seen] == [34, 18]
 
 
 async def test_another_400_and_the_default_pass_the_answer_through_untouched():

@@ -71,7 +71,7 @@ async def test_each_answer_is_told_once_with_its_counts_and_its_slot_back(path, 
     async with run_mock(ttft_ms=0.0, tok_ms=0.2, tokens=400) as m, run_router(_cfg(m, **extra)) as r:
         told: list[RequestRecord] = []
         r.router.events.on_request_done(told.append)
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             status, data = await _post(r.url, path, body)
             await _done(r, told, caplog)
     assert status == 200 and len(data) > 1024
@@ -88,7 +88,7 @@ async def test_a_translated_answer_is_told_once(stream, caplog):
         async with run_router(cfg) as r:
             told: list[RequestRecord] = []
             r.router.events.on_request_done(told.append)
-            with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+            with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
                 status, data = await _post(r.url, "/api/chat", {**CHAT, "stream": stream})
                 await _done(r, told, caplog)
     assert status == 200
@@ -104,7 +104,7 @@ async def test_a_translated_answer_too_large_to_hold_is_one_502(caplog):
         async with run_router(cfg) as r:
             told: list[RequestRecord] = []
             r.router.events.on_request_done(told.append)
-            with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+            with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
                 status, data = await _post(r.url, "/api/chat", {**CHAT, "stream": False})
                 await _done(r, told, caplog)
     assert status == 502 and "max_response_bytes" in json.loads(data)["error"]
@@ -123,7 +123,7 @@ async def test_a_stream_cut_and_resumed_elsewhere_is_told_once(caplog):
             told: list[RequestRecord] = []
             r.router.events.on_request_done(told.append)
             r.router.scheduler.acquire = _first_on(r.router.scheduler.acquire, "m0")
-            with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+            with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
                 status, data = await _post(r.url, "/api/chat", {**CHAT, "stream": True})
                 await _done(r, told, caplog)
     assert status == 200
@@ -159,7 +159,7 @@ async def test_an_error_is_told_once_in_the_callers_shape(body, mock, status, er
     async with run_mock(ttft_ms=0.0, tok_ms=0.2, tokens=20, **mock) as m, run_router(_cfg(m)) as r:
         told: list[RequestRecord] = []
         r.router.events.on_request_done(told.append)
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             got, data = await _post(r.url, "/api/chat", body)
             await _done(r, told, caplog)
     assert got == (status if body["stream"] is False else 200)  # (a stream's head went out first)
@@ -178,7 +178,7 @@ async def test_a_client_gone_mid_stream_is_told_once(native_relay, caplog):
     ):
         told: list[RequestRecord] = []
         r.router.events.on_request_done(told.append)
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             c = await RawClient.post(r.url, "/api/chat", {**CHAT, "stream": True})
             for _ in range(5):
                 assert await c.frame()
@@ -203,7 +203,7 @@ async def test_trim_and_retry_gives_its_slot_back_before_asking_again_and_is_tol
         async with run_router(cfg) as r:
             told: list[RequestRecord] = []
             r.router.events.on_request_done(told.append)
-            with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+            with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
                 status, _ = await _post(r.url, "/v1/chat/completions", {"model": "llama3", "messages": history()})
                 await _done(r, told, caplog)
     assert status == 200  # (one slot: the retry waited for the one the refused try held, had it kept it)
@@ -216,7 +216,7 @@ async def test_an_ensemble_tells_each_step_once_and_the_answer_once(caplog):
         async with run_router({**_cfg(a, b), "moe": {"samples": 2}}) as r:
             told: list[RequestRecord] = []
             r.router.events.on_request_done(told.append)
-            with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+            with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
                 status, _ = await _post(r.url, "/api/chat", {**CHAT, "model": "moe-llama3", "stream": True})
                 await _done(r, told, caplog, n=4)
     assert status == 200

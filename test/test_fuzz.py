@@ -183,7 +183,7 @@ header_lines = st.lists(
 )
 raw_requests = st.builds(
     lambda method, path, headers, body: (
-        method + b" " + path + b" HTTP/1.1\r\nHost: x\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body
+        method + b" " + path + b" HTTP/1.1\r\nHost: [::1]\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body
     ),
     st.sampled_from([b"POST", b"GET", b"PUT", b"BREW", b"", b"POST POST"]),
     st.sampled_from([p.encode() for p in POST_ROUTES] + [b"/", b"*", b"/api/chat?x=%zz", b"//api//chat", b"/\x00"]),

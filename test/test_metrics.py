@@ -85,14 +85,14 @@ async def test_access_lines_and_request_ids(mock, caplog):
         run_router({"endpoints": endpoints(mock), "access_log": True, "log_format": "json"}) as r,
         aiohttp.ClientSession() as s,
     ):
-        with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+        with caplog.at_level(logging.INFO, logger="nomyo_router.access"):
             async with s.post(r.url + "/api/chat", json=secret, headers={"X-Request-ID": "abc-123"}) as resp:
                 assert resp.headers["X-Request-ID"] == "abc-123"
                 await resp.read()
             async with s.post(r.url + "/api/chat", json=CHAT) as resp:
                 generated = resp.headers["X-Request-ID"]
                 await resp.read()
-    lines = [_json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "nomyo_router.access"]
+    lines = [dict(rec.access) for rec in caplog.records if rec.name == "nomyo_router.access"]
     assert [x["request_id"] for x in lines] == ["abc-123", generated]
     assert lines[0]["model"] == "llama3" and lines[0]["endpoint"] == "m0" and lines[0]["status"] == 200
     assert "zebra" not in _json.dumps(lines)  # never prompt text

@@ -125,6 +125,21 @@ async def test_keys_limits_and_the_cache_apply_to_the_model_behind_the_prefix(mo
     assert mock.stats()["max_in_flight"] == 1  # each step waited for the key's one permit
 
 
+async def test_an_ensemble_s_samples_and_review_count_on_the_key_s_rpm(mock):
+    keys = [{"name": "k", "key": "k-key-123456", "rpm": 3}]
+    config = {"endpoints": endpoints(mock), "client_keys": keys, "moe": {"samples": 3}}
+    async with run_router(config) as r, aiohttp.ClientSession() as s:
+        body = {"model": "moe-llama3", "messages": MSGS, "stream": False}
+        headers = {"Authorization": "Bearer k-key-123456"}
+        async with s.post(r.url + "/api/chat", json=body, headers=headers) as resp:
+            assert resp.status == 200
+            used = resp.headers["X-Router-Moe"]
+        async with s.post(r.url + "/api/chat", json=body, headers=headers) as resp:
+            assert resp.status == 429  # the minute's three requests were spent by the first ensemble
+    # the request and two samples are its three: the third sample and the review were refused
+    assert used == "2" and mock.stats()["requests"]["/api/chat"] == 3
+
+
 async def test_failed_samples_are_left_out(mock2):
     async with run_mock(**FAST) as a:
         async with run_router({"endpoints": endpoints(a, mock2)}) as r:

@@ -107,15 +107,70 @@ async def test_a_question_worded_otherwise_finds_the_answer_and_others_do_not():
                 # alike in everything else only: another system prompt, parameters, or key
                 assert await ask(s, r.url, chat("What is the capital of France?", system="Answer in German.")) == "miss"
                 assert await ask(s, r.url, chat("The capital of France?", options={"temperature": 0})) == "miss"
-                # the conversation before the question counts a little: another topic, still close enough
+                # only the last user turn is compared by meaning: another history is another request
                 longer = chat("and the capital of France?")
                 longer["messages"][1:1] = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
-                assert await ask(s, r.url, longer) == "hit"
+                assert await ask(s, r.url, longer) == "miss"
                 async with s.get(r.url + "/api/cache/stats") as resp:
                     stats = await resp.json()
-    assert m.stats()["requests"]["/api/chat"] == 4
-    assert stats["mode"] == "semantic" and stats["hits"] == 3 and stats["misses"] == 4
+    assert m.stats()["requests"]["/api/chat"] == 5
+    assert stats["mode"] == "semantic" and stats["hits"] == 2 and stats["misses"] == 5
     assert e.calls == 7  # one embedding per lookup that missed exactly
+
+
+def turns(last: Any, *before: dict[str, Any], after: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """A chat: the system prompt, `before`, the last user turn (`last`: its content), `after`."""
+    body = chat("")
+    body["messages"] = [body["messages"][0], *before, {"role": "user", "content": last}, *after]
+    return body
+
+
+CALL = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "weather", "arguments": {}}}]}
+
+
+async def test_everything_but_the_last_user_turn_s_text_must_match_exactly():
+    """Images, tool results, a prefill, older history and sampling parameters change the
+    answer: a request that differs in any of them is never served another's answer, though its
+    question is worded alike; the same request worded otherwise still is."""
+    hello = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    png = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    gif = {"type": "image_url", "image_url": {"url": "data:image/gif;base64,BBBB"}}
+    q, q2 = "What is the weather in Paris?", "Tell me the weather in Paris, please"
+    pairs = [  # (kept, asked): alike in the question, not in what else changes the answer
+        (turns(q, *hello), turns(q2, {"role": "user", "content": "hey"}, {"role": "assistant", "content": "hi"})),
+        (
+            turns(q, after=(CALL, {"role": "tool", "content": "20 C"})),
+            turns(q2, after=(CALL, {"role": "tool", "content": "-5 C"})),
+        ),
+        (
+            turns(q, after=({"role": "assistant", "content": "Sure:"},)),
+            turns(q2, after=({"role": "assistant", "content": "No:"},)),
+        ),
+        (
+            {**turns(q), "messages": [*turns(q)["messages"][:-1], {"role": "user", "content": q, "images": ["AAAA"]}]},
+            {
+                **turns(q2),
+                "messages": [*turns(q2)["messages"][:-1], {"role": "user", "content": q2, "images": ["BBBB"]}],
+            },
+        ),
+        ({**turns(q), "options": {"temperature": 0.1}}, {**turns(q2), "options": {"temperature": 1.5}}),
+    ]
+    async with run_mock(**FAST) as m, embedder() as (e, url):
+        async with run_router(config(m, url)) as r:
+            async with aiohttp.ClientSession() as s:
+                for kept, asked in pairs:
+                    assert await ask(s, r.url, kept) == "miss"
+                    assert await ask(s, r.url, asked) == "miss", asked
+                    assert await ask(s, r.url, {**kept, "messages": [*kept["messages"]]}) == "hit"  # (the same)
+                # the same history, the question worded otherwise: found by meaning
+                assert await ask(s, r.url, turns(q2, *hello)) == "hit"
+                # OpenAI content parts: text compared by meaning, the image exactly
+                oa = [(png, "miss"), (gif, "miss"), (png, "hit")]
+                for i, (image, want) in enumerate(oa):
+                    text = q if i == 0 else q2
+                    body = {**turns([{"type": "text", "text": text}, image]), "stream": False}
+                    async with s.post(r.url + "/v1/chat/completions", json=body) as resp:
+                        assert resp.status == 200 and resp.headers["X-Router-Response-Cache"] == want, (i, want)
 
 
 async def test_personal_questions_are_kept_for_exact_hits_only():

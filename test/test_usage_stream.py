@@ -120,7 +120,7 @@ async def test_a_reader_too_slow_is_dropped_and_nothing_grows(mock, monkeypatch)
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect((host, int(port)))
-        sock.sendall(b"GET /api/usage-stream HTTP/1.1\r\nHost: x\r\n\r\n")  # and never read
+        sock.sendall(b"GET /api/usage-stream HTTP/1.1\r\nHost: localhost\r\n\r\n")  # and never read
         hub = r.router.usage_stream
         for _ in range(100):
             if hub.subs:

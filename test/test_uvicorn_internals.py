@@ -143,7 +143,7 @@ async def test_protocol_and_cycle_state_read_and_written():
     assert type(proto.flow._is_writable_event).__name__ == "_LeanEvent"  # it was an asyncio.Event, swapped
     assert proto.cycle is None  # (no request yet: connection_lost and data_received test for None)
 
-    proto.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    proto.data_received(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
     cycle = proto.cycle
     assert isinstance(cycle, RequestResponseCycle)
     assert type(cycle.transport).__name__ == "Cork"  # assigned by the override

@@ -39,7 +39,7 @@ async def _exchange(url: str, close: bool) -> tuple[bytes, list[tuple[bytes, byt
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(
-        b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         + (b"Connection: close\r\n" if close else b"")
         + b"Content-Length: %d\r\n\r\n" % len(BODY)
         + BODY

@@ -10,6 +10,14 @@ Origins: like Ollama's `OLLAMA_ORIGINS`, a request that carries an `Origin` head
 comes from a browser page) is accepted only from localhost origins, app://, file://,
 tauri://, vscode-webview://, or an `allowed_origins` pattern; a page on any other site
 cannot drive a router on localhost. CORS preflights are answered for allowed origins.
+
+Hosts: with no client key configured (an open router), a request is answered only when its
+`Host` names the router as a local client would — an IP address (the listen address, or any
+other: DNS rebinding needs a name), `localhost` and `*.localhost`, `*.local`, `*.internal`,
+this machine's name — or a name in `allowed_hosts`; else 421. Like Ollama's defence against
+DNS rebinding: a web page whose name an attacker points at 127.0.0.1 sends its own name as
+`Host`, so it cannot read an open router through the victim's browser. With client keys,
+the key is the guard.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
+import ipaddress
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -47,6 +57,11 @@ class Client:
     name: str
     models: frozenset[str] | None  # model keys (name:tag) it may use; None: all
     role: str = "client"  # client | default (router_api_key) | admin | metrics
+    # Gets the routing headers that tell where a request went and why (X-Router-Endpoint,
+    # -Affinity, -Cache): they describe state every key shares (the prefix index, which
+    # endpoint holds what), so with `client_keys` only operators and keys with
+    # `debug_headers: true` see them; one key must learn nothing of another's requests.
+    routing_headers: bool = True
 
     def may_use(self, model_key: str) -> bool:
         return self.models is None or model_key in self.models
@@ -61,12 +76,13 @@ def keys_of(config: RouterConfig) -> Keys | None:
     """Every key the config names, or None when the router is open."""
     from ..domain import model_key
 
-    entries: list[tuple[str, str, frozenset[str] | None, str]] = []
+    tenants = bool(config.client_keys)  # keys of several clients: each sees only its own
+    entries: list[tuple[str, str, frozenset[str] | None, str, bool]] = []
     for role, key in (("default", config.router_api_key), ("admin", config.admin_key), ("metrics", config.metrics_key)):
         if key:
-            entries.append((role, key, None, role))
+            entries.append((role, key, None, role, role in OPERATOR_ROLES or not tenants))
     entries += [
-        (c.name, c.key, frozenset(model_key(m) for m in c.models) if c.models else None, "client")
+        (c.name, c.key, frozenset(model_key(m) for m in c.models) if c.models else None, "client", c.debug_headers)
         for c in config.client_keys
     ]
     # the admin and metrics keys alone do not close the router: they only unlock their routes
@@ -79,10 +95,14 @@ def caps_of(config: RouterConfig) -> dict[str, int]:
 
 
 class Keys:
-    def __init__(self, entries: Sequence[tuple[str, str, frozenset[str] | None, str]], required: bool = True) -> None:
+    def __init__(
+        self, entries: Sequence[tuple[str, str, frozenset[str] | None, str, bool]], required: bool = True
+    ) -> None:
+        """`entries`: (name, key, models, role, sees the routing headers)."""
         self.required = required  # False: an open router that still knows the admin or metrics key
         self._by_digest = {
-            digest_of(key): (digest_of(key), Client(name, models, role)) for name, key, models, role in entries
+            digest_of(key): (digest_of(key), Client(name, models, role, shown))
+            for name, key, models, role, shown in entries
         }
 
     def check(self, presented: bytes | None) -> Client | None:
@@ -125,6 +145,47 @@ class Origins:
         if parts.scheme in ("http", "https") and host in LOCAL_HOSTS:
             return True
         return any(fnmatch.fnmatchcase(origin, p) for p in self.patterns)
+
+
+LOCAL_SUFFIXES = (".localhost", ".local", ".internal")  # names no public DNS answers for
+_SEEN_HOSTS = 1024  # Host values remembered with their verdict (the rest are judged each time) ...
+_SEEN_HOST_BYTES = 256  # ... if no longer than this: at most 256 KiB remembered
+
+
+class Hosts:
+    """The `Host` values an open router answers (see the module doc)."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        names = {p.lower().rstrip(".") for p in patterns}
+        self.names = frozenset(n for n in names if "*" not in n and "?" not in n and "[" not in n)
+        self.patterns = tuple(n for n in names if n not in self.names)
+        self.machine = socket.gethostname().lower()
+        self._seen: dict[bytes, bool] = {}  # a request costs one lookup
+
+    def allowed(self, host: bytes) -> bool:
+        verdict = self._seen.get(host)
+        if verdict is None:
+            verdict = self._judge(host.decode("latin-1").lower())
+            if len(self._seen) < _SEEN_HOSTS and len(host) <= _SEEN_HOST_BYTES:
+                self._seen[host] = verdict
+        return verdict
+
+    def _judge(self, host: str) -> bool:
+        if host.startswith("["):  # [v6]:port
+            name = host[1 : host.find("]")] if "]" in host else host
+        else:
+            head, colon, port = host.rpartition(":")
+            name = head if colon and port.isdigit() else host
+        name = name.rstrip(".")
+        if not name or name == "localhost" or name.endswith(LOCAL_SUFFIXES) or name == self.machine:
+            return True
+        if name in self.names or any(fnmatch.fnmatchcase(name, p) for p in self.patterns):
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
 
 
 def cors_headers(origin: bytes) -> Headers:

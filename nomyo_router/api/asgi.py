@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .body_budget import BodyBudget
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -26,6 +28,10 @@ BODY_WRITER = "nomyo.body_writer"
 # calls it when the server begins to stop, so the answer ends then instead of holding the
 # graceful shutdown for all of shutdown_grace.
 SHUTDOWN_HOOK = "nomyo.on_shutdown"
+# Set in the scope by a route that streams its body through as it arrives (a blob upload, GBs
+# long): the protocol's total body deadline (`body_timeout`) then does not apply to it, only
+# the idle one (`body_idle_timeout`).
+STREAMED_BODY = "nomyo.streamed_body"
 
 
 class BodyTooLarge(Exception):
@@ -36,29 +42,45 @@ class ClientGone(Exception):
     pass
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+async def read_body(scope: Scope, receive: Receive, limit: int, budget: BodyBudget | None = None) -> bytes:
+    """The whole body, at most `limit` bytes (BodyTooLarge beyond). `budget`: the body is
+    charged to it (OverBudget, nothing charged, when it has no room): its declared length
+    before it is read, its length once read; the caller gives it back."""
+    declared = 0
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
-                if int(value) > limit:
-                    raise BodyTooLarge
+                declared = int(value)
             except ValueError:
                 pass
+            if declared > limit:
+                raise BodyTooLarge
             break
+    if budget is not None and declared > 0:
+        budget.take(declared)  # (before the first byte is read)
     chunks: list[bytes] = []
     size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = msg.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge
-            chunks.append(chunk)
-        if not msg.get("more_body", False):
-            break
+    try:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = msg.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+    except BaseException:
+        if budget is not None and declared > 0:
+            budget.give(declared)
+        raise
+    if budget is not None and size != declared:  # (no content-length: charged once read)
+        if declared > 0:
+            budget.give(declared)
+        budget.take(size)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

@@ -5,7 +5,8 @@ An upload streams the request body to each target that lacks the blob, as it arr
 backpressure: each piece is held once (shared by the per-endpoint queues, at most `_QUEUE`
 pieces ahead of the slowest endpoint), never the whole blob. `max_body_bytes` (a bound on JSON
 bodies the router reads into memory) does not apply: a multi-GB GGUF must pass.
-`body_idle_timeout` still closes a stalled upload.
+`body_idle_timeout` still closes a stalled upload; `body_timeout` (a whole body's time) does
+not apply to it. `HEAD` is model management too: the same keys, the same `manage_concurrency`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import AsyncIterator
 from ..domain import Endpoint
 from ..upstream.progress import describe
 from ..upstream.translate import error_message
-from .asgi import ClientGone, Receive, Scope, Send, header, send_response
+from .asgi import STREAMED_BODY, ClientGone, Receive, Scope, Send, header, send_response
 from .errors import ApiError
 from .manage import Manager, why
+from .ratelimits import count
 
 _QUEUE = 8  # body pieces queued per endpoint ahead of its upload
 _DIGEST = re.compile(r"^sha256[:-][0-9a-f]{64}$")
@@ -32,8 +34,13 @@ class Blobs:
 
     async def head(self, scope: Scope, receive: Receive, send: Send) -> None:
         """200 only when every target has the blob (so a client uploads it when one lacks it)."""
+        manager = self.manager
+        manager.authorize(scope)  # (which blobs the backends hold is model management's to know)
         digest = _digest(scope)
-        statuses = await self._heads(self.manager.targets(scope), digest)
+        eps = manager.targets(scope)
+        await count(scope)
+        async with manager.permits:
+            statuses = await self._heads(eps, digest)
         await send_response(send, 200 if all(s == 200 for s in statuses) else 404, b"")
 
     async def post(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -41,6 +48,8 @@ class Blobs:
         manager.authorize(scope)
         digest = _digest(scope)
         eps = manager.targets(scope)
+        await count(scope)
+        scope[STREAMED_BODY] = True  # (a GGUF may take hours to arrive: only body_idle_timeout bounds it)
         async with manager.permits:
             statuses = await self._heads(eps, digest)
             need = [ep for ep, s in zip(eps, statuses, strict=True) if s != 200]

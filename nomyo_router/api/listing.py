@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -229,9 +229,15 @@ async def health(
 
 
 async def show(
-    raw: bytes, endpoints: Sequence[Endpoint], store: StateStore, upstream: h1.Upstream, visible: Visible = None
+    raw: bytes,
+    endpoints: Sequence[Endpoint],
+    store: StateStore,
+    upstream: h1.Upstream,
+    visible: Visible = None,
+    counted: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[int, bytes]:
-    """/api/show from an Ollama endpoint that has the model (no slot: it is metadata)."""
+    """/api/show from an Ollama endpoint that has the model (no slot: it is metadata).
+    `counted`: awaited once the request is known to be valid (a limited key's rpm)."""
     body = load_json(raw)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -245,6 +251,8 @@ async def show(
     serving = [ep for ep in endpoints if ep.serves(key)] if visible is None or visible(key) else []
     if not serving:
         raise ApiError(404, f"model '{model}' not found")
+    if counted is not None:
+        await counted()
     for ep in sorted(serving, key=lambda e: not store.is_healthy(e)):
         if ep.type != "ollama":
             continue

@@ -12,7 +12,8 @@ change every box. Each call goes to every Ollama-type endpoint (or only those na
 - blob uploads (`POST /api/blobs/sha256:…`): `blobs.py`.
 
 With `admin_key` configured these calls need it (403 otherwise); a client key limited to
-some models may never make them. They take no generation slot; at most `manage_concurrency` run at once per router
+some models may never make them (`HEAD /api/blobs` included); a key with `rpm` spends one
+request per call. They take no generation slot; at most `manage_concurrency` run at once per router
 process (more wait). When one finishes, the concerned endpoints' model lists are refreshed,
 and every other worker process has applied them (`upstream/model_sync.py`), before the
 answer goes out: a pulled or copied model is listed and served at once, a deleted one is
@@ -35,6 +36,7 @@ from ..upstream.session import ManageSession
 from ..upstream.translate import error_message
 from .asgi import Receive, Scope, Send, cancel_on_disconnect, header, read_body, send_response
 from .errors import ApiError
+from .ratelimits import count
 from .requests import load_json
 
 if TYPE_CHECKING:  # aiohttp is imported when model management is first used (upstream/session.py)
@@ -135,6 +137,7 @@ class Manager:
             model = _model(body, "model", "name")
         if path in _MODEL_OPS:
             eps = await self._having(eps, model, header(scope, b"x-router-endpoints") is not None)
+        await count(scope)  # (a limited key's rpm, once nothing refused it)
         async with self.permits:
             streamed = stream and op in ("pull", "push", "create")
             work = (

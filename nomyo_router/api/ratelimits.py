@@ -19,6 +19,14 @@ record) the reservation is settled to the tokens counted: the backend's, or thos
 counted as it relayed them (`RequestRecord.tokens_from`); a backend's successful answer that
 reached the client with no count at all is charged its reservation.
 
+A request is counted once every check that could refuse it has passed (its key, its body,
+its model; for model management, the admin key), just before it reaches a backend: a refused
+request never spends a key's rpm. While a key's last count refused it, its further generation
+requests get the same 429 before their bodies are read (this process remembers until when),
+so a flood beyond the limit buffers nothing. Every other route that reaches a backend
+(`/api/show`, `/api/status`, `/api/ps`, blobs, model management) counts a limited key's
+request too (`count`).
+
 Keys without limits pay one dict lookup; a limited key pays one count (with Redis, one round
 trip) per request.
 """
@@ -29,7 +37,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -47,6 +55,7 @@ if TYPE_CHECKING:
     from .requests import GenRequest
 
 SCOPE_KEY = "nomyo.ratelimit"  # the headers for this request's answer, whatever it is (app.py)
+COUNT = "nomyo.count"  # a limited key's request on another route than generation: its count, to await
 REFRESH_S = 2.0  # how often /metrics' view of every limited key is read from the count
 OUTPUT_ESTIMATE = 1024  # tokens reserved for the answer of a request that does not bound its length
 _GENERATES = frozenset(("chat", "generate", "responses"))  # the kinds of request that answer text
@@ -142,12 +151,14 @@ class RateLimits:
         self.by_client: dict[str, Limits] = limits_of(config)
         self.last: dict[str, Verdict] = {}  # each key's count as last read (for /metrics, the dashboard)
         self._day_end: dict[str, float] = {}  # when the UTC day of each `last` ends
+        self.refused_until: dict[str, float] = {}  # a key its last count refused: until when (monotonic)
         self._task: asyncio.Task[None] | None = None
         events.on_request_done(self.done)
 
     def apply(self, config: RouterConfig) -> None:
         """A reload: limits change at once; a removed key's counts are forgotten."""
         self.by_client = limits_of(config)
+        self.refused_until.clear()
         for client in [c for c in self.last if c not in self.by_client]:
             del self.last[client]
             self._day_end.pop(client, None)
@@ -158,18 +169,6 @@ class RateLimits:
         limits = self.by_client.get(client)
         return limits is not None and (limits.tpm is not None or limits.tokens_per_day is not None)
 
-    async def admit(self, client: str, scope: Scope, send: Send) -> Send:
-        """Before the body is read: admit one request of a key with only `rpm` (429 if it
-        refuses it), returning the `send` that adds the x-ratelimit-* headers to its answer.
-        A key with a token budget is only refused here when its daily budget is spent."""
-        limits = self.by_client[client]
-        if self.budgeted(client):
-            v = self._spent(client, limits)
-            if v is not None:
-                raise refusal(limits, v, headers_of(limits, v))
-            return send
-        return (await self.reserve(client, 0, scope, send))[0]
-
     async def reserve(self, client: str, tokens: int, scope: Scope, send: Send) -> tuple[Send, tuple[int, int] | None]:
         """Admit one request of a limited `client`, reserving `tokens` of its budgets (429 if a
         limit refuses it): the `send` that adds the x-ratelimit-* headers, and the
@@ -179,6 +178,7 @@ class RateLimits:
         self._saw(client, v)
         headers = headers_of(limits, v)
         if v.refused is not None:
+            self.refused_until[client] = time.monotonic() + v.retry_after
             raise refusal(limits, v, headers)
         scope[SCOPE_KEY] = headers  # (an error answered later carries them too)
         return with_headers(scope, send, headers), ((v.hold, tokens) if v.hold else None)
@@ -194,6 +194,27 @@ class RateLimits:
             return None
         end_of_day = self._day_end.get(client, 0.0)
         return v._replace(refused="tokens_per_day", retry_after=end_of_day - now) if now < end_of_day else None
+
+    def still_refused(self, client: str) -> None:
+        """Before its body is read: the 429 its last count gave a limited `client`, while it
+        lasts, or its daily budget when it was spent (nothing counted)."""
+        limits = self.by_client.get(client)
+        if limits is None:
+            return
+        until = self.refused_until.get(client)
+        if until is not None:
+            left, v = until - time.monotonic(), self.last.get(client)
+            if left > 0 and v is not None:
+                v = v._replace(retry_after=left)
+                raise refusal(limits, v, headers_of(limits, v))
+            del self.refused_until[client]
+        spent = self._spent(client, limits) if self.budgeted(client) else None
+        if spent is not None:
+            raise refusal(limits, spent, headers_of(limits, spent))
+
+    def counter(self, client: str, scope: Scope) -> Callable[[], Awaitable[object]]:
+        """What `count` awaits for a limited `client`'s request on another route than generation."""
+        return lambda: self.reserve(client, 0, scope, _no_send)
 
     def done(self, rec: RequestRecord) -> None:
         """The answer ended: settle its reservation to the tokens it used (an answer that
@@ -264,3 +285,28 @@ class RateLimits:
                 limit.add_metric([client, name], value["limit"])
                 used.add_metric([client, name], value["used"])
         return [limit, used]
+
+
+async def _no_send(msg: dict[str, Any]) -> None:  # (`count` keeps only the headers admit leaves in the scope)
+    raise AssertionError("never sent through")
+
+
+def answered_with_headers(scope: Scope, send: Send) -> Send:
+    """`send` adding the x-ratelimit-* headers a `count` left in the scope, if any, to the answer."""
+
+    async def wrapped(msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            extra = scope.pop(SCOPE_KEY, None)
+            if extra:
+                msg = {**msg, "headers": [*msg.get("headers", []), *extra]}
+        await send(msg)
+
+    return wrapped
+
+
+async def count(scope: Scope) -> None:
+    """This request is about to reach a backend: count it against its key's rpm now (429
+    beyond), after the checks that could refuse it. Nothing for a key without limits."""
+    admit = scope.pop(COUNT, None)
+    if admit is not None:
+        await admit()

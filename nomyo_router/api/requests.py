@@ -45,6 +45,7 @@ class GenRequest:
         "ctype",
         "pinned",
         "too_small",
+        "routing_headers",
     )
 
     def __init__(
@@ -58,6 +59,7 @@ class GenRequest:
         self.ctype: str | None = None  # a Content-Type to forward instead of JSON's (multipart)
         self.too_small: frozenset[str] | None = None  # endpoints whose context window it exceeds (routing/context.py)
         self.pinned: tuple[str, ...] | None = None  # only these endpoints, no affinity (forward/moe.py)
+        self.routing_headers = True  # its answer says where it went and why (api/access.Client)
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -69,6 +71,10 @@ def _is_int(v: Any) -> bool:
 
 
 MAX_DEPTH = 64  # JSON nesting; real requests stay under 10
+# A model name longer than this (UTF-8 bytes) is refused before anything records it: names
+# are written in access lines, spans, usage and the usage stream, and compared on every
+# request. Real names (`hf.co/<org>/<repo>:<quant>`) stay under 100.
+MAX_MODEL_BYTES = 256
 
 
 def load_json(raw: bytes) -> object:
@@ -112,10 +118,18 @@ def _encodable(obj: Any) -> bool:
     return True
 
 
+def check_model(model: str) -> None:
+    """400 for a model name longer than MAX_MODEL_BYTES (the UTF-8 encoding is counted only
+    when the characters alone could exceed it)."""
+    if len(model) > MAX_MODEL_BYTES // 4 and len(model.encode("utf-8", "surrogatepass")) > MAX_MODEL_BYTES:
+        raise _bad(f"model names are at most {MAX_MODEL_BYTES} bytes", "model")
+
+
 def parse(path: str, raw: bytes, t0: float) -> GenRequest:
     api, kind = GENERATION_ROUTES[path]
     if kind == "transcription":
         ctype, named, streamed = multipart.transcription(raw)
+        check_model(named)
         req = GenRequest(api, kind, path, named, streamed, {"model": named}, raw, t0)
         req.ctype = ctype
         return req
@@ -127,6 +141,7 @@ def parse(path: str, raw: bytes, t0: float) -> GenRequest:
         raise _bad("model is required", "model")
     if not isinstance(model, str):
         raise _bad("model must be a string", "model")
+    check_model(model)
     stream = body.get("stream")
     if stream is None:
         # Ollama streams chat and generate when the field is absent; OpenAI does not.
@@ -185,9 +200,22 @@ def _check_messages(api: str, body: dict[str, Any]) -> None:
                 raise _bad(f"messages[{i}].images must be a list of base64 strings", f"messages[{i}].images")
         elif content is not None and not isinstance(content, (str, list)):
             raise _bad(f"messages[{i}].content must be a string or a list of content parts", f"messages[{i}].content")
+        elif isinstance(content, list):
+            _check_parts(content, f"messages[{i}].content")
         tool_calls = m.get("tool_calls")
         if tool_calls is not None and not isinstance(tool_calls, list):
             raise _bad(f"messages[{i}].tool_calls must be a list", f"messages[{i}].tool_calls")
+
+
+def _check_parts(parts: list[Any], where: str) -> None:
+    """Content parts (OpenAI's, Anthropic's blocks): objects with a string `type`, whose `text`,
+    when present, is a string; the router reads it (the cache, ensembles, context routing),
+    and the APIs' own schemas refuse anything else."""
+    for j, p in enumerate(parts):
+        if not isinstance(p, dict) or not isinstance(p.get("type"), str):
+            raise _bad(f"{where}[{j}] must be an object with a string 'type'", f"{where}[{j}]")
+        if "text" in p and not isinstance(p["text"], str):
+            raise _bad(f"{where}[{j}].text must be a string", f"{where}[{j}].text")
 
 
 def _check_embed_input(api: str, kind: str, body: dict[str, Any]) -> None:

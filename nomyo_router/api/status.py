@@ -15,6 +15,7 @@ from ..domain import Endpoint
 from ..state import StateStore
 from ..upstream.h1 import ClientError, Upstream
 from .asgi import Receive, Scope, Send, send_response
+from .ratelimits import count
 
 FALLBACK = json.dumps({"cloud": {"disabled": True, "source": "none"}}).encode()
 
@@ -29,6 +30,8 @@ class Status:
         self.store, self.upstream, self.timeout = store, upstream, timeout
 
     async def status(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await count(scope)  # (a limited key's rpm)
+
         async def one(ep: Endpoint) -> bytes | None:
             try:
                 code, _, data = await self.upstream.fetch(ep, "/api/status", total=self.timeout)

@@ -1,15 +1,18 @@
 """Semantic mode (`cache.similarity` < 1): a question close enough to one answered before gets
 that answer, even when not worded the same.
 
-- What is compared: the request's last user message, and a little of the conversation before
-  it (the previous exchange, at most `HISTORY_CHARS` characters, weighing `HISTORY_WEIGHT`),
-  embedded in one call by `cache.embed_model` on the router's own endpoints (no model runs in
-  the router), combined into one unit vector.
-- Where it may match: only among answers to requests alike in everything else — the same
-  client key, route and model, the same system prompt, parameters, tools and format (the
-  namespace is the exact key of the request without its conversation).
+- What is compared by meaning: the text of the request's last user turn (chat) or its prompt
+  (generate), and nothing else, embedded in one call by `cache.embed_model` on the router's
+  own endpoints (no model runs in the router).
+- What must match exactly: everything else that can change the answer, i.e. the namespace is
+  the exact key of the whole request with only that text left out: the client key, route and
+  model, every earlier message (system prompt, history, tool calls and their results), what
+  follows the last user turn (tool results, an assistant prefill), the last turn's images and
+  other parts that are not text, sampling parameters, tools and format.
 - What is never matched: an answer that holds, or whose question holds, something personal
   (an e-mail address, a UUID, a number of 8 digits or more) is kept for exact hits only.
+- A known limit: a question and its negation ("is X safe?", "is X not safe?") embed close
+  together; a similarity near 1 (the documented 0.95) keeps most of them apart, none keeps all.
 
 The nearest-neighbour search runs on this process's index (numpy, one matrix per namespace),
 fed from the store with what was added since its last look (stores.py), so entries another
@@ -34,8 +37,6 @@ from .answer import Answer
 from .keys import DELIVERY, request_key
 from .stores import Cursor, Store
 
-HISTORY_CHARS = 600
-HISTORY_WEIGHT = 0.25
 KINDS = frozenset(("chat", "generate"))
 PERSONAL = re.compile(
     r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
@@ -124,43 +125,40 @@ class Semantic:
         return req.kind in KINDS
 
     def namespace(self, req: GenRequest) -> str:
-        """The exact key of the request without its conversation (and without the prompt)."""
-        body = {k: v for k, v in req.body.items() if k not in DELIVERY and k not in ("messages", "prompt")}
-        if req.kind == "chat":  # the system prompt stays: a question under another one is another question
-            body["system_messages"] = [
-                m
-                for m in req.body.get("messages") or []
-                if isinstance(m, dict) and m.get("role") in ("system", "developer")
-            ]
+        """The exact key of the whole request with only the text compared by meaning left out
+        (the last user turn's text, or the prompt)."""
+        body = {k: v for k, v in req.body.items() if k not in DELIVERY}
+        if req.kind != "chat":
+            body["prompt"] = None
+            return request_key(req, req.client or "", body)
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            last = _last_user(messages)
+            if last >= 0:
+                turn = messages[last]
+                body["messages"] = [*messages[:last], {**turn, "content": _without_text(turn.get("content"))}]
+                body["messages"] += messages[last + 1 :]
         return request_key(req, req.client or "", body)
 
-    def texts(self, req: GenRequest) -> tuple[str, str]:
-        """(the question, a little of the conversation before it)."""
+    def question(self, req: GenRequest) -> str:
+        """The text compared by meaning: the last user turn's, or the prompt."""
         if req.kind != "chat":
-            return _text(req.body.get("prompt")), ""
-        turns = [
-            m
-            for m in req.body.get("messages") or []
-            if isinstance(m, dict) and m.get("role") not in ("system", "developer")
-        ]
-        last = max((i for i, m in enumerate(turns) if m.get("role") == "user"), default=-1)
-        if last < 0:
-            return "", ""
-        before = "\n".join(_text(m.get("content")) for m in turns[max(last - 2, 0) : last])
-        return _text(turns[last].get("content")), before[-HISTORY_CHARS:]
+            return _text(req.body.get("prompt"))
+        messages = req.body.get("messages")
+        if not isinstance(messages, list):
+            return ""
+        last = _last_user(messages)
+        return _text(messages[last].get("content")) if last >= 0 else ""
 
     async def vector(self, req: GenRequest, rec: RequestRecord) -> bytes | None:
         """The request's unit vector (float32 bytes), or None (no question, or no embedding)."""
-        question, before = self.texts(req)
+        question = self.question(req)
         if not question.strip():
             return None
-        got = await self._embed([question, before] if before.strip() else [question], req, rec)
+        got = await self._embed([question], req, rec)
         if not got:
             return None
-        v: np.ndarray = np.asarray(got[0], dtype=np.float32)
-        if len(got) > 1 and len(got[1]) == len(got[0]):
-            v = (1 - HISTORY_WEIGHT) * _unit(v) + HISTORY_WEIGHT * _unit(np.asarray(got[1], dtype=np.float32))
-        return _unit(v).astype(np.float32).tobytes()
+        return _unit(np.asarray(got[0], dtype=np.float32)).astype(np.float32).tobytes()
 
     async def nearest(self, ns: str, vector: bytes) -> str | None:
         """The key of the closest kept answer in `ns` at least `threshold` alike, or None."""
@@ -176,7 +174,7 @@ class Semantic:
         """May this answer be found by meaning? Not when it, or its question, is personal."""
         texts = [c.text for c in found.choices] + [c.thinking for c in found.choices]
         texts += [json.dumps(c.tool_calls) for c in found.choices if c.tool_calls]
-        return not personal(self.texts(req)[0], *texts)
+        return not personal(self.question(req), *texts)
 
     def clear(self) -> None:
         self.index.clear()
@@ -201,6 +199,28 @@ class Semantic:
         except (ValueError, AttributeError):
             return None
         return vectors if isinstance(vectors, list) and vectors and isinstance(vectors[0], list) else None
+
+
+def _last_user(messages: list[object]) -> int:
+    """The index of the last user message, or -1."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, dict) and m.get("role") == "user":
+            return i
+    return -1
+
+
+def _without_text(content: object) -> object:
+    """A message's content with its text left out and every other part kept (images, audio,
+    files): a plain string is "", a text part keeps its place without its text."""
+    if isinstance(content, str):
+        return ""
+    if isinstance(content, list):
+        return [
+            {k: v for k, v in p.items() if k != "text"} if isinstance(p, dict) and p.get("type") == "text" else p
+            for p in content
+        ]
+    return content
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

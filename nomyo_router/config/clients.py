@@ -66,3 +66,10 @@ class ClientKey(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=T
             default="no limit",
         ),
     ] = None
+    debug_headers: Annotated[
+        bool,
+        doc(
+            "its answers carry the routing headers (X-Router-Endpoint, X-Router-Affinity, X-Router-Cache), "
+            "which tell where other keys' conversations and prompts went; only for a trusted key"
+        ),
+    ] = False

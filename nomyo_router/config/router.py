@@ -78,6 +78,14 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
             QUEUE,
         ),
     ] = 64 * 1024 * 1024
+    max_queued_body_bytes: Annotated[
+        Bytes,
+        doc(
+            "request bodies held by requests waiting for a slot, summed, per process; past it a request gets 503 "
+            "queue_full before its body is read (or once read, without a content-length)",
+            QUEUE,
+        ),
+    ] = 128 * 1024 * 1024
     manage_concurrency: Annotated[
         Slots, doc("model management calls (pull, create, copy, delete, ...) at once per process; more wait", QUEUE)
     ] = 2
@@ -185,6 +193,15 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
     ] = ()
     admin_key: Annotated[Secret, doc("the key for POST /admin/reload and everyone's /api/usage", ACCESS)] = None
     metrics_key: Annotated[Secret, doc("the operator's key for /metrics and the dashboard's data", ACCESS)] = None
+    allowed_hosts: Annotated[
+        tuple[Name, ...],
+        doc(
+            "with no client key configured, Host names accepted besides IP addresses, localhost, *.localhost, "
+            "*.local, *.internal and this machine's name (others get 421); wildcards: *.example.com",
+            ACCESS,
+            expected="a list of host names such as llm.example.com (wildcards allowed: *.example.com)",
+        ),
+    ] = ()
     allowed_origins: Annotated[
         tuple[Name, ...],
         doc(
@@ -205,6 +222,14 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
     body_idle_timeout: Annotated[
         Seconds, doc("how long a request body may idle between two pieces; then it is cut", CONNECTIONS)
     ] = 30.0
+    body_timeout: Annotated[
+        Seconds,
+        doc(
+            "how long a whole request body may take to arrive; then 408, the connection closed (blob uploads: "
+            "body_idle_timeout only)",
+            CONNECTIONS,
+        ),
+    ] = 60.0
     state: Annotated[
         str,
         Meta(pattern=r"^(auto|memory|shared)\Z|^(redis|rediss|unix)://|" + SENTINEL_URL),
@@ -223,7 +248,11 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
         bool, doc("one access line per request on the nomyo_router.access logger (never prompt text)", OBSERVE)
     ] = False
     log_format: Annotated[
-        Literal["text", "json"], doc("the access lines: key=value text or one JSON object", OBSERVE)
+        Literal["text", "json"],
+        doc(
+            "every log line: text, or one JSON object (time, level, logger, message; an access line's fields)",
+            OBSERVE,
+        ),
     ] = "text"
     usage_db: Annotated[
         Annotated[str, Meta(pattern=r"\S")] | None,

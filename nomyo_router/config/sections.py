@@ -71,7 +71,8 @@ class CacheConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only
         Annotated[float, Meta(gt=0, le=1)],
         doc(
             "1.0: exact matches only; lower: semantic mode, the nearest stored question at least this "
-            "similar (cosine) answers"
+            "similar (cosine) answers, when the rest of the request is the same exactly (0.95 keeps most "
+            "negated questions apart, none keeps all)"
         ),
     ] = 1.0
     embed_model: Annotated[

@@ -27,6 +27,7 @@ from ..events import Events, RequestRecord
 from ..upstream import error_record, token_counts
 
 if TYPE_CHECKING:
+    from ..api.body_budget import BodyBudget
     from ..state import Lease
     from ..upstream.direct_writer import DirectWriter
 
@@ -40,7 +41,7 @@ Handle = Callable[[GenRequest, "Exchange"], Awaitable[None]]
 class Exchange:
     """One request's way out: its record, its client's `send`, its slot, one `finish`."""
 
-    __slots__ = ("send", "writer", "rec", "t0", "lease", "_client", "_events", "_done")
+    __slots__ = ("send", "writer", "rec", "t0", "lease", "queued", "_client", "_events", "_done")
 
     def __init__(
         self, send: Send, rec: RequestRecord, t0: float, events: Events | None, writer: DirectWriter | None = None
@@ -52,6 +53,9 @@ class Exchange:
         self.rec = rec
         self.t0 = t0
         self.lease: Lease | None = None
+        # its body's charge on the bytes held while queued (api/body_budget.py): given back
+        # when it first holds a slot, or at `finish`
+        self.queued: tuple[BodyBudget, int] | None = None
         self._client = send  # errors go here, not through a wrapper's `send` (see `via`)
         self._events = events
         self._done = False
@@ -63,6 +67,10 @@ class Exchange:
         old, self.lease = self.lease, lease
         if old is not None:
             old.release()
+        queued = self.queued
+        if queued is not None:
+            self.queued = None
+            queued[0].give(queued[1])
 
     def let_go(self) -> None:
         """Give the slot back now (a failed attempt, a stream cut there): not at `finish`."""
@@ -137,7 +145,10 @@ class Exchange:
 
     def tokens(self, tail: bytes) -> None:
         """The backend's token counts, from the last bytes of its answer."""
-        self.rec.prompt_tokens, self.rec.completion_tokens = token_counts.counts(tail[-token_counts.TAIL :])
+        rec = self.rec
+        rec.prompt_tokens, rec.completion_tokens = token_counts.counts(tail[-token_counts.TAIL :])
+        if rec.trace is not None:  # (tracing on: its span reads the answer's id and finish reasons)
+            rec.trace.answered(tail)
 
     def counted(self, prompt: object, completion: object) -> None:
         """The backend's token counts, read from its answer's usage object."""
@@ -158,6 +169,10 @@ class Exchange:
         if self._done:
             return
         self._done = True
+        queued = self.queued
+        if queued is not None:
+            self.queued = None
+            queued[0].give(queued[1])
         lease = self.lease
         if lease is not None:
             self.lease = None

@@ -15,9 +15,13 @@ Three steps, each a request admitted like any other (a slot, the queue, the clie
    stream, with `X-Router-Moe: <answers used>`.
 
 Samples that fail or answer no text (a tool call) are left out; when none is left, step 3 is
-the request itself. Each step's tokens are accounted (usage, metrics, the access log) as a
-request of its own, `<request id>.s1`, `.s2`, …, `.review`; the final step is the request.
-Chat and completion routes of both APIs; `moe-` models are never cached.
+the request itself. An ensemble makes at most `samples` + 2 backend requests (each with the
+failover of any request, up to `max_attempts` tries); the samples and the review each count
+one request against the client key's rpm and budgets (a step they refuse is left out), the
+final step is the request's own. Trim-and-retry does not re-run an ensemble. Each step's
+tokens are accounted (usage, metrics, the access log) as a request of its own,
+`<request id>.s1`, `.s2`, …, `.review`; the final step is the request. Chat and completion
+routes of both APIs; `moe-` models are never cached.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ..events import Events, RequestRecord
 from ..routing.scheduler import Scheduler
 from ..state import QueueFull, StateStore
 from .exchange import Exchange
+from .extra_calls import Charge
 
 if TYPE_CHECKING:
     from .proxy import Proxy
@@ -91,6 +96,8 @@ class Parts(Protocol):
     def client_limits(self) -> ClientLimits: ...
     @property
     def proxy(self) -> Proxy | None: ...
+    @property
+    def charge(self) -> Charge: ...
 
 
 class Ensemble:
@@ -147,6 +154,7 @@ class Ensemble:
         ex = Exchange(got.send, step, sub.t0, router.events)  # the step's own way out and completion
         limits, held = router.client_limits, None
         try:
+            await router.charge(req.client)  # one more request of its key's rpm (429: left out)
             if limits.capped(req.client):  # each step waits for one of its client's permits
                 await limits.enter(req.client, router.config.queue_timeout)
                 held = req.client
@@ -181,7 +189,7 @@ def _request(req: GenRequest, inner: str, body: dict[str, Any]) -> GenRequest:
         json.dumps(body).encode(),
         time.perf_counter(),
     )
-    sub.client = req.client
+    sub.client, sub.routing_headers = req.client, req.routing_headers
     return sub
 
 
@@ -202,8 +210,8 @@ def _question(req: GenRequest) -> str:
         if isinstance(m, dict) and m.get("role") == "user":
             content = m.get("content")
             if isinstance(content, list):  # OpenAI's content parts: their text
-                return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-            return content or ""
+                return "\n".join(t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str))
+            return content if isinstance(content, str) else ""
     return ""
 
 

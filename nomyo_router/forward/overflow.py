@@ -15,9 +15,15 @@ overflow, passes through untouched.
 
 How much to drop: when the error says how many tokens were asked and how many fit (vLLM,
 OpenAI, llama.cpp do), the oldest turns whose share of the messages' text covers the excess
-(and a tenth more) go at once; otherwise half of the droppable turns go each time, so a
-history of n turns needs at most about log2(n) retries. A turn is a user message with the
-answers and tool results that follow it, so no tool result loses the call it answers.
+(and a tenth more) go at once; otherwise half of the droppable turns go each time. A turn is a
+user message with the answers and tool results that follow it, so no tool result loses the
+call it answers.
+
+Bounded like failover: a request is asked at most `max_attempts` times in all (the last time
+with every droppable turn gone, so it is answered whenever its system messages and last turn
+fit), each re-ask is a retry of the router's retry budget, and each counts one request against
+the client key's rpm and token budgets (429 past them). So one request makes at most
+`max_attempts` trimmed asks, each subject to failover as any request is.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from typing import Any
 from ..api.asgi import Send
 from ..api.requests import GenRequest
 from ..events import Events
+from ..upstream.retry import RetryBudget
 from .exchange import Exchange, Handle
+from .extra_calls import Charge
 
 HEADER = b"x-router-trimmed"
 HELD_STATUSES = frozenset((400, 413))
@@ -93,22 +101,25 @@ class Hold:
         await self._send({"type": "http.response.body", "body": body, "more_body": more})
 
 
-async def serve(handle: Handle, events: Events, req: GenRequest, ex: Exchange) -> None:
+async def serve(handle: Handle, events: Events, bounds: Bounds, req: GenRequest, ex: Exchange) -> None:
     messages = req.body.get("messages")
     if req.kind != "chat" or not isinstance(messages, list):
         return await handle(req, ex)
     send = ex.send  # every answer passes a `Hold` of it, to be read when it is an error
-    dropped = 0
+    dropped = asks = 0
     while True:
         hold = Hold(send, dropped)
         await handle(req, ex.via(hold.send))
+        asks += 1
         if not hold.overflow:
             return
-        fewer = trim(req.body["messages"], b"".join(hold.body))
-        if fewer is None:  # nothing more to drop: the backend's refusal stands
-            hold.overflow = False
+        last = asks + 1 >= bounds.max_asks  # the last ask allowed: every droppable turn goes
+        fewer = trim(req.body["messages"], b"".join(hold.body), everything=last)
+        if fewer is None or asks >= bounds.max_asks or not bounds.budget.allow():
+            hold.overflow = False  # nothing more to drop, or no more asks: the refusal stands
             await hold.release()
             return
+        await bounds.charge(req.client)  # (429 past the key's rpm or budgets: raised, nothing sent yet)
         dropped += len(req.body["messages"]) - len(fewer)
         req.body["messages"] = fewer
         req.raw = json.dumps(req.body).encode()
@@ -116,9 +127,9 @@ async def serve(handle: Handle, events: Events, req: GenRequest, ex: Exchange) -
         events.count("context_trim", ex.rec.endpoint or "", req.key)
 
 
-def trim(messages: list[object], error: bytes) -> list[object] | None:
-    """`messages` without their oldest turns (see the module's doc), or None when no turn
-    can be dropped."""
+def trim(messages: list[object], error: bytes, everything: bool = False) -> list[object] | None:
+    """`messages` without their oldest turns (see the module's doc; `everything`: all that may
+    go), or None when no turn can be dropped."""
     last_user = max(
         (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), default=len(messages)
     )
@@ -132,7 +143,7 @@ def trim(messages: list[object], error: bytes) -> list[object] | None:
         turns[-1].append(i)
     if not turns:
         return None
-    count = _turns_to_drop(messages, turns, error)
+    count = len(turns) if everything else _turns_to_drop(messages, turns, error)
     gone = {i for turn in turns[:count] for i in turn}
     return [m for i, m in enumerate(messages) if i not in gone]
 
@@ -150,8 +161,19 @@ def _turns_to_drop(messages: list[object], turns: list[list[int]], error: bytes)
     return max((len(turns) + 1) // 2, 1)
 
 
-def wrap(handle: Handle, events: Events) -> Handle:
+class Bounds:
+    """What limits a request's re-asks: `max_asks` in all (the config's `max_attempts`), the
+    proxy's retry budget, and `charge(client)`, which counts one more request on the client
+    key's rpm and budgets (raising its 429 past them)."""
+
+    __slots__ = ("max_asks", "budget", "charge")
+
+    def __init__(self, max_asks: int, budget: RetryBudget, charge: Charge) -> None:
+        self.max_asks, self.budget, self.charge = max_asks, budget, charge
+
+
+def wrap(handle: Handle, events: Events, bounds: Bounds) -> Handle:
     async def trimming(req: GenRequest, ex: Exchange) -> None:
-        await serve(handle, events, req, ex)
+        await serve(handle, events, bounds, req, ex)
 
     return trimming

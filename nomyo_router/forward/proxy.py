@@ -143,7 +143,7 @@ class Proxy:
         self.budget.request()
         keys = None
         if self.config.conversation_affinity and req.pinned is None:  # (an ensemble's sample: no affinity)
-            keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id)
+            keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id, req.client)
         ctx = RouteContext(
             model=req.key, api=req.api, kind=req.kind, keys=keys, too_small=req.too_small, client=req.client
         )
@@ -262,15 +262,17 @@ class Proxy:
         headers: Headers = [
             self._worker,
             (b"x-request-id", rec.request_id.encode("latin-1")),
-            (b"x-router-endpoint", ep.name.encode()),
             (b"x-router-queue-ms", b"%.3f" % (queued * 1000)),
             (b"x-router-overhead-ms", b"%.3f" % (overhead * 1000)),
         ]
-        if lease.affinity is not None:
-            headers.append((b"x-router-affinity", lease.affinity.encode()))
-        if ctx.prompt is not None:  # tokens of the prompt believed cached there / prompt tokens
+        if ctx.prompt is not None:  # tokens of the prompt believed cached there
             rec.prefix_tokens = ctx.cached_tokens or 0
-            headers.append((b"x-router-cache", b"%d/%d" % (rec.prefix_tokens, ctx.prompt.tokens)))
+        if req.routing_headers:  # (not for a tenant's key: they tell of other keys' requests)
+            headers.append((b"x-router-endpoint", ep.name.encode()))
+            if lease.affinity is not None:
+                headers.append((b"x-router-affinity", lease.affinity.encode()))
+            if ctx.prompt is not None:  # tokens of the prompt believed cached there / prompt tokens
+                headers.append((b"x-router-cache", b"%d/%d" % (rec.prefix_tokens or 0, ctx.prompt.tokens)))
         # A whole answer and a stream's first chunk are bounded by the learned deadline (a hung
         # backend is left in seconds); later chunks of a stream by stream_idle_timeout.
         deadline = self.deadlines.deadline(ep.name, req.key, req.stream, len(body), last)

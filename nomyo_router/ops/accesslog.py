@@ -1,9 +1,9 @@
 """One access line per request, written by the router from its `RequestRecord`.
 
-uvicorn's own access line knows nothing of models, endpoints, queues or tokens, and its INFO
-lines vanish under `--workers`; this one is written by every worker on the
-`nomyo_router.access` logger (at WARNING, so it shows at the default level) as text or as
-one JSON object per line (`log_format: json`). It never contains prompt text.
+uvicorn's own access line knows nothing of models, endpoints, queues or tokens; this one is
+written by every worker on the `nomyo_router.access` logger at INFO, as text or, with
+`log_format: json`, as fields of the line's JSON object (`logformat.py` writes it: `time`,
+`level`, `logger`, `message` and these). It never contains prompt text.
 
 Some values come from the client (the model name is from the request body) or from the
 config (a client key's name), so a line must not be forgeable: a model named
@@ -17,7 +17,9 @@ as null):
   written double-quoted with JSON's escapes and every non-ASCII character as `\\uXXXX`
   (so no raw control character, U+0085 or U+2028 line separator survives). A reader
   parses a value as a JSON string when it starts with `"`, as it is otherwise.
-- json: `json.dumps` with its default `ensure_ascii`: the same escapes, one object.
+- json: the fields handed to the log record as its `access` attribute, encoded with the
+  record's other fields by `logformat.JsonFormatter` (`ensure_ascii`: the same escapes, one
+  object); the message is the route and the status.
 
 The request id is the client's `X-Request-ID` only when that is 1–128 printable ASCII
 characters without spaces (app.py), else one the router made up.
@@ -28,7 +30,6 @@ closed request") when the client left before any head was sent; see `events.py`.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from json.encoder import encode_basestring_ascii
@@ -42,8 +43,6 @@ log = logging.getLogger("nomyo_router.access")
 # \x5c `\`): a third of the cost of the alternation `[^\x21-\x7e]|[="\\]`. Searched first,
 # so the common plain token (an id, a model name, an endpoint name) pays a scan, no quoting.
 _UNSAFE = re.compile(r"[^\x21\x23-\x3c\x3e-\x5b\x5d-\x7e]").search
-# (one encoder, made once: `json.dumps` with non-default separators builds one per call)
-_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -64,6 +63,8 @@ class AccessLog:
         events.on_request_done(self.write)
 
     def write(self, rec: RequestRecord) -> None:
+        if not log.isEnabledFor(logging.INFO):  # (--log-level warning: nothing to build)
+            return
         fields = {
             "request_id": rec.request_id,
             "client": rec.client,
@@ -84,7 +85,7 @@ class AccessLog:
             "error": rec.error,
         }
         if self.json:
-            log.warning(_JSON(fields))
+            log.info("%s %s", rec.route, rec.status, extra={"access": fields})
             return
         # Every value the router does not compute as a number here, scanned at once: the common
         # line is plain tokens only (the backend's token counts are among them: see `text_value`).
@@ -104,6 +105,6 @@ class AccessLog:
             f"{r.request_id}{r.client}{r.api}{r.route}{r.model}{r.endpoint}{r.affinity}{r.error}"
             f"{r.prompt_tokens}{r.completion_tokens}"
         ):
-            log.warning(" ".join([f"{k}={text_value(v)}" for k, v in fields.items() if v is not None]))
+            log.info(" ".join([f"{k}={text_value(v)}" for k, v in fields.items() if v is not None]))
         else:
-            log.warning(" ".join([f"{k}={v}" for k, v in fields.items() if v is not None]))
+            log.info(" ".join([f"{k}={v}" for k, v in fields.items() if v is not None]))

@@ -38,6 +38,8 @@ BATCH = 512  # records per export request
 INTERVAL_S = 1.0  # the longest a finished request waits to be exported
 YIELD_EVERY = 32  # records encoded between two yields of the GIL to the event loop
 TIMEOUT_S = 10.0  # one export request, connect included (OTLP's default)
+MAX_TEMPLATES = 4096  # span templates kept; past this, or past MAX_TEMPLATE_BYTES, they are made afresh
+MAX_TEMPLATE_BYTES = 4 << 20
 SERVER, CLIENT, INTERNAL = Span.SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT, Span.SPAN_KIND_INTERNAL
 ERROR = Status.STATUS_CODE_ERROR
 # Span.flags: the W3C flags (sampled) and whether the parent's context came from another process
@@ -69,7 +71,10 @@ class Exporter:
         self._servers: dict[str, tuple[str, int]] = {}  # endpoint URL -> (server.address, server.port)
         # Each span's name, kind and the attributes it shares with every span like it (same
         # operation, model, endpoint), encoded once and merged in: half the cost of setting them.
+        # Bounded in entries and in bytes: a template's key and encoding carry a model name
+        # (bounded at the door, requests.MAX_MODEL_BYTES) and a route.
         self._templates: dict[tuple[Any, ...], bytes] = {}
+        self._template_bytes = 0
         self._offset_ns = 0
 
     # ---- on the event loop -----------------------------------------------------------------
@@ -185,8 +190,9 @@ class Exporter:
         """The encoded name, kind and shared attributes of a span for `key`."""
         data = self._templates.get(key)
         if data is None:
-            if len(self._templates) >= 4096:  # (models and endpoints come and go with reloads)
-                self._templates.clear()
+            if len(self._templates) >= MAX_TEMPLATES or self._template_bytes >= MAX_TEMPLATE_BYTES:
+                self._templates.clear()  # (models and endpoints come and go with reloads)
+                self._template_bytes = 0
             t = Span(name=f"{operation} {model}", kind=kind)
             a = t.attributes
             _s(a, "gen_ai.operation.name", operation)
@@ -202,6 +208,7 @@ class Exporter:
             if route is not None:
                 _s(a, "url.path", route)
             data = self._templates[key] = t.SerializeToString()
+            self._template_bytes += 2 * len(data)  # (the key holds the same strings)
         return data
 
     def _spans(self, rec: RequestRecord, spans: Any) -> None:

@@ -22,6 +22,7 @@ writable even when the database file is.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import stat
 from urllib.parse import quote
@@ -80,6 +81,40 @@ def check_state_path(config: RouterConfig, workers: int) -> list[str]:
     except OSError as e:
         return [describe(STATE_PATH_ENV, explicit, e)]
     return []
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported, found without importing it (only its parent
+    packages, which are namespaces here): protobuf and the OTLP messages cost ~10 MB."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # (a parent package missing)
+        return False
+
+
+def check_extras(config: RouterConfig) -> list[str]:
+    """One line per section whose optional dependencies are not installed and without which
+    the router would not start: `tracing` needs the `tracing` extra."""
+    if config.tracing is None or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return []
+    if _installed("opentelemetry.proto.trace") and _installed("google.protobuf"):
+        return []
+    return [
+        "tracing: needs the opentelemetry-proto package, which is not installed; "
+        "pip install 'nomyo-router[tracing]', or remove tracing"
+    ]
+
+
+def extras_warnings(config: RouterConfig) -> list[str]:
+    """Sections that work without their extra, but less well: `kv_events` falls back to the
+    approximate prefix index without pyzmq and msgpack."""
+    users = [f"endpoints[{i}].kv_events" for i, e in enumerate(config.endpoints) if e.kv_events]
+    if not users or (_installed("zmq") and _installed("msgpack")):
+        return []
+    return [
+        f"{', '.join(users)}: needs pyzmq and msgpack, which are not installed "
+        "(pip install 'nomyo-router[kv-events]'); the router uses its approximate prefix index instead"
+    ]
 
 
 def check_sqlite_file(key: str, path: str) -> None:

@@ -7,8 +7,8 @@ What changes at once, in every worker, without touching requests in flight:
   changed (a new `url`, `type`, `api_key` or `models`: removed and added again); requests
   waiting in the queue move with it, in their order (`Scheduler.reindex`, `StateStore.rehome`):
   onto endpoints it added, off those it removed, answered at once if none serves their model;
-- keys (`router_api_key`, `client_keys`, `admin_key`), `allowed_origins`, `access_log`,
-  `log_format`, `max_body_bytes`, `retry_after`.
+- keys (`router_api_key`, `client_keys`, `admin_key`), `allowed_origins`, `allowed_hosts`,
+  `access_log`, `log_format`, `max_body_bytes`, `retry_after`.
 Any other key that changed is reported as needing a restart (it is not applied); an
 invalid file is rejected with the reason, logged, and the running config kept. Reloads run
 one at a time in the order asked for, and one still waiting when a later one is asked for
@@ -49,6 +49,7 @@ LIVE_KEYS = frozenset(
         "admin_key",
         "metrics_key",
         "allowed_origins",
+        "allowed_hosts",
         "access_log",
         "log_format",
         "max_body_bytes",
@@ -105,7 +106,7 @@ def read() -> RouterConfig:
     try:
         return load_config(config_path())
     except ConfigError as e:
-        log.error("config reload rejected, keeping the running config: %s", e)
+        log.error("config reload rejected, keeping the running config: %s", e.one_line)
         raise
 
 
@@ -135,5 +136,5 @@ class ReloadRoute:
                 # (None: a reload asked for after this one replaced it while it waited)
                 body = {"status": "reloaded", **done} if done is not None else {"status": "superseded"}
         except ConfigError as e:
-            raise ApiError(400, f"config rejected, the running one stays: {e}") from None
+            raise ApiError(400, f"config rejected, the running one stays: {e.one_line}") from None
         await send_response(send, 200, json.dumps(body).encode())

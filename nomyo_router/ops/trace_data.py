@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+from typing import Any
 
 from ..config import TracingConfig
 from ..domain import Endpoint
@@ -17,10 +19,29 @@ DEFAULT_ENDPOINT = "http://localhost:4318"  # the OTLP/HTTP port on the local ho
 DEFAULT_SERVICE = "nomyo-router"
 
 
-class Trace:
-    """One request's trace: its ids and its upstream attempts."""
+HEAD = 512  # bytes of an answer kept for its id (the first key of an OpenAI or Anthropic answer)
+TAIL = 4096  # bytes of its end kept for its finish reasons (and a stream's id, in every chunk)
+_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
+_REASON = re.compile(rb'"(?:finish_reason|done_reason|stop_reason)"\s*:\s*"([^"\\]{1,64})"')
 
-    __slots__ = ("trace_id", "span_id", "parent_id", "sampled", "operation", "key", "t0", "attempts")
+
+class Trace:
+    """One request's trace: its ids, what it asked for (the GenAI request parameters, read
+    from its body when sampled), its upstream attempts and the ends of its answer."""
+
+    __slots__ = (
+        "trace_id",
+        "span_id",
+        "parent_id",
+        "sampled",
+        "operation",
+        "key",
+        "t0",
+        "attempts",
+        "params",
+        "head",
+        "tail",
+    )
 
     def __init__(
         self, trace_id: int, span_id: int, parent_id: int, sampled: bool, operation: str, key: str, t0: float
@@ -28,6 +49,53 @@ class Trace:
         self.trace_id, self.span_id, self.parent_id, self.sampled = trace_id, span_id, parent_id, sampled
         self.operation, self.key, self.t0 = operation, key, t0
         self.attempts: list[Attempt] = []
+        self.params: tuple[int | None, float | None, float | None] = (None, None, None)
+        self.head = self.tail = b""
+
+    def answered(self, tail: bytes) -> None:
+        """The request path hands over the end of the answer (all of one sent whole); kept, not
+        read: the exporter's thread reads it (`answer_facts`)."""
+        if self.sampled:
+            self.head, self.tail = tail[:HEAD], tail[-TAIL:]
+
+
+def request_params(body: dict[str, Any]) -> tuple[int | None, float | None, float | None]:
+    """(max_tokens, temperature, top_p) as the client asked, in any of the APIs' shapes:
+    OpenAI's `max_tokens` / `max_completion_tokens` / the Responses API's
+    `max_output_tokens`, Anthropic's `max_tokens`, Ollama's `options.num_predict`; None
+    where it asked nothing (or sent something that is not a number)."""
+    options = body.get("options")
+    opts: dict[str, Any] = options if isinstance(options, dict) else {}
+    limit = body.get("max_tokens", body.get("max_completion_tokens", body.get("max_output_tokens")))
+    if limit is None:
+        limit = opts.get("num_predict")
+    temperature = body.get("temperature", opts.get("temperature"))
+    top_p = body.get("top_p", opts.get("top_p"))
+    return (
+        limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+        _number(temperature),
+        _number(top_p),
+    )
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def answer_facts(head: bytes, tail: bytes) -> tuple[str | None, list[str]]:
+    """(the answer's id, its finish reasons, one per choice) from its first and last bytes,
+    found as the token counts are (token_counts.py), without parsing the answer: the first
+    `"id"` (an OpenAI or Anthropic answer's own, before any tool call's; in a stream, every
+    chunk's), else the last one in the tail; every `finish_reason` (OpenAI), `done_reason`
+    (Ollama) or `stop_reason` (Anthropic) that holds a string. Ollama's answers have no id."""
+    m = _ID.search(head)
+    if m is None:
+        ids = _ID.findall(tail)
+        rid = ids[-1] if ids else None
+    else:
+        rid = m.group(1)
+    reasons = [r.decode("ascii", "replace") for r in _REASON.findall(tail)]
+    return (rid.decode("ascii", "replace") if rid is not None else None), reasons
 
 
 class Attempt:

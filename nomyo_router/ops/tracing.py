@@ -21,14 +21,14 @@ import os
 import re
 from random import getrandbits
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..api.asgi import Scope, header
 from ..config import ConfigError, RouterConfig
 from ..domain import Endpoint
 from ..events import Events, RequestRecord
 from ..upstream.h1 import Response, TimeoutLike, Upstream
-from .trace_data import Attempt, Settings, Trace
+from .trace_data import Attempt, Settings, Trace, request_params
 
 if TYPE_CHECKING:
     from .otlp import Exporter
@@ -77,8 +77,11 @@ class Tracer:
         self.dropped = 0
         events.on_request_done(self.done)
 
-    def begin(self, rec: RequestRecord, scope: Scope, kind: str, key: str, t0: float) -> None:
-        """The request's trace, continuing the client's when it sent a valid traceparent."""
+    def begin(
+        self, rec: RequestRecord, scope: Scope, kind: str, key: str, t0: float, body: dict[str, Any] | None = None
+    ) -> None:
+        """The request's trace, continuing the client's when it sent a valid traceparent;
+        `body`: the request's, for the GenAI request parameters of a sampled one."""
         given = header(scope, b"traceparent")
         ctx = parse_traceparent(given) if given is not None else None
         if ctx is None:
@@ -87,6 +90,8 @@ class Tracer:
         else:
             trace_id, parent, sampled = ctx
         trace = Trace(trace_id, getrandbits(64) or 1, parent, sampled, OPERATIONS.get(kind, kind), key, t0)
+        if sampled and body is not None:
+            trace.params = request_params(body)
         rec.trace = trace
         CURRENT.set(trace)
 
@@ -142,11 +147,11 @@ def make(config: RouterConfig, events: Events) -> tuple[Tracer | None, Upstream]
     if config.tracing is None or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None, Upstream()
     try:
-        from .otlp import Exporter  # (protobuf and the OTLP messages: loaded only with tracing on)
+        from .genai_spans import GenAIExporter  # (protobuf and the OTLP messages: loaded only with tracing on)
     except ImportError as e:
         raise ConfigError(
             f"tracing: needs the opentelemetry-proto package ({e}); install it with "
             f"pip install 'nomyo-router[tracing]', or remove tracing"
         ) from None
     settings = Settings(config.tracing)
-    return Tracer(settings, events, Exporter(settings)), TracedUpstream()
+    return Tracer(settings, events, GenAIExporter(settings)), TracedUpstream()

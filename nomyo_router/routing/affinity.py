@@ -18,7 +18,8 @@ registered at its last whole block of `BLOCK` characters, and a new prompt looks
 each of its block boundaries, longest first.
 
 Hashes are blake2b over the model and the content, stable across processes and hosts
-(pins can live in a shared store); a key is 32 hex characters.
+(pins can live in a shared store); a key is 32 hex characters. With client keys, the key's
+name is hashed in too: pins are per key, and one key's requests never find another's.
 """
 
 from __future__ import annotations
@@ -94,14 +95,21 @@ def prompt_keys(model: str, prompt: str) -> Keys | None:
     return Keys(boundaries[-1], boundaries[::-1], certain=False)
 
 
-def session_keys(model: str, session_id: str) -> Keys:
-    key = "sid:" + hashlib.blake2b(session_id.encode(), digest_size=16).hexdigest()
+def session_keys(model: str, session_id: str, tenant: str | None = None) -> Keys:
+    data = session_id.encode() if tenant is None else b"%s\x00%s" % (tenant.encode(), session_id.encode())
+    key = "sid:" + hashlib.blake2b(data, digest_size=16).hexdigest()
     return Keys(key, [key])
 
 
-def request_keys(kind: str, model: str, body: dict[str, Any], session_id: str | None) -> Keys | None:
+def request_keys(
+    kind: str, model: str, body: dict[str, Any], session_id: str | None, tenant: str | None = None
+) -> Keys | None:
+    """`tenant`: the client key's name; its pins are its own (another key's identical
+    conversation, prompt or session id is another key)."""
     if session_id:
-        return session_keys(model, session_id)
+        return session_keys(model, session_id, tenant)
+    if tenant is not None:
+        model = f"{tenant}\x00{model}"
     if kind == "chat":
         messages = body.get("messages")
         return chat_keys(model, messages) if isinstance(messages, list) else None

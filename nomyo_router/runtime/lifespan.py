@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..config import CONFIG_ENV, ConfigError, RouterConfig, load_config
+from ..ops import logformat
 from ..ops.preflight import PathProblem
 from .router import Router
 
@@ -17,11 +18,13 @@ async def startup(config: RouterConfig | None) -> Router | str:
     """The started router (`config`, else the file NOMYO_ROUTER_CONFIG names), or why it could
     not start: start-up fails loudly, never half-started."""
     try:
-        router = Router(config or load_config(os.environ.get(CONFIG_ENV, "config.yaml")))
+        config = config or load_config(os.environ.get(CONFIG_ENV, "config.yaml"))
+        logformat.fallback(config.log_format)
+        router = Router(config)
         await router.start()
     except ConfigError as e:
-        print(f"nomyo-router: bad config: {e}", file=sys.stderr, flush=True)
-        return str(e)
+        print(f"nomyo-router: bad config: {e.one_line}", file=sys.stderr, flush=True)
+        return e.one_line
     except PathProblem as e:  # a file the config names: one line (uvicorn logs it), no traceback
         return str(e)
     except Exception as e:

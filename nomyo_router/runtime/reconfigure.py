@@ -17,6 +17,7 @@ import msgspec
 from ..api import access
 from ..config import ConfigError, EndpointConfig, RouterConfig
 from ..domain import Endpoint
+from ..ops import logformat
 from ..ops.accesslog import AccessLog
 from ..ops.reload import LIVE_KEYS, Plan, backend, plan, read
 from ..state.fair import specs_of
@@ -75,9 +76,11 @@ async def apply(router: Router, new: RouterConfig) -> Plan:
     router.rate_limits.apply(new)
     router.scheduler.fair = specs_of(new.client_keys)
     router.origins = access.Origins(new.allowed_origins)
+    router.hosts = access.Hosts(new.allowed_hosts)
     if new.access_log != router.config.access_log or new.log_format != router.config.log_format:
         router.events.off_request_done(router.access_log.write if router.access_log else None)
         router.access_log = AccessLog(router.events, new.log_format) if new.access_log else None
+        logformat.use(new.log_format)
     live = msgspec.structs.replace(router.config, **{k: getattr(new, k) for k in LIVE_KEYS})
     router.config = live
     if router.proxy is not None:

@@ -16,16 +16,18 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from ..api import access
+from ..api.body_budget import BodyBudget
 from ..api.fairness import ClientLimits
 from ..api.ratelimits import RateLimits
 from ..config import CONFIG_ENV, RouterConfig
 from ..domain import Endpoint, model_key
-from ..events import Events
+from ..events import Events, RequestRecord
 from ..forward import moe
+from ..forward.extra_calls import charger
 from ..forward.proxy import Proxy
 from ..ops.accesslog import AccessLog
 from ..ops.history import history_for
-from ..ops.metrics import Metrics, spin_counter, state_gauges
+from ..ops.metrics import UNKNOWN_MODEL, Metrics, spin_counter, state_gauges
 from ..ops.usage.budgets import budget_source
 from ..ops.usage.store import make_usage
 from ..routing.context import Windows
@@ -72,10 +74,14 @@ class Router:
         )
         self.session_header = config.session_header.lower().encode("latin-1")
         self.events = Events()
+        self.events.on_request_done(self.label)  # (first: every other listener sees the label)
         self.client_limits = ClientLimits(access.caps_of(config), self.store, config.max_queue)
         self.rate_limits = RateLimits(config, self.store, self.events)  # rpm, tpm, tokens_per_day
+        self.charge = charger(self.rate_limits)  # a request's further backend calls, on its key's limits
         self.keys = access.keys_of(config)
         self.origins = access.Origins(config.allowed_origins)
+        self.hosts = access.Hosts(config.allowed_hosts)  # an open router's Host check
+        self.body_budget = BodyBudget(config.max_queued_body_bytes)  # bodies held while queued
         self.loop_lag = LoopLag()
         self.idle_spin = IdleSpin(config.idle_spin_us / 1e6)  # armed by the protocol (protocol.py)
         # full collections on a timer, not by growth (thousands of open streams)
@@ -133,8 +139,20 @@ class Router:
         self.reloads = reconfigure.Reloads(self)  # SIGHUP and POST /admin/reload, one at a time
 
     def serves(self, model: str) -> bool:
-        key = model_key(model)
+        """Does some endpoint serve `model` (for `moe-<model>`: `<model>`)?"""
+        key = model_key(model.removeprefix(moe.PREFIX))
         return any(ep.serves(key) for ep in self.endpoints)
+
+    def label(self, rec: RequestRecord) -> None:
+        """A finished request for a model no endpoint serves is named UNKNOWN_MODEL in what
+        every listener writes (spans, access lines, usage, the usage stream), as in /metrics:
+        a name the client chose is never kept as a label of its own."""
+        if rec.endpoint is None and rec.cache != "hit" and not self.serves(rec.model):
+            rec.model = UNKNOWN_MODEL
+
+    def model_label(self, model: str) -> str:
+        """What a live view shows of an arriving request's model (the usage stream's `start`)."""
+        return model if self.serves(model) else UNKNOWN_MODEL
 
     def require_admin(self, scope: Scope, what: str) -> None:
         """Routes that show or change what every client shares: the admin key only, when keys
@@ -147,7 +165,10 @@ class Router:
         from ..ops.usage.stream import UsageStream, snapshot_of
 
         return UsageStream(
-            self.events, lambda: snapshot_of(self.store, self.endpoints, self.metrics), self.require_admin
+            self.events,
+            lambda: snapshot_of(self.store, self.endpoints, self.metrics),
+            self.require_admin,
+            self.model_label,
         )
 
     async def start(self) -> None:

@@ -18,7 +18,8 @@ this module's hooks, which are registered with the first subscriber and removed 
 so nobody watching costs the request path nothing but an empty loop. They are the answering
 process's own requests (with `--workers N`, the worker this stream is connected to).
 
-A subscriber holds at most `MAX_PENDING` bytes of events not yet written. A reader slower
+A subscriber holds at most `MAX_PENDING` bytes of events not yet written (and one event
+whatever its size, so a reader is only dropped for its own slowness). A reader slower
 than the router drops past that, or when one write waits longer than `SEND_TIMEOUT`: it gets
 a last `dropped` event if it still can, and its connection is closed. Nothing is buffered
 without bound. Needs the admin key when any key is configured.
@@ -74,7 +75,9 @@ class Subscriber:
         if self.dropped:
             return
         self.size += len(event)
-        if self.size > MAX_PENDING:  # a reader this slow is let go, not waited for
+        # A reader this slow is let go, not waited for; one with nothing pending is never
+        # dropped, whatever the size of the event (it is written whole at the next flush).
+        if self.size > MAX_PENDING and len(self.items):
             self.dropped, self.size = True, 0
             self.items.clear()
         else:
@@ -93,9 +96,16 @@ class UsageStream:
     what)` refuses a reader who may not watch every client's traffic."""
 
     def __init__(
-        self, events: Events, snapshot: Callable[[], dict[str, Any]], require_admin: Callable[[Scope, str], None]
+        self,
+        events: Events,
+        snapshot: Callable[[], dict[str, Any]],
+        require_admin: Callable[[Scope, str], None],
+        label: Callable[[str], str] = lambda model: model,
     ) -> None:
+        """`label(model)`: what a `start` event shows of a model (a name no endpoint serves is a
+        placeholder, as everywhere; `done` events show the record's, already labelled)."""
         self.events = events
+        self.label = label
         self.snapshot = snapshot
         self.require_admin = require_admin
         self.subs: set[Subscriber] = set()
@@ -126,7 +136,7 @@ class UsageStream:
                 {
                     "t": round(time.time(), 3),
                     "request_id": rec.request_id,
-                    "model": rec.model,
+                    "model": self.label(rec.model),
                     "client": rec.client,
                     "api": rec.api,
                     "route": rec.route,
