@@ -137,6 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         # create every file for the router's user alone (0600), like the state files beside them.
         os.umask(os.umask(0) | 0o077)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
+    from .upstream import descriptors
+
+    before, now = descriptors.raise_soft_limit()  # (the workers inherit it)
+    logging.getLogger("nomyo_router").info(
+        "file descriptors: soft limit %d%s, hard %d",
+        now,
+        f" (raised from {before})" if now != before else "",
+        descriptors.limits()[1],
+    )
     settings = dict(
         host=args.host,
         port=args.port,

@@ -46,7 +46,7 @@ async def test_a_long_model_name_is_a_400_in_the_api_s_shape_and_recorded_nowher
 
 
 async def test_an_unknown_name_is_a_placeholder_in_access_lines_and_the_usage_stream(caplog):
-    caplog.set_level(logging.WARNING, logger="nomyo_router.access")
+    caplog.set_level(logging.INFO, logger="nomyo_router.access")
     got: list[tuple[str, dict[str, Any]]] = []
     async with run_mock(**FAST) as m, run_router({"endpoints": endpoints(m), "access_log": True}) as r:
         async with httpx.AsyncClient(timeout=10) as c, c.stream("GET", r.url + "/api/usage-stream") as stream:

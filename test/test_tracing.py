@@ -264,10 +264,50 @@ async def test_a_collector_that_is_down_costs_no_request():
                     await resp.read()
             exporter = r.router.tracer.exporter
             for _ in range(100):
-                if exporter.failed >= 6:
+                if exporter.failed >= 3:
                     break
                 await asyncio.sleep(0.05)
-            assert exporter.failed == 6 and exporter.exported == 0  # (a server and a client span each)
+            assert exporter.failed == 3 and exporter.exported == 0  # (counted in requests, not spans)
+
+
+async def test_a_black_hole_collector_holds_the_byte_budget_and_not_the_shutdown():
+    """A collector that accepts and never answers: the exporter's batch waits on it, the
+    requests finishing meanwhile are held up to `max_pending_bytes`, the rest dropped and
+    counted exactly in /metrics; closing takes about a second, not the export's timeout."""
+    hole = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # (never reads, never answers)
+    port = hole.sockets[0].getsockname()[1]
+    budget = 4096
+    try:
+        async with run_mock(**FAST) as m:
+            config = {
+                "endpoints": endpoints(m),
+                "tracing": {"endpoint": f"http://127.0.0.1:{port}", "max_pending_bytes": budget},
+            }
+            async with run_router(config) as r, aiohttp.ClientSession() as s:
+                exporter = r.router.tracer.exporter
+                body = {"model": "llama3", "prompt": "x", "stream": False}
+                async with s.post(r.url + "/api/generate", json=body) as resp:
+                    assert resp.status == 200
+                for _ in range(100):  # the first request's batch is sent into the hole
+                    if exporter.pending() == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                for _ in range(30):
+                    async with s.post(r.url + "/api/generate", json=body) as resp:
+                        assert resp.status == 200
+                    assert exporter.pending_bytes() <= budget
+                held = exporter.pending()
+                assert 1 <= held < 30 and exporter.over == 30 - held
+                await asyncio.sleep(0.1)  # (counted on the loop, handed from the exporter)
+                async with s.get(r.url + "/metrics") as resp:
+                    text = await resp.text()
+                line = next(x for x in text.splitlines() if 'what="traces_dropped"' in x and x.startswith("nomyo"))
+                assert float(line.split()[-1]) == exporter.over + exporter.failed
+                t0 = asyncio.get_running_loop().time()
+                await asyncio.to_thread(r.router.tracer.close)
+                assert asyncio.get_running_loop().time() - t0 < 3.0  # (the export's own timeout is 10 s)
+    finally:
+        hole.close()
 
 
 def test_settings_take_the_environment_where_the_file_is_silent():

@@ -34,6 +34,14 @@ class TracingConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_on
     service_name: Annotated[
         Name | None, doc("service.name of the spans' resource", default="OTEL_SERVICE_NAME, else nomyo-router")
     ] = None
+    max_pending_bytes: Annotated[
+        Bytes,
+        doc(
+            "memory: the bytes of finished requests a worker holds for the exporter while the "
+            "collector is slow or away; past it new requests' traces are dropped, counted in "
+            'nomyo_router_events_total{what="traces_dropped"} and in the warning'
+        ),
+    ] = 16 * 1024 * 1024
 
 
 class CacheConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=True):

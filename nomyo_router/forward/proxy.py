@@ -282,6 +282,14 @@ class Proxy:
             resp, data, first = await self._call(ep, path, body, timeout, translating, req.ctype, deadline)
         except UNREACHABLE as refused:
             raise RetryableFailure(f"unreachable ({type(refused).__name__})", unreachable=True) from None
+        except h1.OutOfDescriptors:  # the router's own shortage: no backend is blamed, none tried
+            self.events.count("descriptors_exhausted", ep.name, req.key)
+            raise ApiError(
+                503,
+                "the router is out of file descriptors; please try again",
+                code="out_of_descriptors",
+                retry_after=self.config.retry_after,
+            ) from None
         except TimeoutError:
             raise RetryableFailure(f"no first byte within {deadline:.1f}s (hung?)") from None
         except h1.ClientError as e:  # disconnected or cut before we sent a byte

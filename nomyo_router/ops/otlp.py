@@ -9,7 +9,9 @@ attempt (failed ones included), whose id is the `traceparent` the backend was se
 Never prompt text: only names, counts and times.
 
 A collector that is down or slow costs the batch, never a request: a batch that cannot be
-sent is dropped and counted, with a warning at most once a minute.
+sent is dropped; so are new requests' traces while those waiting would pass
+`tracing.max_pending_bytes`. Both are counted exactly, in requests, in
+`nomyo_router_events_total{what="traces_dropped"}` and in a warning at most once a minute.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import http.client
 import logging
 import threading
 import time
+from collections.abc import Callable
 from random import getrandbits
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
@@ -48,7 +51,10 @@ _LOCAL_PARENT, _REMOTE_PARENT = 0x101, 0x301
 
 class Exporter:
     """Finished requests in, OTLP out. `submit` runs on the event loop (a deque append); the
-    rest on the exporter's own thread, started with the router."""
+    rest on the exporter's own thread, started with the router.
+
+    The bytes waiting are two running totals, each written by one thread only (`_in` by the
+    loop's `submit`, `_out` by the thread as it takes a batch), so no lock is needed."""
 
     def __init__(self, settings: Settings) -> None:
         parts = urlsplit(settings.url)
@@ -61,8 +67,13 @@ class Exporter:
             **settings.headers,
         }
         self.service_name = settings.service_name
-        self.exported = self.failed = 0  # spans sent; spans dropped (collector down or refusing)
-        self._queue: collections.deque[RequestRecord] = collections.deque()
+        self.budget = settings.max_pending_bytes
+        self.exported = 0  # spans sent
+        self.failed = 0  # requests whose spans the collector did not take (down, slow or refusing)
+        self.over = 0  # requests not queued: those waiting held the budget
+        self._queue: collections.deque[tuple[RequestRecord, int]] = collections.deque()
+        self._in = self._out = 0  # bytes queued, bytes taken off the queue
+        self._on_drop: Callable[[int], None] = _nobody
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -81,19 +92,33 @@ class Exporter:
     def pending(self) -> int:
         return len(self._queue)
 
-    def submit(self, rec: RequestRecord) -> None:
-        self._queue.append(rec)
+    def pending_bytes(self) -> int:
+        return self._in - self._out
+
+    def submit(self, rec: RequestRecord, cost: int) -> None:
+        """Queue `rec`, which holds `cost` bytes (`trace_data.pending_bytes`)."""
+        self._in += cost
+        self._queue.append((rec, cost))
         if len(self._queue) == BATCH:
             self._wake.set()
 
-    def start(self) -> None:
-        """Start the thread (in each worker, after the fork), and fix the clock's offset."""
+    def drop_unqueued(self) -> None:
+        """A finished request's trace is dropped: those waiting hold the budget."""
+        self.over += 1
+        self._on_drop(1)
+        self._warn("those waiting hold tracing.max_pending_bytes")
+
+    def start(self, on_drop: Callable[[int], None] = lambda n: None) -> None:
+        """Start the thread (in each worker, after the fork), and fix the clock's offset.
+        `on_drop(n)`: told, from either thread, when `n` requests' traces are dropped."""
+        self._on_drop = on_drop
         self._offset_ns = time.time_ns() - int(time.perf_counter() * 1e9)
         self._thread = threading.Thread(target=self._run, name="nomyo-otlp", daemon=True)
         self._thread.start()
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Send what is left (within `timeout`), then stop."""
+    def close(self, timeout: float) -> None:
+        """Send what is left within `timeout`, then stop (what is still unsent then is lost
+        with the process: a dead collector never holds a shutdown longer)."""
         self._stop = True
         self._wake.set()
         if self._thread is not None:
@@ -108,7 +133,9 @@ class Exporter:
             try:
                 while self._queue:
                     n = min(BATCH, len(self._queue))
-                    self._send([self._queue.popleft() for _ in range(n)])
+                    batch = [self._queue.popleft() for _ in range(n)]
+                    self._out += sum(cost for _, cost in batch)
+                    self._send([rec for rec, _ in batch])
             except Exception:  # never let the thread die: the next batch may go through
                 log.exception("trace export failed")
             if stopping:
@@ -117,7 +144,8 @@ class Exporter:
                 return
 
     def _send(self, recs: list[RequestRecord]) -> None:
-        body, n = self.encode(recs)
+        body, spans = self.encode(recs)
+        n = len(recs)
         for attempt in range(2):  # (once more on a fresh connection: a kept-alive one may be stale)
             try:
                 if self._conn is None:
@@ -127,7 +155,7 @@ class Exporter:
                 resp = self._conn.getresponse()
                 resp.read()
                 if 200 <= resp.status < 300:
-                    self.exported += n
+                    self.exported += spans
                     return
                 self._fail(n, f"the collector answered HTTP {resp.status}")
                 return
@@ -139,17 +167,26 @@ class Exporter:
                     self._fail(n, f"{type(e).__name__}: {e}")
 
     def _fail(self, n: int, why: str) -> None:
+        """`n` requests' spans were not taken by the collector."""
         self.failed += n
+        self._on_drop(n)
+        self._warn(why)
+
+    def _warn(self, why: str) -> None:
         now = time.monotonic()
         if now - self._warned > 60:
             self._warned = now
             log.warning(
-                "traces not exported to %s:%d%s (%s); %d spans dropped so far",
+                "traces not exported to %s:%d%s (%s); traces of %d requests dropped so far "
+                "(%d the collector did not take, %d not queued: over %d bytes waiting)",
                 self.host,
                 self.port,
                 self.path,
                 why,
+                self.failed + self.over,
                 self.failed,
+                self.over,
+                self.budget,
             )
 
     def encode(self, recs: list[RequestRecord]) -> tuple[bytes, int]:
@@ -323,3 +360,7 @@ def _tokens(attrs: Any, rec: RequestRecord) -> None:
         _i(attrs, "gen_ai.usage.input_tokens", rec.prompt_tokens)
     if rec.completion_tokens is not None:
         _i(attrs, "gen_ai.usage.output_tokens", rec.completion_tokens)
+
+
+def _nobody(n: int) -> None:
+    """`on_drop` before `start`: nobody to tell."""

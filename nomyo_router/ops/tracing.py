@@ -15,6 +15,7 @@ into Unix nanoseconds in the batch (one offset, taken at start).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import os
@@ -28,14 +29,14 @@ from ..config import ConfigError, RouterConfig
 from ..domain import Endpoint
 from ..events import Events, RequestRecord
 from ..upstream.h1 import Response, TimeoutLike, Upstream
-from .trace_data import Attempt, Settings, Trace, request_params
+from .trace_data import Attempt, Settings, Trace, pending_bytes, request_params
 
 if TYPE_CHECKING:
     from .otlp import Exporter
 
 log = logging.getLogger("nomyo_router.tracing")
 
-MAX_PENDING = 65536  # finished requests waiting for the exporter; beyond, new ones are dropped (counted)
+CLOSE_S = 1.0  # at shutdown, the longest the exporter may take to send what is left
 _ALL = 1 << 64  # a trace is sampled when its id's low 64 bits are below ratio x 2^64 (OTel's TraceIdRatioBased)
 # gen_ai.operation.name by the request's kind (the GenAI conventions' names where they have one)
 OPERATIONS = {
@@ -74,8 +75,27 @@ class Tracer:
         self.settings = settings
         self.exporter = exporter
         self.bound = int(settings.sample_ratio * _ALL)
-        self.dropped = 0
+        self.budget = settings.max_pending_bytes
+        self._events = events
         events.on_request_done(self.done)
+
+    def start(self) -> None:
+        """Start the exporter (in each worker, on its event loop): the requests whose traces it
+        drops, from either thread, are counted on this loop."""
+        loop = asyncio.get_running_loop()
+        events = self._events
+
+        def count(n: int) -> None:
+            for _ in range(n):
+                events.count("traces_dropped", "", "")
+
+        def told(n: int) -> None:
+            try:
+                loop.call_soon_threadsafe(count, n)
+            except RuntimeError:  # the loop is closed (shutting down): nothing scrapes it any more
+                pass
+
+        self.exporter.start(told)
 
     def begin(
         self, rec: RequestRecord, scope: Scope, kind: str, key: str, t0: float, body: dict[str, Any] | None = None
@@ -100,13 +120,15 @@ class Tracer:
         trace = rec.trace
         if not isinstance(trace, Trace) or not trace.sampled:
             return
-        if self.exporter.pending() >= MAX_PENDING:
-            self.dropped += 1
+        cost = pending_bytes(rec, trace)
+        exporter = self.exporter
+        if exporter.pending_bytes() + cost > self.budget:  # (the collector is slow or away)
+            exporter.drop_unqueued()
             return
-        self.exporter.submit(rec)
+        exporter.submit(rec, cost)
 
     def close(self) -> None:
-        self.exporter.close()
+        self.exporter.close(CLOSE_S)
 
 
 class TracedUpstream(Upstream):

@@ -40,6 +40,7 @@ from ..upstream.h1 import Upstream
 from ..upstream.health import Health
 from ..upstream.session import ManageSession
 from . import reconfigure
+from .descriptor_watch import DescriptorWatch
 from .gc_pacing import GcPace
 from .handlers import Handlers
 from .idle_spin import IdleSpin
@@ -83,6 +84,7 @@ class Router:
         self.hosts = access.Hosts(config.allowed_hosts)  # an open router's Host check
         self.body_budget = BodyBudget(config.max_queued_body_bytes)  # bodies held while queued
         self.loop_lag = LoopLag()
+        self.descriptor_watch = DescriptorWatch(self.events)
         self.idle_spin = IdleSpin(config.idle_spin_us / 1e6)  # armed by the protocol (protocol.py)
         # full collections on a timer, not by growth (thousands of open streams)
         self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
@@ -178,11 +180,12 @@ class Router:
         if self.cache is not None:
             await self.cache.start()
         self.loop_lag.start()
+        self.descriptor_watch.start()
         self.rate_limits.start()
         if self.gc is not None:
             self.gc.start()
         if self.tracer is not None:
-            self.tracer.exporter.start()
+            self.tracer.start()
         await self.discovery.start()  # (models and context windows known before serving)
         if any(e.kv_events for e in self.config.endpoints):
             from ..routing import kv_events
@@ -210,6 +213,7 @@ class Router:
         if self.windows is not None:
             self.windows.close()
         await self.loop_lag.stop()
+        await self.descriptor_watch.stop()
         await self.rate_limits.stop()
         if self.gc is not None:
             self.gc.stop()
@@ -218,7 +222,7 @@ class Router:
         if self.cache is not None:
             await self.cache.close()
         self.upstream.close()
-        if self.tracer is not None:  # (what is left is sent, within a few seconds)
+        if self.tracer is not None:  # (what is left is sent, within a second)
             await asyncio.to_thread(self.tracer.close)
         await self.manage_session.close()
         await self.store.close()

@@ -189,6 +189,11 @@ static int decode(stream_t *s, const char *d, size_t n) {
         case S_TRAILER:
             if (c == '\r') {
                 s->state = S_END_LF;
+            } else if (c == '\n') { /* a bare LF ends the trailer section too (RFC 9112 2.2, as h11 reads it) */
+                s->state = S_DONE;
+                i++;
+                if (i < n) s->dirty = 1;
+                return 0;
             } else {
                 s->dirty = 1;
                 s->state = S_TRAILER_LINE;
@@ -608,8 +613,51 @@ static PyObject *marked(PyObject *module, PyObject *arg) {
     Py_RETURN_FALSE;
 }
 
+/* frame(data, cuts) -> (outcome, payload, dirty): `data` decoded as a chunked body by the
+ * pump's own decode(), in pieces split at the ascending offsets in `cuts` (as reads would
+ * bring it). outcome 0: more is needed; END or END_DIRTY: the body ended (dirty: trailers, or
+ * bytes after it in the same piece); BAD: malformed. The differential fuzz of the framing
+ * against a reference parser drives this (test/test_pump_fuzz.py): the very code every read
+ * of a relayed stream runs, without the sockets around it. */
+static PyObject *frame(PyObject *module, PyObject *args) {
+    const char *d;
+    Py_ssize_t n;
+    PyObject *cuts;
+    if (!PyArg_ParseTuple(args, "y#O", &d, &n, &cuts)) return NULL;
+    PyObject *seq = PySequence_Fast(cuts, "cuts: a sequence of offsets");
+    if (seq == NULL) return NULL;
+    stream_t s;
+    memset(&s, 0, sizeof s);
+    s.state = S_SIZE;
+    Py_ssize_t at = 0, k = 0, m = PySequence_Fast_GET_SIZE(seq);
+    int outcome = 0;
+    while (at < n && !outcome) {
+        Py_ssize_t next = n;
+        while (k < m) {
+            Py_ssize_t c = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, k++));
+            if (c == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                buf_free(&s.pending);
+                return NULL;
+            }
+            if (c > at && c < n) {
+                next = c;
+                break;
+            }
+        }
+        outcome = decode(&s, d + at, (size_t)(next - at));
+        at = next;
+        if (!outcome && s.state == S_DONE) outcome = s.dirty ? EV_END_DIRTY : EV_END;
+    }
+    Py_DECREF(seq);
+    PyObject *t = Py_BuildValue("(iy#i)", outcome, s.pending.p ? s.pending.p : "", (Py_ssize_t)s.pending.len, s.dirty);
+    buf_free(&s.pending);
+    return t;
+}
+
 static PyMethodDef module_methods[] = {
     {"marked", marked, METH_O, "marked(data) -> whether data holds the bytes \"error\""},
+    {"frame", frame, METH_VARARGS, "frame(data, cuts) -> (outcome, payload, dirty): decode() over pieces"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,6 +20,7 @@ from ..domain import Endpoint, model_key
 from ..routing.scheduler import Scheduler
 from ..state import StateStore
 from . import h1
+from .errors import OutOfDescriptors
 from .health import Health
 from .model_sync import ModelSync, Snapshot
 
@@ -188,6 +189,8 @@ class Discovery:
                 await self._detect(ep)
             else:
                 await self._get(ep, "/api/version" if ep.type == "ollama" else "/v1/models")
+        except OutOfDescriptors:  # (the router's own shortage says nothing of the backend)
+            return
         except Exception as e:
             self.health.probe(ep, False, _describe(e), timed_out=isinstance(e, TimeoutError), started=started)
             return
@@ -231,6 +234,8 @@ class Discovery:
             elif ep.static_models is None:
                 data = await self._get(ep, "/v1/models")
                 snap["openai"] = [m for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+        except OutOfDescriptors:
+            return None
         except Exception as e:
             log.warning(
                 "endpoint %s: model refresh failed (%s); keeping %d known models", ep.name, _describe(e), len(ep.models)

@@ -16,6 +16,11 @@ class Unreachable(ClientError):
     """Could not connect: the backend is not there."""
 
 
+class OutOfDescriptors(ClientError):
+    """Could not connect because this process (or the system) is out of file descriptors:
+    the router's own shortage, never counted against the backend (`descriptors.py`)."""
+
+
 class Disconnected(ClientError):
     """The connection closed before the answer's status line."""
 

@@ -36,11 +36,14 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
+from . import descriptors
+
 # (callers name these h1.ClientError, h1.Response, ...: re-exported)
 from .errors import ClientError as ClientError
 from .errors import Cut as Cut
 from .errors import Disconnected as Disconnected
 from .errors import Headers as Headers
+from .errors import OutOfDescriptors as OutOfDescriptors
 from .errors import Timeout as Timeout
 from .errors import TooLarge as TooLarge
 from .errors import Unreachable as Unreachable
@@ -103,6 +106,9 @@ class Pool:
             async with asyncio.timeout(connect_s):
                 _, conn = await loop.create_connection(Conn, self.host, self.port, ssl=self.ssl)
         except (OSError, TimeoutError) as e:
+            if e.errno in descriptors.EXHAUSTED or "Too many open files" in str(e):  # (or several addresses' errors)
+                descriptors.exhausted("connect", f"to {self.host}:{self.port}")
+                raise OutOfDescriptors(f"cannot connect to {self.host}:{self.port}: out of file descriptors") from None
             raise Unreachable(f"cannot connect to {self.host}:{self.port}: {type(e).__name__}: {e}") from None
         return conn
 
