@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium bench compiled sanitize clean
+.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium compose bench compiled sanitize clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,12 @@ chromium:
 	  echo "installing chromium and chromium-driver from the distribution (browser tests)"; \
 	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null; }
 
+# `docker compose config` checks deploy/compose.yaml offline (test_deploy_container.py)
+compose:
+	@{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; } || { \
+	  echo "installing docker-compose from the distribution (checks deploy/compose.yaml)"; \
+	  (apt-get update -qq && apt-get install -y -qq docker-compose) >/dev/null; }
+
 wrk:
 	@command -v wrk >/dev/null 2>&1 || { \
 	  echo "installing wrk from the distribution"; \
@@ -44,7 +50,7 @@ wrk:
 demo: setup
 	$(BIN)/python loadtest.py --mock-backend --ramp $(RAMP)
 
-test: setup-test lint docs redis chromium sanitize
+test: setup-test lint docs redis chromium compose sanitize
 	$(BIN)/python -m pytest -q
 
 # the CLI reference is generated from the programs' --help first; --strict fails on any

@@ -22,8 +22,7 @@ PROGRAMS = [
 HEAD = """# Command-line reference
 
 Every flag of the three programs `pip install` puts on PATH, with its default, exactly as
-their `--help` prints it (this page is generated from it by `docs/cli_reference.py`; the
-programs name themselves `loadtest` and `python -m mock` in their usage lines). Guides:
+their `--help` prints it (this page is generated from it by `docs/cli_reference.py`). Guides:
 [getting started](getting-started.md), [the load tester](loadtest.md), [the mock](mock.md).
 """
 

@@ -1,12 +1,12 @@
-"""`loadtest compare BASELINE.json CURRENT.json`: gate CI on regressions.
+"""`nomyo-loadtest compare BASELINE.json CURRENT.json`: gate CI on regressions.
 
-  loadtest compare base.json cur.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
-  loadtest compare base.json cur.json --max-regression 10% --advisory p99,ttft_p99
+  nomyo-loadtest compare base.json cur.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
+  nomyo-loadtest compare base.json cur.json --max-regression 10% --advisory p99,ttft_p99
 
 Stages are matched by target, mode and load; runs whose ramps, models, APIs, endpoints or
 streaming differ are not comparable (exit 2). A gated metric regresses when it moves the
 wrong way (throughput and goodput down; latency and TTFT up) by more than its threshold
-AND by more than the noise: with `loadtest --repeat N` on both sides, the 95% bootstrap
+AND by more than the noise: with `nomyo-loadtest --repeat N` on both sides, the 95% bootstrap
 interval of the change of the median must lie wholly on the bad side of zero (see
 loadtest/noise.py); without repetitions only the threshold applies. The error rate
 regresses when it rises by more than `--max-error-increase` (absolute). Exit 0: no
@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import noise
@@ -77,8 +78,13 @@ def parse_names(text: str) -> set[str]:
 
 
 def _load(path: str) -> dict[str, Any]:
-    with open(path) as f:
-        doc = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON file ({e}); expected a `nomyo-loadtest --json` report") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a `nomyo-loadtest --json` report (a JSON object), got {type(doc).__name__}")
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: schema {doc.get('schema')!r}, expected {SCHEMA!r}")
     return doc
@@ -180,7 +186,7 @@ def _median(stage: dict[str, Any], key: str) -> float:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
-        prog="loadtest compare",
+        prog="nomyo-loadtest compare",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
@@ -214,13 +220,13 @@ def main(argv: list[str]) -> int:
     try:
         base, cur = _load(args.baseline), _load(args.current)
     except (OSError, ValueError) as e:
-        console.print(f"[red]compare:[/] {e}")
+        console.print(f"[red]compare:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     why = incomparable(base, cur)
     if why is None and not cur["stages"]:
         why = "the current run has no stages"
     if why:
-        console.print(f"[red]NOT COMPARABLE:[/] {why}", highlight=False, soft_wrap=True)
+        console.print(f"[red]NOT COMPARABLE:[/] {escape(why)}", highlight=False, soft_wrap=True)
         return 2
     rows, regressed = compare(base, cur, args.max_regression, args.max_error_increase, args.advisory)
     t = Table(
@@ -234,7 +240,7 @@ def main(argv: list[str]) -> int:
             change, interval, thr = f"{r['change']:+.4f}", "-", f"+{r['threshold']:.4f}"
         else:
             lo, hi = r["interval"]
-            change, interval, thr = f"{r['change']:+.1%}", f"[{lo:+.1%}, {hi:+.1%}]", f"{r['threshold']:.0%}"
+            change, interval, thr = f"{r['change']:+.1%}", escape(f"[{lo:+.1%}, {hi:+.1%}]"), f"{r['threshold']:.0%}"
         reps = f"{r['reps'][0]}/{r['reps'][1]}" if r["reps"] else "-"
         verdict = {
             "REGRESSED": "[red]REGRESSED[/]",
@@ -242,12 +248,20 @@ def main(argv: list[str]) -> int:
             "noise": "[yellow]within noise[/]",
         }.get(r["verdict"], "ok")
         t.add_row(
-            r["stage"], r["metric"], f"{r['baseline']:.4g}", f"{r['current']:.4g}", change, interval, thr, reps, verdict
+            escape(r["stage"]),
+            r["metric"],
+            f"{r['baseline']:.4g}",
+            f"{r['current']:.4g}",
+            change,
+            interval,
+            thr,
+            reps,
+            verdict,
         )
     console.print(t)
     if regressed:
         bad = sorted({f"{r['metric']} at {r['stage']}" for r in rows if r["verdict"] == "REGRESSED"})
-        console.print("[red]REGRESSION:[/] " + "; ".join(bad), highlight=False, soft_wrap=True)
+        console.print("[red]REGRESSION:[/] " + escape("; ".join(bad)), highlight=False, soft_wrap=True)
         return 1
     console.print("[green]no regression[/]")
     return 0

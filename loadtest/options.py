@@ -1,6 +1,6 @@
 """The load tester's command line: every flag, its default and its help, in one parser.
 
-`loadtest --help` prints USAGE below as its epilog; docs/cli-reference.md is generated
+`nomyo-loadtest --help` prints USAGE below as its epilog; docs/cli-reference.md is generated
 from that output.
 """
 
@@ -9,21 +9,22 @@ from __future__ import annotations
 import argparse
 
 from mock.config import MockConfig, add_arguments
+from mock.version import PrintVersion
 
 from . import dataset as dataset_mod
 from . import prefix as prefix_mod
 from . import search as search_mod
 from . import slo as slo_mod
 
-USAGE = """loadtest: drive a router or an LLM server, ramp to the knee, report and gate.
+USAGE = """nomyo-loadtest: drive a router or an LLM server, ramp to the knee, report and gate.
 
-  python loadtest.py --mock-backend --ramp 8,32,64,128          # spawn mock + router, ramp
-  python loadtest.py --url http://127.0.0.1:12434 --concurrency 32
-  python loadtest.py --serve-mock --mock-port 11434              # only the mock
-  python loadtest.py --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
-  python loadtest.py --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
-  python loadtest.py --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
-  loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
+  nomyo-loadtest --mock-backend --ramp 8,32,64,128          # spawn mock + router, ramp
+  nomyo-loadtest --url http://127.0.0.1:12434 --concurrency 32
+  nomyo-loadtest --serve-mock --mock-port 11434              # only the mock
+  nomyo-loadtest --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
+  nomyo-loadtest --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
+  nomyo-loadtest --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
+  nomyo-loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
 """
 
 # The mock the load tester spawns is cheap and wide, so the router is what gets measured.
@@ -66,8 +67,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="loadtest", description=USAGE.split("\n\n")[0], formatter_class=_Formatter, epilog=USAGE
+        prog="nomyo-loadtest", description=USAGE.split("\n\n")[0], formatter_class=_Formatter, epilog=USAGE
     )
+    p.add_argument("--version", action=PrintVersion)
     mode = p.add_argument_group("mode")
     mode.add_argument("--url", default="http://127.0.0.1:12434", help="server to drive (default mode)")
     mode.add_argument("--mock-backend", action="store_true", help="spawn mock(s) and a router, drive the router")

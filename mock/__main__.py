@@ -1,4 +1,4 @@
-"""python -m mock --port 11434 --ttft-ms 300 --tokens 200 --tok-ms 25 --models llama3,qwen2.5:7b"""
+"""nomyo-mock --port 11434 --ttft-ms 300 --tokens 200 --tok-ms 25 --models llama3,qwen2.5:7b"""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import sys
 
 from .config import add_arguments, from_namespace
 from .runner import serve_forever
+from .version import PrintVersion
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mock", description="A fake Ollama/OpenAI backend with slots, a KV cache and faults."
+        prog="nomyo-mock", description="A fake Ollama/OpenAI backend with slots, a KV cache and faults."
     )
+    parser.add_argument("--version", action=PrintVersion)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=11434, help="port to listen on (default: %(default)s)")
     add_arguments(parser)

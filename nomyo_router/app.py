@@ -51,6 +51,7 @@ from .state import QueueFull
 from .upstream.unload import is_unload, unload
 
 log = logging.getLogger("nomyo_router")
+PROBE_TYPE = b"text/plain; charset=utf-8"
 
 
 _request_ids = itertools.count(1)
@@ -306,6 +307,16 @@ class RouterApp:
         )
         await send_response(send, status, body)
 
+    async def livez(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        """The process answers: a liveness probe (also while the router starts)."""
+        await send_response(send, 200, b"ok\n", PROBE_TYPE)
+
+    async def readyz(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        """Started and at least one backend healthy: a readiness probe. Nothing else is shown."""
+        router = self.router
+        ok = router is not None and listing.ready(router.endpoints, router.store)
+        await send_response(send, 200 if ok else 503, b"ok\n" if ok else b"not ready\n", PROBE_TYPE)
+
     async def model(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         status, body = listing.openai_model(
             self._router().endpoints, scope["path"][len("/v1/models/") :], listing.visible_to(scope.get("nomyo.client"))
@@ -363,6 +374,10 @@ ROUTES.update(
         ("HEAD", "/api/tags"): RouterApp.listing,
         ("GET", "/v1/models"): RouterApp.listing,
         ("GET", "/health"): RouterApp.health,
+        ("GET", "/livez"): RouterApp.livez,
+        ("HEAD", "/livez"): RouterApp.livez,
+        ("GET", "/readyz"): RouterApp.readyz,
+        ("HEAD", "/readyz"): RouterApp.readyz,
         ("GET", "/metrics"): RouterApp.metrics,
         ("GET", "/"): RouterApp.root,
         ("HEAD", "/"): RouterApp.root,

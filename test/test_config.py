@@ -250,7 +250,12 @@ def test_every_declared_bound_is_named_in_its_error(where, name, spec):
         ("max_queue", 10.5, "max_queue: expected an integer >= 0, got 10.5"),
         ("access_log", "yes", "access_log: expected true or false, got 'yes'"),
         ("routing", "fastest", "routing: expected one of 'cache_aware', 'least_busy', 'sglang', got 'fastest'"),
-        ("state", "postgres://x", "state: expected 'auto', 'memory', 'shared' or a redis:// URL, got 'postgres://x'"),
+        (
+            "state",
+            "postgres://x",
+            "state: expected 'auto', 'memory', 'shared', a redis:// URL or "
+            "redis+sentinel://host:port[,host:port]/service, got 'postgres://x'",
+        ),
         ("usage_db", " ", "usage_db: expected a file path (e.g. ./nomyo-usage.db) or null"),
     ],
 )
@@ -368,3 +373,17 @@ def test_every_pattern_says_its_valid_values_in_words():
         for name, spec in specs(struct).items():
             assert "pattern" not in spec.constraints or "expected" in spec.extra, name
             assert spec.description, f"{struct.__name__}.{name} has no doc"
+
+
+def test_state_is_taken_from_the_environment_when_the_file_says_so(monkeypatch):
+    """How the kustomize redis component points the user's own config at its Redis."""
+    data = {"endpoints": ["http://x"], "state": "${NOMYO_TEST_STATE:-auto}"}
+    monkeypatch.delenv("NOMYO_TEST_STATE", raising=False)
+    assert parse_config(data).state == "auto"
+    monkeypatch.setenv("NOMYO_TEST_STATE", "redis://nomyo-router-redis:6379/0")
+    assert parse_config(data).state == "redis://nomyo-router-redis:6379/0"
+    with pytest.raises(ConfigError) as e:
+        parse_config({"endpoints": ["http://x"], "state": "${NOMYO_TEST_UNSET}"})
+    assert str(e.value) == (
+        "state: environment variable ${NOMYO_TEST_UNSET} is not set; export it or write ${NOMYO_TEST_UNSET:-default}"
+    )

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,11 +55,36 @@ def test_dockerfile_shape():
     assert container_command() == ["nomyo-router", "--config", CONTAINER_CONFIG, "--host", "0.0.0.0"]
     assert ("EXPOSE", "12434") in final
     health = [a for i, a in final if i == "HEALTHCHECK"]
-    assert health and "/health" in health[0] and "12434" in health[0]
+    assert health and "/readyz" in health[0] and "12434" in health[0]
+    assert "python" not in health[0]  # no interpreter started every 10 s
     for i, a in steps:  # everything the build copies from the context exists
         if i == "COPY" and not a.startswith("--from"):
             for src in a.split()[:-1]:
                 assert (ROOT / src).exists(), src
+
+
+def test_the_image_installs_the_tracing_and_kv_events_extras():
+    """The wheels are built with the extras' dependencies, and the final stage installs the
+    router with those extras from them (not the router's wheel alone: `tracing:` in a config
+    must work in the image)."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    wanted = {"tracing", "kv-events"}
+    assert wanted <= set(extras)
+    steps = dockerfile()
+    last = max(n for n, (i, _) in enumerate(steps) if i == "FROM")
+    build, final = steps[:last], steps[last:]
+
+    def installed_extras(line: str, command: str) -> set[str]:
+        found = re.search(rf"{command} [^&]*?[\"']?(?:\.|nomyo-router)\[([a-z,-]+)\]", line)
+        return set(found.group(1).split(",")) if found else set()
+
+    wheels = [a for i, a in build if i == "RUN" and "pip wheel" in a]
+    assert wheels and wanted <= installed_extras(wheels[0].split("&&")[-1], "pip wheel"), wheels
+    installs = [a for i, a in final if i == "RUN" and "pip install" in a]
+    assert installs and wanted <= installed_extras(installs[0], "pip install"), installs
+    assert "--no-index" in installs[0] and "/wheels" in installs[0]  # from the wheels built, nothing fetched
 
 
 def test_make_lint_covers_the_deploy_files(tmp_path):
@@ -111,9 +135,16 @@ def test_compose_config_by_docker_compose():
             "test_compose_structure checks the file without them"
         )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOMYO_", "OLLAMA_", "COMPOSE_"))}
+    refused = run([*cli, "-f", str(COMPOSE.relative_to(ROOT)), "config"], env=env)
+    assert refused.returncode != 0 and "NOMYO_ADMIN_KEY" in refused.stderr  # no admin key, no router
+    env["NOMYO_ADMIN_KEY"] = "admin-key-0123456789"
     out = run([*cli, "-f", str(COMPOSE.relative_to(ROOT)), "config"], env=env)  # from the root, as documented
     assert out.returncode == 0, out.stderr
     rendered = yaml.safe_load(out.stdout)
+    [published] = rendered["services"]["router"]["ports"]  # (the long form from compose v2, short from v1)
+    if isinstance(published, dict):
+        published = f"{published['host_ip']}:{published['published']}:{published['target']}"
+    assert published.removesuffix("/tcp") == "127.0.0.1:12434:12434"
     assert set(rendered["services"]) == {"router", "redis", "ollama"}
     router = rendered["services"]["router"]
     assert Path(router["build"]["context"]) == ROOT  # the build context is the repository
@@ -127,7 +158,13 @@ def test_compose_structure():
     services = compose()["services"]
     assert set(services) == {"router", "redis", "ollama"}
     router = services["router"]
-    assert router["build"]["context"] == ".." and router["ports"] == ["12434:12434"]
+    assert router["build"]["context"] == ".."
+    # published on the loopback only, unless NOMYO_ROUTER_ADDRESS says otherwise
+    [port] = router["ports"]
+    address = re.fullmatch(r"\$\{NOMYO_ROUTER_ADDRESS:-([0-9.]+)\}:12434:12434", port)
+    assert address and address.group(1) == "127.0.0.1", port
+    # the admin key: required (compose stops with the message), and read by the config
+    assert re.fullmatch(r"\$\{NOMYO_ADMIN_KEY:\?.+\}", router["environment"]["NOMYO_ADMIN_KEY"])
     command = ["nomyo-router", *router["command"]]
     assert command[: len(container_command())] == container_command()  # the image's own command
     assert command[len(container_command()) :] == ["--workers", "2"]
@@ -138,8 +175,9 @@ def test_compose_structure():
     assert services["ollama"]["image"].startswith("ollama/ollama:")
     assert services["redis"]["image"].startswith("redis:") and "profiles" not in services["redis"]
     config = COMPOSE.parent / default_file.group(1)
-    check_config(config)
+    check_config(config, env={"NOMYO_ADMIN_KEY": "admin-key-0123456789"})
     data = yaml.safe_load(config.read_text())
+    assert data["admin_key"] == "${NOMYO_ADMIN_KEY}"
     assert {re.match(r"https?://([^:/]+)", e["url"]).group(1) for e in data["endpoints"]} == {"ollama"}
     assert data["state"] == "redis://redis:6379/0"  # the workers (and any other instance) share Redis
     grace = re.fullmatch(r"(\d+)s", router["stop_grace_period"])
@@ -158,7 +196,7 @@ def backend() -> Iterator[MockProcess]:
 def test_the_container_command_serves_health_outside_a_container(tmp_path, backend):
     """The image's ENTRYPOINT + CMD, with the mounted config's path pointing at a config for the
     mock and a free port added (the last --port wins), from the image's working directory; then
-    the HEALTHCHECK's own command."""
+    the HEALTHCHECK's own command (bash asking /readyz)."""
     config, port = write_config(tmp_path, backend), free_port()
     command = [
         tool(a) if a == "nomyo-router" else str(config) if a == CONTAINER_CONFIG else a for a in container_command()
@@ -169,8 +207,9 @@ def test_the_container_command_serves_health_outside_a_container(tmp_path, backe
     proc = serve(command, workdir, {}, port)
     try:
         check = [json.loads(a.split("CMD", 1)[1]) for i, a in dockerfile() if i == "HEALTHCHECK"][0]
-        check = [sys.executable if a == "python" else a.replace("12434", str(port)) for a in check]
+        check = [a.replace("12434", str(port)) for a in check]
         assert run(check).returncode == 0
     finally:
         assert stop(proc) == 0
+    assert run(check).returncode != 0  # and it fails once nothing answers
     assert (workdir / "nomyo-usage.db").exists()  # the usage database lands in the working directory

@@ -1,7 +1,7 @@
 """`pip install .` puts the three programs on PATH: a wheel built from this tree declares
 `nomyo-router`, `nomyo-loadtest` and `nomyo-mock`, carries the router, the load tester and
 the mock, and installed into a fresh venv (without downloading dependencies: the project's
-venv lends them) its `nomyo-router --version` prints the version."""
+venv lends them) each program's `--version` prints the version and its help names it as installed."""
 
 from __future__ import annotations
 
@@ -103,11 +103,13 @@ def test_nomyo_router_version_from_a_fresh_venv(wheel, tmp_path):
     for name in SCRIPTS:
         assert (env_dir / "bin" / name).exists(), name
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    out = subprocess.run(
-        [str(env_dir / "bin" / "nomyo-router"), "--version"], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"nomyo-router {version}"
+    for name in SCRIPTS:  # each names itself as installed, in --version and in its usage line
+        out = subprocess.run([str(env_dir / "bin" / name), "--version"], capture_output=True, text=True, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"{name} {version}"
+        usage = subprocess.run([str(env_dir / "bin" / name), "--help"], capture_output=True, text=True, cwd=tmp_path)
+        assert usage.returncode == 0 and usage.stdout.startswith(f"usage: {name} "), usage.stdout[:200]
+        assert "python -m mock" not in usage.stdout and "python loadtest.py" not in usage.stdout
     where = subprocess.run(
         [
             str(fresh_python),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -92,6 +93,18 @@ def test_runs_that_cannot_be_compared_exit_2(tmp_path, capsys, cur, why):
     assert _compare(tmp_path, _doc(_stage(100, 50)), cur) == 2
     out = capsys.readouterr().out
     assert "NOT COMPARABLE" in out and why in out
+    if why == "different stages":  # the stage lists, brackets and all (not eaten as markup)
+        assert re.search(r"baseline \[router:\S+:8\], current \[router:\S+:(8 router:\S+:)?16\]", out), out
+
+
+@pytest.mark.parametrize("content", [b"not json at all", b"\xff\xfe binary", b"[1, 2]"], ids=["text", "binary", "list"])
+def test_a_file_that_is_not_a_report_is_named(tmp_path, capsys, content):
+    good, bad = tmp_path / "good.json", tmp_path / "[bad].json"
+    good.write_text(json.dumps(_doc(_stage(100, 50))))
+    bad.write_bytes(content)
+    assert compare_mod.main([str(good), str(bad)]) == 2
+    out = capsys.readouterr().out
+    assert f"compare: {bad}: " in out.replace("\n", ""), out
 
 
 def test_a_change_within_the_noise_of_repetitions_passes(tmp_path, capsys):

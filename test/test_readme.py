@@ -179,3 +179,13 @@ def test_no_issue_numbers_in_code_comments():
                 if m:
                     found.append(f"{path.relative_to(ROOT)}:{n}: {m.group(0)}")
     assert not found, found[:10]
+
+
+def test_readme_and_getting_started_agree_on_make_test():
+    """One figure for how long `make test` takes, and one list of what it installs."""
+    readme = (ROOT / "README.md").read_text()
+    started = re.sub(r"\s+", " ", (ROOT / "docs" / "getting-started.md").read_text())
+    line = next(x for x in readme.splitlines() if x.startswith("make test"))
+    minutes = re.search(r"~(\d+) min", line)
+    assert minutes and f"about {minutes.group(1)} minutes" in started, (line, minutes)
+    assert re.findall(r"install '([^']+)'", line) == re.findall(r"make test +# venv \+ install '([^']+)'", started)

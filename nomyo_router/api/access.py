@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 
 LOCAL_HOSTS = frozenset(("localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]"))
 APP_SCHEMES = ("app://", "file://", "tauri://", "vscode-webview://")
-OPEN_PATHS = frozenset(("/health", "/", "/dashboard"))  # health checks; the dashboard page (its data need a key)
+# The orchestrator's probes: answered without a key (a kubelet or a Docker HEALTHCHECK cannot
+# send one) and revealing nothing but ok / not ok.
+PROBE_PATHS = frozenset(("/livez", "/readyz"))
+OPEN_PATHS = frozenset(("/health", "/", "/dashboard")) | PROBE_PATHS  # health checks; the dashboard page
 # What operators read: every client's traffic and usage. With any key configured these need
 # `admin_key` or `metrics_key`; the metrics key opens nothing else.
 OPERATOR_PATHS = frozenset(("/metrics", "/dashboard", "/dashboard/data"))

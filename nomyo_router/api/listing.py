@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..domain import Endpoint, model_key
@@ -47,11 +48,39 @@ def tags(endpoints: Sequence[Endpoint], visible: Visible = None) -> bytes:
         if ep.type == "ollama" and ep.static_models is None:
             entries += ep.tags
         else:
-            entries += [
-                {"name": n, "model": n, "modified_at": "1970-01-01T00:00:00Z", "size": 0, "digest": "", "details": {}}
-                for n in ep.models.values()
-            ]
+            created = {str(m.get("id")): m.get("created") for m in ep.openai_models}
+            entries += [_named_only(ep, n, created.get(n)) for n in ep.models.values()]
     return json.dumps({"models": _dedupe(entries, visible)}).encode()
+
+
+_NO_DETAILS = {
+    "parent_model": "",
+    "format": "",
+    "family": "",
+    "families": None,
+    "parameter_size": "",
+    "quantization_level": "",
+}
+_UNKNOWN_TIME = "0001-01-01T00:00:00Z"  # Go's zero time: what Ollama sends, and its CLI shows as "Never"
+
+
+def _named_only(ep: Endpoint, name: str, created: object) -> dict[str, Any]:
+    """An /api/tags entry for a model known only by its name (an OpenAI-type endpoint's, or a
+    configured `models:` list), in the shape the ollama CLI and ollama-python read. Its digest
+    is derived from the endpoint's URL and the model's name: the same on every listing and
+    every router, different for another server's model of the same name (the CLI shows its
+    first 12 characters as the model's ID, and fails on an empty one)."""
+    modified = _UNKNOWN_TIME
+    if isinstance(created, int) and not isinstance(created, bool) and 0 < created < 2**34:  # (seconds)
+        modified = datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": modified,
+        "size": 0,
+        "digest": hashlib.sha256(f"{ep.url}\n{name}".encode()).hexdigest(),
+        "details": dict(_NO_DETAILS),
+    }
 
 
 def ps(endpoints: Sequence[Endpoint], visible: Visible = None) -> bytes:
@@ -151,13 +180,21 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def ready(endpoints: Sequence[Endpoint], store: StateStore) -> bool:
+    """Whether this router can serve: at least one backend is healthy. The state store needs
+    no check of its own: when Redis stalls or the workers' host dies, the store serves under
+    each process's own limits until it is back (degraded by design), so it never stops a
+    request on its own."""
+    return any(store.is_healthy(ep) and ep.type is not None for ep in endpoints)
+
+
 async def health(
     endpoints: Sequence[Endpoint], store: StateStore, verdicts: Verdicts | None = None, details: bool = True
 ) -> tuple[int, bytes]:
     """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag).
     Without `details`, only whether the router is up: {"status": "ok" | "unavailable"}."""
     if not details:
-        ok = any(store.is_healthy(ep) and ep.type is not None for ep in endpoints)
+        ok = ready(endpoints, store)
         return (200 if ok else 503), b'{"status":"ok"}' if ok else b'{"status":"unavailable"}'
     snap = await store.snapshot()
     in_flight = snap.get("in_flight", {})

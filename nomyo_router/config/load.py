@@ -157,6 +157,10 @@ def parse_config(data: object, source: str = "config") -> RouterConfig:
     values["endpoints"], places["endpoints"] = _listed(
         problems, raw_eps, lambda i, raw, found: _endpoint(i, raw, slots, api_keys, found)
     )
+    if isinstance(values.get("state"), str):  # (a deployment may choose it: the kustomize redis component)
+        state = values.pop("state")
+        with problems.check():
+            values["state"] = expand_env(state, "state")
     for setting in _KEY_SETTINGS:
         if values.get(setting) is not None:
             with problems.check():

@@ -177,7 +177,7 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
     router_api_key: Annotated[
         Secret,
         doc(
-            "one client key (NOMYO's name); every route but / and /health then needs it; ${ENV} expanded; "
+            "one client key (NOMYO's name); every route but /, /health and the probes then needs it; ${ENV} expanded; "
             "sha256:<hex> stores only its hash",
             ACCESS,
         ),
@@ -235,7 +235,7 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
         Meta(pattern=r"^(auto|memory|shared)\Z|^(redis|rediss|unix)://|" + SENTINEL_URL),
         doc(
             "where slots, the queue, pins and health live: auto, memory, shared (workers) or redis://... (instances;"
-            " rediss:// for TLS, redis+sentinel://host:26379,host:26379/service for Sentinel)",
+            " rediss:// for TLS, redis+sentinel://host:26379,host:26379/service for Sentinel); ${ENV} expanded",
             STATE,
             expected="'auto', 'memory', 'shared', a redis:// URL or redis+sentinel://host:port[,host:port]/service",
         ),

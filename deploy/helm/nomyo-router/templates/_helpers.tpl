@@ -25,3 +25,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "nomyo-router.secretName" -}}
 {{- default (include "nomyo-router.fullname" .) .Values.existingSecret -}}
 {{- end -}}
+
+{{- define "nomyo-router.clientLabels" -}}
+{{- toYaml (.Values.networkPolicy.clientLabels | default (dict "nomyo-router/client" "true")) -}}
+{{- end -}}
