@@ -20,8 +20,6 @@ from typing import NoReturn
 from .api import access, listing, ratelimits
 from .api.asgi import (
     BODY_WRITER,
-    BodyTooLarge,
-    ClientGone,
     Receive,
     Scope,
     Send,
@@ -32,9 +30,8 @@ from .api.asgi import (
     with_headers,
 )
 from .api.body_budget import OverBudget
-from .api.errors import ApiError, error_body, render
+from .api.errors import ApiError
 from .api.fairness import ClientLimits
-from .api.ratelimits import SCOPE_KEY as RATELIMIT_HEADERS
 from .api.ratelimits import reservation
 from .api.requests import GENERATION_ROUTES, parse
 from .cache import hook as response_cache
@@ -60,7 +57,6 @@ _id_prefix = f"{os.getpid():x}-"
 # spaces: it is echoed in a response header and written in the access log, where spaces,
 # control characters or non-ASCII bytes could forge fields or lines. Else one is made up.
 _GIVEN_ID = re.compile(rb"[\x21-\x7e]{1,128}")
-QUEUED_BYTES = "nomyo.queued_bytes"  # a generation body's charge on the bytes held while queued
 
 
 def next_request_id() -> str:
@@ -68,7 +64,8 @@ def next_request_id() -> str:
     return _id_prefix + str(next(_request_ids))
 
 
-Handler = Callable[["RouterApp", Scope, Receive, Send, float], Awaitable[None]]
+# A route: it answers through the request's Exchange (`ex.send` for routes off the generation path).
+Handler = Callable[["RouterApp", Scope, Receive, Exchange, float], Awaitable[None]]
 
 
 class RouterApp:
@@ -103,41 +100,53 @@ class RouterApp:
 
     # ---- HTTP ---------------------------------------------------------------
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Every request: its record and its Exchange are made here, as it is read, and the
+        Exchange's `run` finishes it once, whatever answers it (a refusal at the door, a route,
+        an error, a client that left)."""
         t0 = time.perf_counter()
         path: str = scope["path"]
         api = ("anthropic" if path.startswith("/v1/messages") else "openai") if path.startswith("/v1/") else "ollama"
-        handler = ROUTES.get((scope["method"], path)) or prefix_route(scope["method"], path)
-        try:
-            if self.router is not None:
-                send, preflight = self._admit(scope, send)
-                if preflight is not None:
-                    await send_response(send, 204, b"", headers=access.preflight_headers(preflight))
-                    return
-                client = scope.get("nomyo.client")
-                if client is not None and handler is not RouterApp.generate:
-                    rate_limits = self.router.rate_limits
+        method = scope["method"]
+        handler = ROUTES.get((method, path))
+        route = path
+        if handler is None:
+            handler, route = prefix_route(method, path)
+        router = self.router
+        given = header(scope, b"x-request-id")
+        rid = given.decode("ascii") if given is not None and _GIVEN_ID.fullmatch(given) else next_request_id()
+        rec = RequestRecord(rid, api, route, "", False)
+        # (the writer is popped from the scope: no reference cycle through it)
+        ex = Exchange(send, rec, t0, router.events if router is not None else None, scope.pop(BODY_WRITER, None))
+        if handler is not RouterApp.generate:
+            ex.quiet = True  # (recorded only when refused)
+        elif router is not None and router.tracer is not None:  # (a refusal at the door has its span too)
+            router.tracer.begin(rec, scope, GENERATION_ROUTES[path][1], "", t0)
+        await ex.run(self._serve(scope, receive, ex, handler, t0))
+
+    async def _serve(self, scope: Scope, receive: Receive, ex: Exchange, handler: Handler | None, t0: float) -> None:
+        """Admission at the door (Host, origin, key), then the route."""
+        router = self.router
+        if router is not None:
+            send, preflight = self._admit(scope, ex.send)
+            if send is not ex.send:
+                ex.through(send)
+            if preflight is not None:
+                await send_response(ex.send, 204, b"", headers=access.preflight_headers(preflight))
+                return
+            client = scope.get("nomyo.client")
+            if client is not None:
+                ex.rec.client = client.name
+                if handler is not RouterApp.generate:
+                    rate_limits = router.rate_limits
                     if client.name in rate_limits.by_client:  # counted when it reaches a backend, if it does
                         scope[ratelimits.COUNT] = rate_limits.counter(client.name, scope)
-                        send = ratelimits.answered_with_headers(scope, send)
-            if handler is None:
-                if any(p == path for _, p in ROUTES) or any(path.startswith(p) for _, p, _ in PREFIX_ROUTES):
-                    raise ApiError(405, f"method {scope['method']} not allowed on {path}")
-                raise ApiError(404, f"no route for {scope['method']} {path}")
-            await handler(self, scope, receive, send, t0)
-        except ApiError as e:
-            status, body, headers = render(api, e)
-            if RATELIMIT_HEADERS in scope:  # a limited key's request, admitted, then refused
-                headers += scope.pop(RATELIMIT_HEADERS)
-            await send_response(send, status, body, headers=headers)
-        except BodyTooLarge:
-            limit = self.router.config.max_body_bytes if self.router else 0
-            await send_response(send, 413, error_body(api, 413, f"request body exceeds {limit} bytes"))
-        except ClientGone:
-            return
-        finally:
-            queued = scope.pop(QUEUED_BYTES, 0)  # a body read, then refused before its exchange took it
-            if queued and self.router is not None:
-                self.router.body_budget.give(queued)
+                        ex.through(ratelimits.answered_with_headers(scope, ex.send))
+        if handler is None:
+            path = scope["path"]
+            if any(p == path for _, p in ROUTES) or any(path.startswith(p) for _, p, _ in PREFIX_ROUTES):
+                raise ApiError(405, f"method {scope['method']} not allowed on {path}")
+            raise ApiError(404, f"no route for {scope['method']} {path}")
+        await handler(self, scope, receive, ex, t0)
 
     def _admit(self, scope: Scope, send: Send) -> tuple[Send, bytes | None]:
         """Origin and client key, before any route runs. Returns the `send` to use (with CORS
@@ -190,8 +199,9 @@ class RouterApp:
             scope["nomyo.client"] = client
         return send, None
 
-    async def generate(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+    async def generate(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
         router = self.router or self.current()  # (503 while starting)
+        rec = ex.rec
         client = scope.get("nomyo.client")
         if client is not None and router.client_limits.full(client.name):
             _refuse_full(router.config)  # before its body is read: a flood from one key buffers nothing
@@ -203,14 +213,15 @@ class RouterApp:
             raw = await read_body(scope, receive, router.config.max_body_bytes, router.body_budget)
         except OverBudget:
             _refuse_full(router.config, "the bodies of the requests it holds reached max_queued_body_bytes")
-        scope[QUEUED_BYTES] = len(raw)  # its charge, until it holds a slot (given back by `http` if refused)
+        ex.queued = (router.body_budget, len(raw))  # its charge: given back when it holds a slot, or at its end
         req = parse(scope["path"], raw, t0)
+        rec.model, rec.stream = req.model, req.stream
         ensemble = req.model.startswith(moe.PREFIX)  # NOMYO's moe-<model>: <model>'s best of several answers
         if ensemble:
             moe.prepare(req)
         if client is not None:
             if not client.may_use(req.key):
-                raise ApiError(403, f"this API key may not use model '{req.model}'")
+                raise ApiError(403, f"this API key may not use model '{req.model}'", code="forbidden_model")
             req.client, req.routing_headers = client.name, client.routing_headers
         if router.windows is not None and req.ctype is None:  # longer than some endpoint's context window?
             try:
@@ -218,30 +229,22 @@ class RouterApp:
             except TooLong as too_long:  # (context_routing: reject, and no endpoint's window fits)
                 raise ApiError(400, str(too_long), param="messages", code="context_length_exceeded") from None
         unloading = is_unload(req.kind, req.api, req.body)
-        reserved = None  # a token budget's reservation: what this request may spend (settled at its end)
         if client is not None and limited:  # counted once nothing above refused it
             tokens = 0 if unloading or not rate_limits.budgeted(client.name) else reservation(req)
-            send, reserved = await rate_limits.reserve(client.name, tokens, scope, send)
+            send, rec.reserved = await rate_limits.reserve(client.name, tokens, scope, ex.send)
+            ex.through(send)
         if unloading:  # `ollama stop`: every endpoint that has it loaded
             assert router.discovery is not None
             await router.discovery.fresh_ps(max_age=0.0)  # a model loaded a moment ago must be unloaded too
             status, body = await unload(router.upstream, router.endpoints, req.path, req.key, raw)
-            await send_response(send, status, body)
+            await ex.whole(status, body, [], b"application/json")
             return
         sid = header(scope, router.session_header)
         if sid:
             req.session_id = sid.decode("latin-1")
         assert router.proxy is not None
-        given = header(scope, b"x-request-id")
-        rid = given.decode("ascii") if given is not None and _GIVEN_ID.fullmatch(given) else next_request_id()
-        rec = RequestRecord(rid, req.api, req.path, req.model, req.stream, req.client)
-        rec.reserved = reserved
         if router.tracer is not None:
-            router.tracer.begin(rec, scope, req.kind, req.key, t0, req.body)
-        # The one way out of this request's answer, and its one completion point (`finish`).
-        # (the writer is popped from the scope: no reference cycle through it)
-        ex = Exchange(send, rec, t0, router.events, scope.pop(BODY_WRITER, None))
-        ex.queued = (router.body_budget, scope.pop(QUEUED_BYTES))  # (given back when it holds a slot)
+            router.tracer.parsed(rec, req.kind, req.key, req.body)
         handle: Handle = router.ensemble.handle if ensemble else router.proxy.forward
         if router.config.context_overflow == "trim" and not ensemble:  # a chat too long: its oldest turns go
             bounds = overflow.Bounds(router.config.max_attempts, router.proxy.budget, router.charge)
@@ -257,17 +260,11 @@ class RouterApp:
                 if not held:
                     return  # the client left while waiting for its permit
             await cancel_on_disconnect(handle(req, ex), receive, scope)
-        except ApiError as e:  # in the caller's API shape, through the exchange
-            await ex.fail(e)
-        except BaseException:  # a bug, or the server cancelling the task: a 500 if nothing was sent
-            ex.finish(failed=True)
-            raise
-        finally:
+        finally:  # (the exchange is finished by its `run`, at the door, after this)
             if held:
                 limits.leave(held[0])
-            ex.finish()
 
-    async def show(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+    async def show(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
         router = self._router()
         raw = await read_body(scope, receive, router.config.max_body_bytes)
         status, body = await listing.show(
@@ -278,9 +275,9 @@ class RouterApp:
             listing.visible_to(scope.get("nomyo.client")),
             lambda: ratelimits.count(scope),
         )
-        await send_response(send, status, body)
+        await send_response(ex.send, status, body)
 
-    async def listing(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+    async def listing(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
         router = self._router()
         eps = router.endpoints
         if scope["path"] == "/api/ps" and router.discovery is not None:
@@ -292,9 +289,9 @@ class RouterApp:
             body = {"/api/tags": listing.tags, "/api/ps": listing.ps, "/v1/models": listing.openai_models}[
                 scope["path"]
             ](eps, listing.visible_to(scope.get("nomyo.client")))
-        await send_response(send, 200, body)
+        await send_response(ex.send, 200, body)
 
-    async def health(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+    async def health(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
         """Anyone may ask whether the router is up; with keys configured, only an operator key
         (admin or metrics) sees the details: endpoints, models, counters."""
         router = self._router()
@@ -305,29 +302,29 @@ class RouterApp:
             router.health,
             details=router.keys is None or (client is not None and client.operator),
         )
-        await send_response(send, status, body)
+        await send_response(ex.send, status, body)
 
-    async def livez(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+    async def livez(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
         """The process answers: a liveness probe (also while the router starts)."""
-        await send_response(send, 200, b"ok\n", PROBE_TYPE)
+        await send_response(ex.send, 200, b"ok\n", PROBE_TYPE)
 
-    async def readyz(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+    async def readyz(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
         """Started and at least one backend healthy: a readiness probe. Nothing else is shown."""
         router = self.router
         ok = router is not None and listing.ready(router.endpoints, router.store)
-        await send_response(send, 200 if ok else 503, b"ok\n" if ok else b"not ready\n", PROBE_TYPE)
+        await send_response(ex.send, 200 if ok else 503, b"ok\n" if ok else b"not ready\n", PROBE_TYPE)
 
-    async def model(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+    async def model(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
         status, body = listing.openai_model(
             self._router().endpoints, scope["path"][len("/v1/models/") :], listing.visible_to(scope.get("nomyo.client"))
         )
-        await send_response(send, status, body)
+        await send_response(ex.send, status, body)
 
-    async def metrics(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-        await send_response(send, 200, self._router().metrics.render(), METRICS_TYPE)
+    async def metrics(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
+        await send_response(ex.send, 200, self._router().metrics.render(), METRICS_TYPE)
 
-    async def root(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-        await send_response(send, 200, b"Ollama is running", b"text/plain; charset=utf-8")
+    async def root(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
+        await send_response(ex.send, 200, b"Ollama is running", b"text/plain; charset=utf-8")
 
     def _router(self) -> Router:
         return self.current()
@@ -394,17 +391,17 @@ def operator(pick: Callable[[Handlers], Route]) -> Handler:
     """A route off the request path: its handler object is built, and its module imported,
     the first time the route is asked (`runtime/handlers.py`)."""
 
-    async def handler(app: RouterApp, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-        await pick(app.current().handlers)(scope, receive, send)
+    async def handler(app: RouterApp, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
+        await pick(app.current().handlers)(scope, receive, ex.send)
 
     return handler
 
 
-async def dashboard_page(app: RouterApp, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+async def dashboard_page(app: RouterApp, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
     """The dashboard's page is static and open: served while the router starts too."""
     from .ops.dashboard import dashboard
 
-    await dashboard(scope, receive, send)
+    await dashboard(scope, receive, ex.send)
 
 
 _manage = operator(lambda h: h.manager.manage)
@@ -433,11 +430,13 @@ PREFIX_ROUTES.extend(
 )
 
 
-def prefix_route(method: str, path: str) -> Handler | None:
+def prefix_route(method: str, path: str) -> tuple[Handler | None, str]:
+    """The route for a path with a parameter, and its prefix (what records name it by: never
+    the client's path, which is any string); (None, "") when none matches."""
     for m, prefix, handler in PREFIX_ROUTES:
         if m == method and path.startswith(prefix) and len(path) > len(prefix):
-            return handler
-    return None
+            return handler, prefix
+    return None, ""
 
 
 app = RouterApp()

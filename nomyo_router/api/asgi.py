@@ -35,7 +35,11 @@ STREAMED_BODY = "nomyo.streamed_body"
 
 
 class BodyTooLarge(Exception):
-    pass
+    """A body beyond its limit (`limit`: bytes)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body exceeds {limit} bytes")
+        self.limit = limit
 
 
 class ClientGone(Exception):
@@ -54,7 +58,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int, budget: BodyBudg
             except ValueError:
                 pass
             if declared > limit:
-                raise BodyTooLarge
+                raise BodyTooLarge(limit)
             break
     if budget is not None and declared > 0:
         budget.take(declared)  # (before the first byte is read)
@@ -69,7 +73,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int, budget: BodyBudg
             if chunk:
                 size += len(chunk)
                 if size > limit:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(limit)
                 chunks.append(chunk)
             if not msg.get("more_body", False):
                 break

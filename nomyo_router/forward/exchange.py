@@ -1,17 +1,22 @@
-"""The one way a generation response leaves the router: an `Exchange`.
+"""The one way an answer leaves the router: an `Exchange`.
 
-One is made per request in `RouterApp.generate` (and one per step of an ensemble). It carries
-the request's `RequestRecord`, the client's `send` (with the protocol's `BodyWriter`, which
-writes a whole answer, or a relayed piece, without the ASGI round trip) and the slot (`Lease`)
-the request holds. Every path out writes through it — `start`, `body` and `end` for a stream
-or an answer relayed as it comes, `whole` for an answer in one piece, `fail` for an error in
-the caller's API shape — and notes on it what the client got (`cut`, `tokens`).
+One is made for every request the moment it is read, at the door (`RouterApp.http`), and
+one per step of an ensemble. It carries the request's `RequestRecord`, the client's `send`
+(with the protocol's `BodyWriter`, which writes a whole answer, or a relayed piece, without
+the ASGI round trip) and the slot (`Lease`) the request holds. Every path out writes through
+it — `start`, `body` and `end` for a stream or an answer relayed as it comes, `whole` for an
+answer in one piece, `fail` for an error in the caller's API shape — and notes on it what the
+client got (`cut`, `tokens`).
 
-It has one completion point, `finish` (idempotent, called in `generate`'s `finally`): the slot
-goes back, the record is settled (its total time; `events.settle` says 499 or 500 when no head
-went out) and `Events.request_done` is told once, so metrics, usage, the access line and the
-trace are written in one place whatever the path. The relays in `relays/` are the strategies
-behind it: each writes only through the Exchange.
+It has one completion point, `finish` (idempotent), and one place that calls it: `run`, which
+awaits the request's handling and answers whatever ends it (a refusal at the door, a failure,
+a client that left). The slot goes back, the record is settled (its total time;
+`events.settle` says 499 or 500 when no head went out) and `Events.request_done` is told once,
+so metrics, usage, the access line and the trace are written in one place whatever the path —
+a request refused at the door (401, 403, 429, 400, 413, 503 ...) as much as a proxied one, as
+Envoy gives a locally answered request the same access record. Routes off the generation path
+(listings, operators' pages) are `quiet`: recorded only when refused. The relays in `relays/`
+are the strategies behind it: each writes only through the Exchange.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from ..api.asgi import Headers, Send, send_response
+from ..api.asgi import BodyTooLarge, ClientGone, Headers, Send, send_response
 from ..api.errors import ApiError, render
 from ..api.requests import GenRequest
 from ..events import Events, RequestRecord
@@ -41,7 +46,7 @@ Handle = Callable[[GenRequest, "Exchange"], Awaitable[None]]
 class Exchange:
     """One request's way out: its record, its client's `send`, its slot, one `finish`."""
 
-    __slots__ = ("send", "writer", "rec", "t0", "lease", "queued", "_client", "_events", "_done")
+    __slots__ = ("send", "writer", "rec", "t0", "lease", "queued", "quiet", "_client", "_events", "_done")
 
     def __init__(
         self, send: Send, rec: RequestRecord, t0: float, events: Events | None, writer: DirectWriter | None = None
@@ -56,6 +61,7 @@ class Exchange:
         # its body's charge on the bytes held while queued (api/body_budget.py): given back
         # when it first holds a slot, or at `finish`
         self.queued: tuple[BodyBudget, int] | None = None
+        self.quiet = False  # told at `finish` only when refused (`fail`): a listing, an operator's page
         self._client = send  # errors go here, not through a wrapper's `send` (see `via`)
         self._events = events
         self._done = False
@@ -88,6 +94,12 @@ class Exchange:
         rec.retries += 1
 
     # ---- the answer ------------------------------------------------------------------------
+    def through(self, send: Send) -> None:
+        """The client's `send` as the door wrapped it (CORS, x-ratelimit-* headers): every byte
+        takes it, errors too, never the direct writer (it writes around `send`)."""
+        self.send = self._client = send
+        self.writer = None
+
     def via(self, send: Send) -> Exchange:
         """This exchange with its answer passing `send`, a wrapper that reads or adds to it (an
         ensemble's header, trim-and-retry, the response cache): then every byte takes `send`,
@@ -131,6 +143,7 @@ class Exchange:
         """The request failed before its answer: the error in the caller's API shape."""
         rec = self.rec
         rec.status, rec.error = e.status, e.code or "error"
+        self.quiet = False
         status, body, headers = render(rec.api, e)
         await send_response(self._client, status, body, headers=headers)
 
@@ -162,6 +175,25 @@ class Exchange:
         self.rec.endpoint = endpoint
 
     # ---- the one completion point ----------------------------------------------------------
+    async def run(self, work: Awaitable[None]) -> None:
+        """Await `work`, the request's handling, and finish this exchange once however it
+        ends: an ApiError is answered in the caller's API shape, a body over its limit as 413,
+        a client that left is a 499, anything else (a bug, the server cancelling the task) a
+        500 if no head went out, and goes on up."""
+        try:
+            await work
+        except ApiError as e:
+            await self.fail(e)
+        except BodyTooLarge as e:
+            await self.fail(ApiError(413, str(e), code="request_too_large"))
+        except ClientGone:
+            pass
+        except BaseException:
+            self.finish(failed=True)
+            raise
+        finally:
+            self.finish()
+
     def finish(self, failed: bool = False) -> None:
         """The request is over: the slot goes back, the record is settled and told, once.
         `failed`: it ends with an exception on its way out (its callers' `except
@@ -178,6 +210,6 @@ class Exchange:
             self.lease = None
             lease.release()
         events = self._events
-        if events is not None:
+        if events is not None and not self.quiet:
             self.rec.total_s = time.perf_counter() - self.t0
             events.request_done(self.rec, failed)

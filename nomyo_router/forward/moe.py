@@ -152,6 +152,15 @@ class Ensemble:
         step = RequestRecord(f"{rec.request_id}.{tag}", req.api, req.path, body["model"], False, req.client)
         got = Whole()
         ex = Exchange(got.send, step, sub.t0, router.events)  # the step's own way out and completion
+        await ex.run(self._step(req, sub, ex))
+        if got.status != 200:
+            return None
+        answer = of_whole(req.api, req.kind, got.body())
+        return answer.choices[0].text if answer is not None and answer.choices else None
+
+    async def _step(self, req: GenRequest, sub: GenRequest, ex: Exchange) -> None:
+        """One step's call: on its key's rpm, within one of its client's permits."""
+        router = self.router
         limits, held = router.client_limits, None
         try:
             await router.charge(req.client)  # one more request of its key's rpm (429: left out)
@@ -159,23 +168,11 @@ class Ensemble:
                 await limits.enter(req.client, router.config.queue_timeout)
                 held = req.client
             await self._proxy().forward(sub, ex)
-        except ApiError as e:
-            await ex.fail(e)
-            return None
         except (TimeoutError, QueueFull):  # no permit of its client's in time: this step is left out
-            step.status, step.error = 503, "queue_timeout"
-            return None
-        except BaseException:
-            ex.finish(failed=True)
-            raise
+            ex.rec.status, ex.rec.error = 503, "queue_timeout"
         finally:
             if held is not None:
                 limits.leave(held)
-            ex.finish()
-        if got.status != 200:
-            return None
-        answer = of_whole(req.api, req.kind, got.body())
-        return answer.choices[0].text if answer is not None and answer.choices else None
 
 
 def _request(req: GenRequest, inner: str, body: dict[str, Any]) -> GenRequest:

@@ -108,15 +108,7 @@ class Proxy:
         answered to `send`: its own Exchange, so it is recorded like any (an error too, in
         its API's shape, to `send`)."""
         ex = Exchange(send, rec, req.t0, self.events)
-        try:
-            await self.forward(req, ex)
-        except ApiError as e:
-            await ex.fail(e)
-        except BaseException:
-            ex.finish(failed=True)
-            raise
-        finally:
-            ex.finish()
+        await ex.run(self.forward(req, ex))
 
     async def forward(self, req: GenRequest, ex: Exchange) -> None:
         """Answer `req` from a backend through `ex`, which holds the slot taken here until its

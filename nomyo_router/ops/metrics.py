@@ -52,6 +52,48 @@ RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 # series kept forever; a client could otherwise grow /metrics without bound).
 UNKNOWN_MODEL = "(unknown)"
 
+# Why a request was not served, as the `reason` label of nomyo_router_requests_total: a small
+# fixed set, so a refusal at the door (a wrong key, a limit, a bad body) is counted like a
+# proxied request, by cause. "" for a request that was served.
+REASONS_BY_CODE = {
+    "forbidden_model": "forbidden_model",
+    "rate_limit_exceeded": "rate_limited",
+    "insufficient_quota": "budget",
+    "queue_full": "queue_full",
+    "queue_timeout": "queue_timeout",
+    "overloaded": "overloaded",
+    "router_overloaded": "overloaded",
+    "no_healthy_endpoint": "no_endpoint",
+    "out_of_descriptors": "descriptors",
+    "request_too_large": "too_large",
+    "client_gone": "client_gone",
+}
+REASONS_BY_STATUS = {
+    400: "bad_request",
+    401: "auth",
+    403: "forbidden",
+    404: "not_found",
+    405: "not_found",
+    408: "timeout",
+    413: "too_large",
+    421: "host",
+    429: "rate_limited",
+    499: "client_gone",
+    500: "internal",
+}
+
+
+def reason_of(status: int, error: str | None) -> str:
+    """The `reason` label of a request that ended with `status` and error code `error`."""
+    if error is None and status < 400:
+        return ""
+    reason = REASONS_BY_CODE.get(error or "") or REASONS_BY_STATUS.get(status)
+    if reason is not None:
+        return reason
+    if status < 400:
+        return "cut"  # (its head went out, then the answer broke)
+    return "upstream" if status >= 500 else "bad_request"
+
 
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
@@ -118,11 +160,13 @@ class _Row:
 
     __slots__ = ("gen", "requests", "prompt", "completion", "latency", "ttft", "queue", "overhead", "rate", "targets")
 
-    def __init__(self, model: str, endpoint: str | None, api: str, route: str, status: int, client: str) -> None:
+    def __init__(
+        self, model: str, endpoint: str | None, api: str, route: str, status: int, client: str, reason: str
+    ) -> None:
         ep = endpoint or ""
         self.gen = -1  # the flush generation it was last added to in (Metrics._touched)
         self.targets: list[tuple[_Values, tuple[_Series, ...]]] = []  # each value and its series
-        self.requests = self._values(0, ("requests", (model, ep, api, route, str(status))))
+        self.requests = self._values(0, ("requests", (model, ep, api, route, str(status), reason)))
         self.prompt = self._values(0, ("tokens", (model, ep, client, "prompt")))
         self.completion = self._values(0, ("tokens", (model, ep, client, "completion")))
         self.latency = self._values(len(LATENCY_BUCKETS), ("latency", (model, api)))
@@ -168,8 +212,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "nomyo_router_requests",
-            "Requests by model, endpoint, API, route and status",
-            ["model", "endpoint", "api", "route", "status"],
+            "Requests by model, endpoint, API, route, status and reason (why one was not served)",
+            ["model", "endpoint", "api", "route", "status", "reason"],
             registry=r,
         )
         self.latency = self._histogram("latency")
@@ -202,7 +246,7 @@ class Metrics:
         # (id(metric), labels) -> that metric's child: skips labels() on the hot path
         self._children: dict[tuple[int, Labels], Counter | Histogram] = {}
         self._counts: dict[tuple[Counter, Labels], float] = {}  # (metric, labels) -> increment not yet handed on
-        self._rows: dict[tuple[str, str | None, str, str, int, str | None], _Row] = {}
+        self._rows: dict[tuple[str, str | None, str, str, int, str | None, str | None], _Row] = {}
         self._touched: list[_Row] = []  # the rows added to since the last flush ...
         self._gen = 0  # ... which is this generation
         self._scheduled = False
@@ -231,9 +275,11 @@ class Metrics:
         key = (metric, labels)
         self._counts[key] = self._counts.get(key, 0.0) + by
 
-    def _row(self, model: str, endpoint: str | None, api: str, route: str, status: int, client: str | None) -> _Row:
-        row = self._rows[(model, endpoint, api, route, status, client)] = _Row(
-            model, endpoint, api, route, status, client or ""
+    def _row(
+        self, model: str, endpoint: str | None, api: str, route: str, status: int, client: str | None, error: str | None
+    ) -> _Row:
+        row = self._rows[(model, endpoint, api, route, status, client, error)] = _Row(
+            model, endpoint, api, route, status, client or "", reason_of(status, error)
         )
         return row
 
@@ -241,9 +287,9 @@ class Metrics:
         model, endpoint = rec.model, rec.endpoint  # (a request an endpoint took is for a model it serves)
         if endpoint is None and not self._served(model):
             model = UNKNOWN_MODEL
-        row = self._rows.get((model, endpoint, rec.api, rec.route, rec.status, rec.client))
+        row = self._rows.get((model, endpoint, rec.api, rec.route, rec.status, rec.client, rec.error))
         if row is None:
-            row = self._row(model, endpoint, rec.api, rec.route, rec.status, rec.client)
+            row = self._row(model, endpoint, rec.api, rec.route, rec.status, rec.client, rec.error)
         if row.gen != self._gen:
             row.gen = self._gen
             self._touched.append(row)

@@ -115,6 +115,15 @@ class Tracer:
         rec.trace = trace
         CURRENT.set(trace)
 
+    def parsed(self, rec: RequestRecord, kind: str, key: str, body: dict[str, Any]) -> None:
+        """The request's body is read (its trace began at the door): the operation and model it
+        asks for, and for a sampled one the GenAI request parameters."""
+        trace = rec.trace
+        if isinstance(trace, Trace):
+            trace.operation, trace.key = OPERATIONS.get(kind, kind), key
+            if trace.sampled:
+                trace.params = request_params(body)
+
     def done(self, rec: RequestRecord) -> None:
         """The request is over: queue it for the exporter (sampled ones only)."""
         trace = rec.trace
