@@ -18,6 +18,7 @@ from setuptools import Extension, setup
 
 HOT_PATH = [
     "nomyo_router/app.py",
+    "nomyo_router/generation.py",
     "nomyo_router/body_writer.py",
     "nomyo_router/api/access.py",
     "nomyo_router/api/asgi.py",

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # read (ops, fed by events); the HTTP shapes of the APIs; the backend client; routing
 # policies and the scheduler; shared state; the domain types everything uses.
 LAYERS: list[set[str]] = [
-    {"__main__", "cli", "app", "protocol", "body_writer", "config_doc", "runtime"},
+    {"__main__", "cli", "app", "generation", "protocol", "body_writer", "config_doc", "runtime"},
     {"forward", "ops", "cache"},
     {"api"},
     {"upstream"},
