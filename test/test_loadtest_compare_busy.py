@@ -1,0 +1,96 @@
+"""compare on a busy machine: identical runs under CPU burners never fail, a 2x slower mock
+always does (with --strict), and flagged stages are 'not comparable on this machine' (exit 3).
+
+Two real runs under burners, each stage repeated: one of the normal mock with 6 repetitions,
+whose 20 ways of splitting into 3 + 3 repetitions are 20 pairs of identical runs, and one of
+a mock twice as slow with 3."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+from loadtest import compare as compare_mod
+from loadtest.report import write_json
+from mock import free_port
+from test.loadtest_run import ROOT
+
+BURN = "import time\nt = time.time() + 60\nwhile time.time() < t: pass\n"
+
+
+def _run(out, repeat, *extra):
+    p = subprocess.run(
+        [sys.executable, "loadtest.py", "--mock-backend", "--quiet", "--mock-port", str(free_port())]
+        + ["--router-port", str(free_port()), "--concurrency", "8", "--duration", "0.4", "--warmup", "0.1"]
+        + ["--repeat", str(repeat), "--max-error-rate", "1", "--json", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(out.read_text())
+
+
+def _half(doc, picks):
+    d = copy.deepcopy(doc)
+    for s in d["stages"]:
+        s["repetitions"] = [s["repetitions"][i] for i in picks]
+    return d
+
+
+def _rc(tmp_path, base, cur, *flags):
+    b, c = tmp_path / "b.json", tmp_path / "c.json"
+    write_json(str(b), base)
+    write_json(str(c), cur)
+    return compare_mod.main([str(b), str(c), *flags])
+
+
+def test_busy_machine_identical_runs_pass_and_a_2x_slower_mock_fails(tmp_path, capsys):
+    burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(os.cpu_count() or 1)]
+    try:
+        same = _run(tmp_path / "same.json", 6)
+        slow = _run(tmp_path / "slow.json", 3, "--mock-ttft-ms", "40", "--mock-tok-ms", "2")
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    splits = list(itertools.combinations(range(6), 3))
+    assert len(splits) == 20
+    flagged = bool(compare_mod.busy_stages(same, slow))
+    same_rc, strict_rc, slow_rc, slow_default_rc = [], [], [], []
+    for picks in splits:
+        rest = [i for i in range(6) if i not in picks]
+        base, cur = _half(same, picks), _half(same, rest)
+        same_rc.append(_rc(tmp_path, base, cur))
+        strict_rc.append(_rc(tmp_path, base, cur, "--strict"))
+        slow_rc.append(_rc(tmp_path, base, slow, "--strict"))
+        slow_default_rc.append(_rc(tmp_path, base, slow))
+    out = capsys.readouterr().out
+    assert strict_rc == [0] * 20, out  # identical runs pass 20 of 20, flags or not
+    assert slow_rc == [1] * 20, out  # a 2x slower server fails 20 of 20
+    assert 1 not in same_rc  # identical runs never read as a regression
+    if compare_mod.busy_stages(same, same):
+        assert same_rc == [3] * 20 and "NOT COMPARABLE ON THIS MACHINE" in out
+    # without --strict a flagged stage is not comparable: exit 3, never 1
+    assert slow_default_rc == ([3] * 20 if flagged else [1] * 20)
+
+
+def test_a_flagged_stage_is_not_comparable_unless_strict(tmp_path, capsys):
+    def doc(p50, flag):
+        s = {"target": "router", "mode": "closed", "load": 8, "request_throughput": 100, "median_e2el_ms": p50}
+        s.update({"p99_e2el_ms": p50 * 2, "median_ttft_ms": 10, "p99_ttft_ms": 20, "error_rate": 0.0})
+        s["client"] = {"bottleneck": flag == "client", "machine_bound": flag == "machine"}
+        return {"schema": "nomyo-loadtest/1", "config": {}, "stages": [s]}
+
+    assert _rc(tmp_path, doc(50, None), doc(100, "machine")) == 3
+    out = capsys.readouterr().out
+    assert "NOT COMPARABLE ON THIS MACHINE" in out and "router 8: MACHINE-BUSY in current" in out
+    assert _rc(tmp_path, doc(50, "client"), doc(50, None)) == 3
+    assert "CLIENT-BOUND in baseline" in capsys.readouterr().out
+    assert _rc(tmp_path, doc(50, None), doc(100, "machine"), "--strict") == 1
+    assert _rc(tmp_path, doc(50, None), doc(50, None)) == 0
