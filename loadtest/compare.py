@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from . import noise
+from . import noise, numbers
 from .report import SCHEMA
 
 # name on the command line -> (stage key, +1 when higher is better / -1 when lower is)
@@ -288,7 +288,15 @@ def main(argv: list[str]) -> int:
             "busy": "[yellow]busy: not gated[/]",
         }.get(r["verdict"], "ok")
         t.add_row(
-            r["stage"], r["metric"], f"{r['baseline']:.4g}", f"{r['current']:.4g}", change, interval, thr, reps, verdict
+            r["stage"],
+            r["metric"],
+            numbers.sig(r["baseline"]),
+            numbers.sig(r["current"]),
+            change,
+            interval,
+            thr,
+            reps,
+            verdict,
         )
     console.print(t)
     if regressed:

@@ -15,6 +15,7 @@ from rich.text import Text
 from . import machine, noise
 from .engine import Progress, Stage, StageRun, run_stage
 from .metrics import summarize
+from .numbers import sig
 from .timeslice import timeslices
 from .workload import WorkloadSpec
 
@@ -75,12 +76,12 @@ async def measure(
     if len(runs) > 1:
         m["repetitions"] = [noise.repetition(summarize(r, args.slo)) for r in runs]
         m["spread"] = noise.spread(m["repetitions"])
-    good = f", goodput {m['goodput']:.1f} req/s" if "goodput" in m else ""
+    good = f", goodput {sig(m['goodput'])} req/s" if "goodput" in m else ""
     spread = m.get("spread", {}).get("request_throughput")
-    rs = f" (reps {spread['min']:.1f}..{spread['max']:.1f})" if spread else ""
+    rs = f" (reps {sig(spread['min'])}..{sig(spread['max'])})" if spread else ""
     console.print(
-        f"{label}: {m['completed']} ok, {m['failed']} err, {m['request_throughput']:.1f} req/s{rs}"
-        f"{good}, p50 {m['median_e2el_ms']} ms",
+        f"{label}: {m['completed']} ok, {m['failed']} err, {sig(m['request_throughput'])} req/s{rs}"
+        f"{good}, p50 {sig(m['median_e2el_ms'])} ms",
         highlight=False,
     )
     return m
@@ -111,4 +112,4 @@ def _progress_line(label: str, prog: Progress) -> str:
     elapsed = time.perf_counter() - prog.t0 if prog.t0 else 0.0
     rate = prog.done / elapsed if elapsed > 0 else 0.0
     phase = "measuring" if prog.measuring else "warming up"
-    return f"{label} | {phase} | {elapsed:5.1f}s | {rate:8.1f} req/s | errors {prog.errors}"
+    return f"{label} | {phase} | {elapsed:5.1f}s | {sig(rate):>8} req/s | errors {prog.errors}"
