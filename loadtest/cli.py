@@ -22,6 +22,7 @@ from . import models as models_mod
 from . import prefix as prefix_mod
 from . import search as search_mod
 from . import slo as slo_mod
+from . import sweep as sweep_mod
 from .drive import drive
 from .engine import Stage
 from .knee import find_knee
@@ -35,8 +36,10 @@ from .workload import WorkloadSpec
 def stages_from(args: argparse.Namespace, trace: dataset_mod.Trace | None = None) -> list[Stage]:
     if trace is not None:  # one stage: the whole trace, every request measured
         return [Stage(mode="trace", load=round(trace.mean_rate, 3), duration=None, warmup=0.0, seed=args.seed)]
-    open_loop = args.rate is not None
-    if args.ramp:
+    open_loop = args.rate is not None or args.sweep is not None
+    if args.sweep:
+        loads = args.sweep
+    elif args.ramp:
         loads = args.ramp
     elif open_loop:
         if args.rate <= 0:
@@ -187,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
     knee = find_knee(results)
     print_summary(console, results, knee, "open" if args.find_max_rate else stages[0].mode, direct)
     doc = document(config, results, knee, direct)
+    if args.sweep:
+        doc["sweep"] = sweep_mod.summarize(results)
+        console.print(sweep_mod.summary_line(doc["sweep"]), highlight=False, soft_wrap=True)
     if args.find_max_rate:
         doc["max_rate"] = search
         console.print(search_mod.summary_line(search), highlight=False, soft_wrap=True)
@@ -221,6 +227,8 @@ def _shape_problem(args: argparse.Namespace) -> str | None:
         return "--burstiness shapes gamma arrivals: add --arrival gamma (and --rate)"
     if args.timeslice is not None and args.timeslice <= 0:
         return "--timeslice must be > 0 seconds"
+    if args.sweep and (args.ramp or args.rate is not None or args.find_max_rate or args.trace):
+        return "--sweep gives the stages' rates itself: leave out --ramp, --rate, --find-max-rate and --trace"
     return None
 
 

@@ -22,6 +22,7 @@ USAGE = """loadtest: drive a router or an LLM server, ramp to the knee, report a
   python loadtest.py --serve-mock --mock-port 11434              # only the mock
   python loadtest.py --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
   python loadtest.py --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
+  python loadtest.py --url http://gpu1:11434 --sweep 1,2,4,8,16 --html sweep.html   # Pareto front
   python loadtest.py --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
   loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
 """
@@ -147,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         "timeline in the HTML report) (default: off)",
     )
     load.add_argument("--ramp", type=_floats, default=None, help="e.g. 8,32,64 (concurrencies or rates)")
+    load.add_argument(
+        "--sweep",
+        type=_floats,
+        default=None,
+        metavar="RATES",
+        help="open-loop stages at these rates (req/s), e.g. 5,10,20,40; the report plots throughput "
+        "against p50/p99 latency and TTFT with the Pareto front joined (JSON `sweep`) (default: off)",
+    )
     load.add_argument("--duration", type=float, default=10.0, help="seconds per stage")
     load.add_argument("--requests", type=int, default=None, help="requests per stage instead of --duration")
     load.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each stage")

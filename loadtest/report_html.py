@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from . import numbers
+from . import sweep as sweep_mod
 from .report import COLUMNS, _fmt
 from .svg import Panel, Series, auto_log, chart, esc
 
@@ -130,6 +131,8 @@ def render(doc: dict[str, Any]) -> str:
         ),
         "</div>",
     ]
+    if doc.get("sweep"):
+        body.append(sweep_mod.section(doc["sweep"], _table))
     body.append(
         "<h2>Each stage over time</h2><p>Shaded: the measured window(s); before it, the warm-up. "
         + (

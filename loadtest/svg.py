@@ -120,6 +120,7 @@ class Panel:
     height: int = 200
     yfloor_zero: bool = True
     extra: list[str] = field(default_factory=list)  # caller's SVG drawn in the plot area
+    points_only: set[str] = field(default_factory=set)  # names of series drawn as points, not joined
 
 
 def chart(
@@ -201,10 +202,11 @@ def chart(
             pts = [(xs_px(x), ys_px(v)) for x, v in zip(sx, sy, strict=False) if v is not None and (v > 0 or not p.log)]
             if not pts:
                 continue
-            out.append(
-                f'<polyline class="line" data-name="{esc(name)}" fill="none" stroke="{color}" '
-                f'stroke-width="1.8" points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>'
-            )
+            if name not in p.points_only:
+                out.append(
+                    f'<polyline class="line" data-name="{esc(name)}" fill="none" stroke="{color}" '
+                    f'stroke-width="1.8" points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>'
+                )
             r = 2.5 if len(pts) < 80 else 1.2
             out += [f'<circle class="pt" cx="{a:.1f}" cy="{b:.1f}" r="{r}" fill="{color}"/>' for a, b in pts]
         y = bottom + gap
