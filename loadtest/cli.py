@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import os
 import sys
+from typing import Any
 
 from rich.console import Console
 
@@ -18,13 +19,15 @@ from mock.config import from_namespace
 
 from . import compare as compare_mod
 from . import dataset as dataset_mod
+from . import fault_report
+from . import faults as faults_mod
 from . import models as models_mod
 from . import prefix as prefix_mod
 from . import search as search_mod
 from . import slo as slo_mod
 from . import sweep as sweep_mod
 from .drive import drive
-from .engine import Stage
+from .engine import Stage, StageRun
 from .knee import find_knee
 from .options import build_parser
 from .orchestrate import Fleet, install_sigterm_as_interrupt
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         console.print("[red]loadtest:[/] --repeat must be >= 1")
         return 2
-    shape = _shape_problem(args)
+    shape = _shape_problem(args) or faults_mod.problem(args)
     if shape:
         console.print(f"[red]loadtest:[/] {shape}", highlight=False)
         return 2
@@ -124,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
         "trace": os.path.basename(args.trace) if args.trace else None,
     }
     config["stages"] = [vars(s) for s in stages]
+    for cfg in (config, config["changed"]):  # type: ignore[attr-defined]
+        if "fault" in cfg:
+            cfg["fault"] = [f.text for f in args.fault]
     fleet: Fleet | None = None
     if args.mock_backend:
         wanted = [("--router-port", args.router_port)]
@@ -165,11 +171,26 @@ def run(args: argparse.Namespace) -> int:
             return 2
         if known.message:
             console.print(f"[yellow]loadtest:[/] {known.message}", highlight=False, soft_wrap=True)
+        runs: list[StageRun] = []
+        injector = None
         if args.find_max_rate:
             search, results = asyncio.run(search_mod.find_max_rate(args, url, spec, console))
             direct = None
+        elif args.fault:
+            injector = faults_mod.Injector(
+                args.fault,
+                fleet.mocks if fleet else [],
+                mock_cfg if fleet else None,
+                args.fault_hook,
+                url,
+            )
+            results, direct = asyncio.run(_with_faults(injector, drive(args, spec, stages, url, None, console, runs)))
         else:
             results, direct = asyncio.run(drive(args, spec, stages, url, direct_url, console))
+        if injector is not None:
+            faults = fault_report.analyse(injector.done, runs, injector.router_events())
+            fault_report.mark_stages(results, runs, faults)
+            config["faults_done"] = fault_report.public(faults)
         if fleet is not None:
             kv = prefix_mod.kv_stats([m.url for m in fleet.mocks])
             config["mock_kv_cache"] = kv
@@ -189,7 +210,12 @@ def run(args: argparse.Namespace) -> int:
             fleet.stop()
     knee = find_knee(results)
     print_summary(console, results, knee, "open" if args.find_max_rate else stages[0].mode, direct)
+    faults_done = config.pop("faults_done", None)
     doc = document(config, results, knee, direct)
+    if faults_done is not None:
+        doc["faults"] = faults_done
+        for line in fault_report.lines(faults_done):
+            console.print(line, highlight=False, soft_wrap=True)
     if args.sweep:
         doc["sweep"] = sweep_mod.summarize(results)
         console.print(sweep_mod.summary_line(doc["sweep"]), highlight=False, soft_wrap=True)
@@ -218,6 +244,16 @@ def run(args: argparse.Namespace) -> int:
         console.print("[red]FAILED:[/] " + "; ".join(problems), highlight=False, soft_wrap=True)
         return 1
     return 0
+
+
+async def _with_faults(injector: faults_mod.Injector, work: Any) -> Any:
+    """The stages, with the faults' schedule running beside them from the first one's start."""
+    task = asyncio.ensure_future(injector.run())
+    try:
+        return await work
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def _shape_problem(args: argparse.Namespace) -> str | None:

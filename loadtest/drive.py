@@ -57,7 +57,14 @@ async def run_one(
 
 
 async def measure(
-    args: argparse.Namespace, url: str, spec: WorkloadSpec, stage: Stage, target: str, label: str, console: Console
+    args: argparse.Namespace,
+    url: str,
+    spec: WorkloadSpec,
+    stage: Stage,
+    target: str,
+    label: str,
+    console: Console,
+    keep: list[StageRun] | None = None,
 ) -> dict:
     """One stage, `args.repeat` times back to back: the pooled summary, with the
     repetitions' gated metrics and their spread when there are several."""
@@ -66,6 +73,8 @@ async def measure(
         st = dataclasses.replace(stage, seed=stage.seed + 7919 * rep)
         rl = f"{label} rep {rep + 1}/{args.repeat}" if args.repeat > 1 else label
         runs.append(await run_one(url, spec, st, args.timeout, target, rl, console, args.quiet))
+    if keep is not None:
+        keep.extend(runs)
     m = summarize(merge(runs), args.slo)
     if getattr(args, "timeslice", None):
         many = len(runs) > 1
@@ -94,7 +103,9 @@ async def drive(
     router_url: str,
     direct_url: str | None,
     console: Console,
+    keep: list[StageRun] | None = None,
 ) -> tuple[list[dict], list[dict] | None]:
+    """Every stage against each target; `keep` collects the runs themselves (fault reports)."""
     results: list[dict] = []
     direct: list[dict] | None = [] if direct_url else None
     for i, stage in enumerate(stages):
@@ -103,7 +114,7 @@ async def drive(
         for target, url in targets:
             kind = "conc" if stage.mode == "closed" else "rate"
             label = f"stage {i + 1}/{len(stages)} {target} {kind}={stage.load:g}"
-            m = await measure(args, url, spec, stage, target, label, console)  # type: ignore[arg-type]
+            m = await measure(args, url, spec, stage, target, label, console, keep)  # type: ignore[arg-type]
             (direct if target == "direct" else results).append(m)  # type: ignore[union-attr]
     return results, direct
 

@@ -11,6 +11,7 @@ import argparse
 from mock.config import MockConfig, add_arguments
 
 from . import dataset as dataset_mod
+from . import faults as faults_mod
 from . import prefix as prefix_mod
 from . import search as search_mod
 from . import slo as slo_mod
@@ -23,6 +24,8 @@ USAGE = """loadtest: drive a router or an LLM server, ramp to the knee, report a
   python loadtest.py --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
   python loadtest.py --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
   python loadtest.py --url http://gpu1:11434 --sweep 1,2,4,8,16 --html sweep.html   # Pareto front
+  python loadtest.py --mock-backend --mock-count 2 --rate 50 --duration 60 --fault 30s:kill:mock-1 \
+      --fault 45s:restart:mock-1 --html faults.html        # faults on a schedule, recovery per fault
   python loadtest.py --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
   loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
 """
@@ -198,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--session-header", default=None, help="send the conversation id in this header")
     prefix_mod.add_arguments(p)
     dataset_mod.add_arguments(p)
+    faults_mod.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="PATH", help="write the nomyo-loadtest/1 JSON here")
     out.add_argument("--html", default=None, metavar="PATH", help="write the self-contained HTML report here")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import numbers
+from . import fault_report, numbers
 from . import sweep as sweep_mod
 from .report import COLUMNS, _fmt
 from .svg import Panel, Series, auto_log, chart, esc
@@ -149,6 +149,14 @@ def render(doc: dict[str, Any]) -> str:
         tl = timeline_chart(s, f"{s.get('target', 'router')} {'conc' if mode == 'closed' else 'rate'} {s['load']:g}")
         if tl:
             body.append(tl)
+    if doc.get("faults"):
+        head, rows = fault_report.rows(doc["faults"])
+        body.append(
+            "</div><h2>Faults</h2><p>Marked on the timelines above. Errors: requests failed from the fault "
+            "to the next one; back after: when the error rate (within 1 point) and p99 (within 1.5x) "
+            "of the requests sent returned to their level in the 5 s before the fault; router "
+            "retries and resumed streams from its /metrics.</p>" + _table(head, rows) + "<div>"
+        )
     body.append("</div><h2>Distributions</h2><div class='row'>")
     for key, title in (("e2el_ms", "Latency CDF (ms)"), ("ttft_ms", "TTFT CDF (ms)")):
         series = [
@@ -267,10 +275,13 @@ def timeline_chart(s: dict[str, Any], name: str) -> str | None:
     else:
         return None
     log = auto_log([v for _, _, _, ys in low for v in ys])
+    faults = s.get("faults") or []
     return chart(
         title,
         [Panel(top, "req/s", height=130), Panel(low, "ms (log)" if log else "ms", log=log, height=130)],
         "seconds from the stage's start",
+        marks=[f["at_s"] for f in faults],
+        mark_labels=[f["label"] for f in faults],
         bands=windows,
         w=460,
         xpad=0.0,

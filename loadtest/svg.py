@@ -131,6 +131,7 @@ def chart(
     xlog: bool = False,
     marks: Sequence[float] = (),
     mark_label: str = "knee",
+    mark_labels: Sequence[str] | None = None,
     bands: Sequence[Sequence[float]] = (),
     w: int = 560,
     xticks: Sequence[float] | None = None,
@@ -185,17 +186,26 @@ def chart(
                 f'transform="rotate(-90 13 {mid:.1f})">{esc(p.ylabel)}</text>'
             )
         out += p.extra
-        for m in marks:
+        rows: list[list[tuple[float, float]]] = []  # the labels' extents per row, so none overlaps
+        for mi, m in enumerate(marks):
             out.append(
                 f'<line class="mark" x1="{xs_px(m):.1f}" y1="{top:.1f}" x2="{xs_px(m):.1f}" '
                 f'y2="{bottom:.1f}" stroke="#d33" stroke-dasharray="4 3"/>'
             )
             if k == 0:
-                label = f"{mark_label} {num(m)}"
+                label = mark_labels[mi] if mark_labels is not None else f"{mark_label} {num(m)}"
                 right = xs_px(m) + 4 + text_width(label) <= w - pad_r
                 lx = xs_px(m) + 4 if right else xs_px(m) - 4
+                extent = (lx, lx + text_width(label)) if right else (lx - text_width(label), lx)
+                row = next(
+                    (i for i, r in enumerate(rows) if all(extent[1] + 4 < a or extent[0] - 4 > b for a, b in r)),
+                    len(rows),
+                )
+                if row == len(rows):
+                    rows.append([])
+                rows[row].append(extent)
                 out.append(
-                    f'<text class="marklabel" x="{lx:.1f}" y="{top + 12:.1f}" '
+                    f'<text class="marklabel" x="{lx:.1f}" y="{top + 12 + 13 * row:.1f}" '
                     f'text-anchor="{"start" if right else "end"}" fill="#d33">{esc(label)}</text>'
                 )
         for name, color, sx, sy in p.series:
