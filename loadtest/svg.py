@@ -206,7 +206,8 @@ def chart(
                 rows[row].append(extent)
                 out.append(
                     f'<text class="marklabel" x="{lx:.1f}" y="{top + 12 + 13 * row:.1f}" '
-                    f'text-anchor="{"start" if right else "end"}" fill="#d33">{esc(label)}</text>'
+                    f'text-anchor="{"start" if right else "end"}" fill="#d33" stroke="#fff" stroke-width="3" '
+                    f'paint-order="stroke">{esc(label)}</text>'
                 )
         for name, color, sx, sy in p.series:
             pts = [(xs_px(x), ys_px(v)) for x, v in zip(sx, sy, strict=False) if v is not None and (v > 0 or not p.log)]
