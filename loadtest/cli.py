@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         else None,
         dataset=dataset,
         trace=trace,
+        think=args.think_ms,
+        tool_tokens=args.tool_tokens,
     )
     if args.repeat < 1:
         console.print("[red]loadtest:[/] --repeat must be >= 1")
@@ -130,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
     for cfg in (config, config["changed"]):  # type: ignore[attr-defined]
         if "fault" in cfg:
             cfg["fault"] = [f.text for f in args.fault]
+        if cfg.get("think_ms") is not None:
+            t = args.think_ms
+            cfg["think_ms"] = {"mean_ms": t.mean_ms, "dist": t.dist, "shape": t.shape}
     fleet: Fleet | None = None
     if args.mock_backend:
         wanted = [("--router-port", args.router_port)]
@@ -263,6 +268,10 @@ def _shape_problem(args: argparse.Namespace) -> str | None:
         return "--burstiness shapes gamma arrivals: add --arrival gamma (and --rate)"
     if args.timeslice is not None and args.timeslice <= 0:
         return "--timeslice must be > 0 seconds"
+    if args.tool_tokens < 0:
+        return "--tool-tokens must be >= 0"
+    if (args.think_ms or args.tool_tokens) and args.turns < 2 and not args.trace:
+        return "--think-ms and --tool-tokens act between a session's turns: add --turns N (N >= 2) or a session --trace"
     if args.sweep and (args.ramp or args.rate is not None or args.find_max_rate or args.trace):
         return "--sweep gives the stages' rates itself: leave out --ramp, --rate, --find-max-rate and --trace"
     return None

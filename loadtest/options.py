@@ -14,6 +14,7 @@ from . import dataset as dataset_mod
 from . import faults as faults_mod
 from . import prefix as prefix_mod
 from . import search as search_mod
+from . import sessions as sessions_mod
 from . import slo as slo_mod
 
 USAGE = """loadtest: drive a router or an LLM server, ramp to the knee, report and gate.
@@ -27,6 +28,7 @@ USAGE = """loadtest: drive a router or an LLM server, ramp to the knee, report a
   python loadtest.py --mock-backend --mock-count 2 --rate 50 --duration 60 --fault 30s:kill:mock-1 \
       --fault 45s:restart:mock-1 --html faults.html        # faults on a schedule, recovery per fault
   python loadtest.py --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
+  python loadtest.py --url http://gpu1:11434 --turns 8 --think-ms 2000:poisson --tool-tokens 500  # agents
   loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
 """
 
@@ -202,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     prefix_mod.add_arguments(p)
     dataset_mod.add_arguments(p)
     faults_mod.add_arguments(p)
+    sessions_mod.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="PATH", help="write the nomyo-loadtest/1 JSON here")
     out.add_argument("--html", default=None, metavar="PATH", help="write the self-contained HTML report here")

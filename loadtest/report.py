@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from . import numbers
+from . import numbers, session_report
 
 SCHEMA = "nomyo-loadtest/1"
 
@@ -105,6 +105,8 @@ def print_summary(
             console.print(f"  load {s['load']:g}: endpoint split {split}")
         if set(s["affinity"]) - {"miss"}:  # single-turn load is all misses: nothing to say
             console.print(f"  load {s['load']:g}: affinity {s['affinity']}")
+        if s.get("sessions"):
+            console.print(session_report.line(f"{s['load']:g}", s["sessions"]), highlight=False, soft_wrap=True)
         late = s.get("lateness") or {}
         if late.get("p50_ms") is not None:
             console.print(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import fault_report, numbers
+from . import fault_report, numbers, session_report
 from . import sweep as sweep_mod
 from .report import COLUMNS, _fmt
 from .svg import Panel, Series, auto_log, chart, esc
@@ -149,6 +149,11 @@ def render(doc: dict[str, Any]) -> str:
         tl = timeline_chart(s, f"{s.get('target', 'router')} {'conc' if mode == 'closed' else 'rate'} {s['load']:g}")
         if tl:
             body.append(tl)
+    sessions = session_report.section(
+        stages, _table, lambda s: f"{s.get('target', 'router')} {'conc' if mode == 'closed' else 'rate'} {s['load']:g}"
+    )
+    if sessions:
+        body.append("</div>" + sessions + "<div>")
     if doc.get("faults"):
         head, rows = fault_report.rows(doc["faults"])
         body.append(

@@ -21,6 +21,7 @@ class Timing:
     output_tokens: int
     ttft_s: float
     tok_s: float
+    cached_tokens: int = 0  # prompt tokens found in its KV prefix cache
 
     def ollama(self) -> dict[str, int]:
         prompt_ns = int(self.ttft_s * 1e9)
@@ -34,11 +35,13 @@ class Timing:
             "eval_duration": eval_ns,
         }
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage, with the prompt tokens its KV cache held (as OpenAI and vLLM report them)."""
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.output_tokens,
             "total_tokens": self.prompt_tokens + self.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
 
