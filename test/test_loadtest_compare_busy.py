@@ -1,9 +1,9 @@
-"""compare on a busy machine: identical runs under CPU burners never fail, a 2x slower mock
+"""compare on a busy machine: identical runs under CPU burners never fail, a 2x slower server
 always does (with --strict), and flagged stages are 'not comparable on this machine' (exit 3).
 
-Two real runs under burners, each stage repeated: one of the normal mock with 6 repetitions,
-whose 20 ways of splitting into 3 + 3 repetitions are 20 pairs of identical runs, and one of
-a mock twice as slow with 3."""
+Two real runs against a mock under burners, each stage repeated: one with 6 repetitions,
+whose 20 ways of splitting into 3 + 3 repetitions are 20 pairs of identical runs, and one
+with 3 after the mock was made twice as slow."""
 
 from __future__ import annotations
 
@@ -13,20 +13,20 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 
 from loadtest import compare as compare_mod
 from loadtest.report import write_json
-from mock import free_port
+from mock import MockConfig, MockProcess
 from test.loadtest_run import ROOT
 
 BURN = "import time\nt = time.time() + 60\nwhile time.time() < t: pass\n"
 
 
-def _run(out, repeat, *extra):
+def _run(out, url, repeat):
     p = subprocess.run(
-        [sys.executable, "loadtest.py", "--mock-backend", "--quiet", "--mock-port", str(free_port())]
-        + ["--router-port", str(free_port()), "--concurrency", "8", "--duration", "0.4", "--warmup", "0.1"]
-        + ["--repeat", str(repeat), "--max-error-rate", "1", "--json", str(out), *extra],
+        [sys.executable, "loadtest.py", "--url", url, "--quiet", "--concurrency", "8", "--duration", "0.4"]
+        + ["--warmup", "0.1", "--repeat", str(repeat), "--max-error-rate", "1", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -34,6 +34,12 @@ def _run(out, repeat, *extra):
     )
     assert p.returncode == 0, p.stdout + p.stderr
     return json.loads(out.read_text())
+
+
+def _set(url, **knobs):
+    req = urllib.request.Request(url + "/mock/config", json.dumps(knobs).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 200
 
 
 def _half(doc, picks):
@@ -53,8 +59,10 @@ def _rc(tmp_path, base, cur, *flags):
 def test_busy_machine_identical_runs_pass_and_a_2x_slower_mock_fails(tmp_path, capsys):
     burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(os.cpu_count() or 1)]
     try:
-        same = _run(tmp_path / "same.json", 6)
-        slow = _run(tmp_path / "slow.json", 3, "--mock-ttft-ms", "40", "--mock-tok-ms", "2")
+        with MockProcess(MockConfig(ttft_ms=20.0, tokens=32, tok_ms=1.0, parallel=4096)) as m:
+            same = _run(tmp_path / "same.json", m.url, 6)
+            _set(m.url, ttft_ms=40.0, tok_ms=2.0)  # the same server, twice as slow
+            slow = _run(tmp_path / "slow.json", m.url, 3)
     finally:
         for b in burners:
             b.kill()

@@ -4,12 +4,14 @@ the terminal and the HTML report (marked on the timeline, with its recovery time
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
 import pytest
 from selenium.webdriver.common.by import By
 
+from loadtest.faults import parse
 from mock import MockConfig, MockProcess, free_port
 from test.loadtest_run import ROOT, loadtest
 from test.test_loadtest_html import assert_no_overlap
@@ -61,11 +63,19 @@ def test_kill_and_restart_of_a_spawned_mock_with_its_recovery(tmp_path, browser)
         ("1s:kill:mock-1:x2", "only slow takes a factor"),
     ],
 )
-def test_bad_faults_exit_2(bad, why):
+def test_bad_faults_are_refused(bad, why):
+    with pytest.raises(argparse.ArgumentTypeError, match=why):
+        parse(bad)
+
+
+def test_a_bad_fault_exits_2():
     p = subprocess.run(
-        [sys.executable, "loadtest.py", "--mock-backend", "--fault", bad], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "loadtest.py", "--mock-backend", "--fault", "1s:explode:mock-1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
-    assert p.returncode == 2 and why in p.stderr, p.stderr
+    assert p.returncode == 2 and "unknown action" in p.stderr, p.stderr
 
 
 def test_fault_on_a_server_not_spawned_needs_and_calls_the_hook(tmp_path):

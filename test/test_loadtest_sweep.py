@@ -6,7 +6,7 @@ from __future__ import annotations
 from selenium.webdriver.common.by import By
 
 from loadtest.sweep import CHART_TITLE, METRICS, pareto
-from mock import free_port
+from mock import MockConfig, MockProcess
 from test.loadtest_run import loadtest
 from test.test_loadtest_html import assert_no_overlap
 
@@ -20,13 +20,12 @@ def test_pareto_front():
 def test_sweep_front_against_its_stages_and_in_chromium(tmp_path, browser):
     """4 mock slots of 40 ms: 100 req/s at most, so the last rate queues."""
     page = tmp_path / "s.html"
-    doc, p = loadtest(
-        *("--mock-backend", "--sweep", "20,60,200", "--mock-parallel", "4", "--mock-ttft-ms", "40"),
-        *("--mock-tokens", "1", "--mock-tok-ms", "0", "--duration", "0.6", "--warmup", "0.1"),
-        *("--mock-port", str(free_port()), "--router-port", str(free_port()), "--html", str(page)),
-        json_out=tmp_path / "s.json",
-        timeout=120,
-    )
+    with MockProcess(MockConfig(ttft_ms=40.0, tokens=1, tok_ms=0.0, parallel=4, max_queue=10_000)) as m:
+        doc, p = loadtest(
+            *("--url", m.url, "--sweep", "20,60,200", "--duration", "0.6", "--warmup", "0.1", "--html", str(page)),
+            json_out=tmp_path / "s.json",
+            timeout=120,
+        )
     stages, sweep = doc["stages"], doc["sweep"]
     assert [s["mode"] for s in stages] == ["open"] * 3 and [s["load"] for s in stages] == [20, 60, 200]
     assert [q["rate"] for q in sweep["points"]] == [20, 60, 200]
