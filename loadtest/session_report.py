@@ -111,8 +111,9 @@ def line(load: str, f: dict[str, Any]) -> str:
     ttft = ", ".join(numbers.sig(t["ttft_p50_ms"]) for t in f["per_turn"])
     hits = ", ".join(_pct(t["cache_hit_rate"]) for t in f["per_turn"])
     aff = "; ".join(f"{k} {_pct(v['cache_hit_rate'])}" for k, v in f["by_affinity"].items())
+    turns = numbers.sig(f["turns_mean"], trim=True)
     return (
-        f"  load {load}: {f['sessions']} sessions, {numbers.sig(f['turns_mean'], trim=True)} turns on average; TTFT p50 by "
+        f"  load {load}: {f['sessions']} sessions, {turns} turns on average; TTFT p50 by "
         f"turn {ttft} ms; prefix-cache hits by turn {hits}"
         + (f" ({f['cache_source']}); turns 2+ by affinity: {aff}" if f["cache_source"] else " (not reported)")
     )
@@ -153,8 +154,9 @@ def section(stages: list[dict[str, Any]], table: Any, name: Any) -> str:
             for t in f["per_turn"]
         ]  # fmt: skip
         aff = ", ".join(f"{k}: {_pct(v['cache_hit_rate'])} of {v['requests']}" for k, v in f["by_affinity"].items())
+        mean = numbers.sig(f["turns_mean"], trim=True)
         out.append(
-            f"<p>{label}: {f['sessions']} sessions, {numbers.sig(f['turns_mean'], trim=True)} turns on average; cache hits "
+            f"<p>{label}: {f['sessions']} sessions, {mean} turns on average; cache hits "
             f"{_pct(f['cache_hit_rate'])} of prompt tokens, turns 2+ {_pct(f['cache_hit_rate_turn2plus'])} "
             f"({f['cache_source'] or 'not reported by the backend'}); turns 2+ by the router's affinity: "
             f"{aff or '-'}</p>" + table(head, rows)
