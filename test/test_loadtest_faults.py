@@ -94,3 +94,11 @@ def test_fault_on_a_server_not_spawned_needs_and_calls_the_hook(tmp_path):
     assert said.read_text().split() == ["slow", "gpu-1", "3"]
     (f,) = doc["faults"]
     assert f["ok"] and f["detail"] == "hook: slowed it" and f["router_retries"] is None  # a mock has no router metrics
+
+
+def test_a_killed_mock_does_not_break_the_cache_report():
+    from loadtest.prefix import kv_stats
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    kv = kv_stats([dead])
+    assert kv["hit_rate"] is None and "unreachable" in kv["per_mock"][dead]
