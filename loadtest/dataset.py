@@ -224,6 +224,8 @@ def _trace(args: argparse.Namespace) -> Any:
         if sessions.is_session_line(lines[0][1]):  # type: ignore[index]
             if args.trace_speed <= 0:
                 raise ValueError("--trace-speed must be > 0")
+            if args.turns > 1:
+                raise ValueError(f"{args.trace} is a session trace: its lines give the turns; leave out --turns")
             read = [sessions.read_session(n, d, args.trace) for n, d in lines]  # type: ignore[misc]
             return sessions.SessionTrace(args.trace, read, args.trace_speed)
     return Trace(args.trace, args.trace_speed, args.trace_block_tokens)
