@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
+import random
 import sys
 from typing import Any
 
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         else None,
         dataset=dataset,
         trace=trace,
-        think=args.think_ms,
+        think=dataclasses.replace(args.think_ms, rng=random.Random(args.seed)) if args.think_ms else None,
         tool_tokens=args.tool_tokens,
     )
     if args.repeat < 1:
