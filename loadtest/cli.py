@@ -198,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
             faults = fault_report.analyse(injector.done, runs, injector.router_events())
             fault_report.mark_stages(results, runs, faults)
             config["faults_done"] = fault_report.public(faults)
+            for text in injector.missed():
+                console.print(f"[yellow]loadtest:[/] --fault {text}: the run ended before its time", highlight=False)
         if fleet is not None:
             kv = prefix_mod.kv_stats([m.url for m in fleet.mocks])
             config["mock_kv_cache"] = kv
@@ -259,7 +261,7 @@ async def _with_faults(injector: faults_mod.Injector, work: Any) -> Any:
     try:
         return await work
     finally:
-        task.cancel()
+        injector.stop()
         await asyncio.gather(task, return_exceptions=True)
 
 

@@ -126,13 +126,22 @@ class Injector:
     router_url: str | None
     done: list[dict[str, Any]] = field(default_factory=list)
     t0: float = 0.0
+    _stop: asyncio.Event | None = None
 
     async def run(self) -> None:
+        """Until the schedule is done or `stop()`; an action under way is finished first, so a
+        mock being restarted is in the fleet (and stopped with it) when the run ends."""
         self.t0 = time.perf_counter()
+        self._stop = asyncio.Event()
         for f in sorted(self.faults, key=lambda f: f.at_s):
             delay = self.t0 + f.at_s - time.perf_counter()
             if delay > 0:
-                await asyncio.sleep(delay)
+                try:
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                except TimeoutError:
+                    pass
+            if self._stop.is_set():
+                return
             events = await asyncio.to_thread(self.router_events)
             at = time.perf_counter()
             try:
@@ -144,6 +153,15 @@ class Injector:
             self.done.append(
                 {"fault": f, "at": at, "took_s": round(took, 3), "ok": ok, "detail": detail, "events": events}
             )
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    def missed(self) -> list[str]:
+        """The faults the run ended before."""
+        done = {id(d["fault"]) for d in self.done}
+        return [f.text for f in self.faults if id(f) not in done]
 
     def _act(self, f: Fault) -> str:
         m = _MOCK.match(f.target)
