@@ -234,7 +234,8 @@ def chart(
         f'<text class="xlabel" x="{pad_l + plot_w / 2:.1f}" y="{bottom + 32:.1f}" '
         f'text-anchor="middle">{esc(xlabel)}</text>'
     )
-    legend, h = _legend(every, pad_l, w - pad_r, bottom + 50)
+    dots = {name for p in panels for name in p.points_only}
+    legend, h = _legend(every, pad_l, w - pad_r, bottom + 50, dots)
     head = (
         f'<svg class="chart" data-title="{esc(title)}" xmlns="http://www.w3.org/2000/svg" width="{w}" '
         f'height="{h:.0f}" viewBox="0 0 {w} {h:.0f}" font-family="sans-serif" font-size="{FONT}">'
@@ -244,7 +245,9 @@ def chart(
     return head + "".join(out) + legend + "</svg>"
 
 
-def _legend(series: list[Series], left: float, right: float, top: float) -> tuple[str, float]:
+def _legend(
+    series: list[Series], left: float, right: float, top: float, dots: set[str] | None = None
+) -> tuple[str, float]:
     """The series' names in rows below the plot: (svg, the chart's height)."""
     out, x, y = [], left, top
     seen: set[str] = set()
@@ -255,10 +258,12 @@ def _legend(series: list[Series], left: float, right: float, top: float) -> tupl
         width = 18 + text_width(name)
         if x > left and x + width > right:
             x, y = left, y + 16
-        out.append(
-            f'<line x1="{x:.1f}" y1="{y - 4:.1f}" x2="{x + 14:.1f}" y2="{y - 4:.1f}" stroke="{color}" '
-            f'stroke-width="3"/><text class="legend" x="{x + 18:.1f}" y="{y:.1f}" fill="#333">'
-            f"{esc(name)}</text>"
+        mark = (
+            f'<circle cx="{x + 7:.1f}" cy="{y - 4:.1f}" r="3" fill="{color}"/>'  # drawn as points: a point
+            if dots and name in dots
+            else f'<line x1="{x:.1f}" y1="{y - 4:.1f}" x2="{x + 14:.1f}" y2="{y - 4:.1f}" stroke="{color}" '
+            f'stroke-width="3"/>'
         )
+        out.append(f'{mark}<text class="legend" x="{x + 18:.1f}" y="{y:.1f}" fill="#333">{esc(name)}</text>')
         x += width + 14
     return "".join(out), (y + 10 if out else top - 10)
