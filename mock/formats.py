@@ -22,6 +22,7 @@ class Timing:
     ttft_s: float
     tok_s: float
     cached_tokens: int = 0  # prompt tokens found in its KV prefix cache
+    eval_uncached: bool = False  # Ollama's prompt_eval_count without them, as a real Ollama counts
 
     def ollama(self) -> dict[str, int]:
         prompt_ns = int(self.ttft_s * 1e9)
@@ -29,7 +30,7 @@ class Timing:
         return {
             "total_duration": prompt_ns + eval_ns,
             "load_duration": 0,
-            "prompt_eval_count": self.prompt_tokens,
+            "prompt_eval_count": self.prompt_tokens - self.cached_tokens if self.eval_uncached else self.prompt_tokens,
             "prompt_eval_duration": prompt_ns,
             "eval_count": self.output_tokens,
             "eval_duration": eval_ns,

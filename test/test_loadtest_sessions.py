@@ -115,3 +115,25 @@ def test_a_bad_session_line_is_refused_with_its_line(tmp_path):
         [sys.executable, "loadtest.py", "--trace", str(bad)], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert p.returncode == 2 and f"{bad}:2" in p.stdout and "turns" in p.stdout
+
+
+async def test_the_mock_counts_prompt_eval_as_ollama_does_when_asked():
+    """With eval_count_uncached, Ollama's prompt_eval_count leaves out the prompt tokens its KV
+    cache held; the switch goes through the mock's command line both ways."""
+    import aiohttp
+
+    from mock import run_mock
+    from mock.config import MockConfig as Config
+    from mock.runner import config_args
+
+    assert "--eval-count-uncached" in config_args(Config(eval_count_uncached=True))
+    assert "--no-eval-count-uncached" in config_args(Config())
+    history = [{"role": "user", "content": "tell me about the sea " * 60}]
+    async with run_mock(tokens=4, tok_ms=0, ttft_ms=0, eval_count_uncached=True) as m, aiohttp.ClientSession() as s:
+        counts = []
+        for _ in range(2):
+            body = {"model": "llama3", "messages": history, "stream": False}
+            async with s.post(m.url + "/api/chat", json=body) as r:
+                counts.append((await r.json())["prompt_eval_count"])
+        kv = (await (await s.get(m.url + "/mock/stats")).json())["kv_cache"]
+    assert counts[0] > 300 and counts[1] == counts[0] - kv["hit_tokens"] < counts[0] // 4
