@@ -56,6 +56,8 @@ def compare(base: str, cur: str, args: argparse.Namespace) -> tuple[int, str]:
     cmd = [sys.executable, "loadtest.py", "compare", base, cur, "--max-regression", args.max_regression]
     if args.advisory:
         cmd += ["--advisory", args.advisory]
+    if args.strict:  # gate stages flagged MACHINE-BUSY too (else they exit 3: not comparable here)
+        cmd.append("--strict")
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr
     return p.returncode, last
@@ -75,11 +77,12 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--max-regression", default="throughput=10%,p50=15%,p99=30%,ttft=15%")
     ap.add_argument("--advisory", default="")
+    ap.add_argument("--strict", action="store_true", help="pass --strict to compare (gate flagged stages)")
     ap.add_argument("--keep", default=None, help="keep the JSON files in this directory")
     args = ap.parse_args()
     tmp = args.keep or tempfile.mkdtemp(prefix="compare-gate-")
     os.makedirs(tmp, exist_ok=True)
-    same_pass = slow_fail = 0
+    same_pass = slow_fail = busy = 0
     t0 = time.time()
     for i in range(args.trials):
         base, same, slow = (os.path.join(tmp, f"{k}{i}.json") for k in ("base", "same", "slow"))
@@ -91,6 +94,7 @@ def main() -> int:
         rc_slow, why_slow = compare(base, slow, args)
         same_pass += rc_same == 0
         slow_fail += rc_slow == 1
+        busy += (rc_same == 3) + (rc_slow == 3)
         print(
             f"trial {i + 1:2d}: identical -> exit {rc_same} ({why_same}); 20% slower -> exit {rc_slow} ({why_slow})",
             flush=True,
@@ -106,6 +110,8 @@ def main() -> int:
                 "duration": args.duration,
                 "max_regression": args.max_regression,
                 "advisory": args.advisory,
+                "strict": args.strict,
+                "not_comparable_here": busy,
                 "seconds": round(time.time() - t0),
             }
         )

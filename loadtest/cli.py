@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
+import random
 import sys
+from typing import Any
 
 from rich.console import Console
 
@@ -18,12 +21,15 @@ from mock.config import from_namespace
 
 from . import compare as compare_mod
 from . import dataset as dataset_mod
+from . import fault_report
+from . import faults as faults_mod
 from . import models as models_mod
 from . import prefix as prefix_mod
 from . import search as search_mod
 from . import slo as slo_mod
+from . import sweep as sweep_mod
 from .drive import drive
-from .engine import Stage
+from .engine import Stage, StageRun
 from .knee import find_knee
 from .options import build_parser
 from .orchestrate import Fleet, install_sigterm_as_interrupt
@@ -35,8 +41,10 @@ from .workload import WorkloadSpec
 def stages_from(args: argparse.Namespace, trace: dataset_mod.Trace | None = None) -> list[Stage]:
     if trace is not None:  # one stage: the whole trace, every request measured
         return [Stage(mode="trace", load=round(trace.mean_rate, 3), duration=None, warmup=0.0, seed=args.seed)]
-    open_loop = args.rate is not None
-    if args.ramp:
+    open_loop = args.rate is not None or args.sweep is not None
+    if args.sweep:
+        loads = args.sweep
+    elif args.ramp:
         loads = args.ramp
     elif open_loop:
         if args.rate <= 0:
@@ -98,11 +106,13 @@ def run(args: argparse.Namespace) -> int:
         else None,
         dataset=dataset,
         trace=trace,
+        think=dataclasses.replace(args.think_ms, rng=random.Random(args.seed)) if args.think_ms else None,
+        tool_tokens=args.tool_tokens,
     )
     if args.repeat < 1:
         console.print("[red]loadtest:[/] --repeat must be >= 1")
         return 2
-    shape = _shape_problem(args)
+    shape = _shape_problem(args) or faults_mod.problem(args)
     if shape:
         console.print(f"[red]loadtest:[/] {shape}", highlight=False)
         return 2
@@ -121,6 +131,12 @@ def run(args: argparse.Namespace) -> int:
         "trace": os.path.basename(args.trace) if args.trace else None,
     }
     config["stages"] = [vars(s) for s in stages]
+    for cfg in (config, config["changed"]):  # type: ignore[attr-defined]
+        if "fault" in cfg:
+            cfg["fault"] = [f.text for f in args.fault]
+        if cfg.get("think_ms") is not None:
+            t = args.think_ms
+            cfg["think_ms"] = {"mean_ms": t.mean_ms, "dist": t.dist, "shape": t.shape}
     fleet: Fleet | None = None
     if args.mock_backend:
         wanted = [("--router-port", args.router_port)]
@@ -162,11 +178,28 @@ def run(args: argparse.Namespace) -> int:
             return 2
         if known.message:
             console.print(f"[yellow]loadtest:[/] {known.message}", highlight=False, soft_wrap=True)
+        runs: list[StageRun] = []
+        injector = None
         if args.find_max_rate:
             search, results = asyncio.run(search_mod.find_max_rate(args, url, spec, console))
             direct = None
+        elif args.fault:
+            injector = faults_mod.Injector(
+                args.fault,
+                fleet.mocks if fleet else [],
+                mock_cfg if fleet else None,
+                args.fault_hook,
+                url,
+            )
+            results, direct = asyncio.run(_with_faults(injector, drive(args, spec, stages, url, None, console, runs)))
         else:
             results, direct = asyncio.run(drive(args, spec, stages, url, direct_url, console))
+        if injector is not None:
+            faults = fault_report.analyse(injector.done, runs, injector.router_events())
+            fault_report.mark_stages(results, runs, faults)
+            config["faults_done"] = fault_report.public(faults)
+            for text in injector.missed():
+                console.print(f"[yellow]loadtest:[/] --fault {text}: the run ended before its time", highlight=False)
         if fleet is not None:
             kv = prefix_mod.kv_stats([m.url for m in fleet.mocks])
             config["mock_kv_cache"] = kv
@@ -186,7 +219,15 @@ def run(args: argparse.Namespace) -> int:
             fleet.stop()
     knee = find_knee(results)
     print_summary(console, results, knee, "open" if args.find_max_rate else stages[0].mode, direct)
+    faults_done = config.pop("faults_done", None)
     doc = document(config, results, knee, direct)
+    if faults_done is not None:
+        doc["faults"] = faults_done
+        for line in fault_report.lines(faults_done):
+            console.print(line, highlight=False, soft_wrap=True)
+    if args.sweep:
+        doc["sweep"] = sweep_mod.summarize(results)
+        console.print(sweep_mod.summary_line(doc["sweep"]), highlight=False, soft_wrap=True)
     if args.find_max_rate:
         doc["max_rate"] = search
         console.print(search_mod.summary_line(search), highlight=False, soft_wrap=True)
@@ -214,6 +255,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _with_faults(injector: faults_mod.Injector, work: Any) -> Any:
+    """The stages, with the faults' schedule running beside them from the first one's start."""
+    task = asyncio.ensure_future(injector.run())
+    try:
+        return await work
+    finally:
+        injector.stop()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 def _shape_problem(args: argparse.Namespace) -> str | None:
     if args.burstiness <= 0:
         return "--burstiness must be > 0"
@@ -221,6 +272,12 @@ def _shape_problem(args: argparse.Namespace) -> str | None:
         return "--burstiness shapes gamma arrivals: add --arrival gamma (and --rate)"
     if args.timeslice is not None and args.timeslice <= 0:
         return "--timeslice must be > 0 seconds"
+    if args.tool_tokens < 0:
+        return "--tool-tokens must be >= 0"
+    if (args.think_ms or args.tool_tokens) and args.turns < 2 and not args.trace:
+        return "--think-ms and --tool-tokens act between a session's turns: add --turns N (N >= 2) or a session --trace"
+    if args.sweep and (args.ramp or args.rate is not None or args.find_max_rate or args.trace):
+        return "--sweep gives the stages' rates itself: leave out --ramp, --rate, --find-max-rate and --trace"
     return None
 
 

@@ -32,6 +32,13 @@ class Result:
     answer: str = ""
     turn: int = 0
     send_lag: float = 0.0  # actual send - intended send
+    session: str | None = None  # the conversation or agent session it belongs to
+    prompt_est: int = 0  # prompt tokens as the load tester counts them (4 characters each)
+    # what the backend reported of the prompt: OpenAI usage.prompt_tokens and its
+    # prompt_tokens_details.cached_tokens; Ollama's prompt_eval_count (tokens it evaluated)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    prompt_eval: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -58,13 +65,34 @@ def _has_content(line: bytes) -> bool | None:
     return m.group(1) != b'"'
 
 
-def _content(api: str, line: bytes) -> tuple[str, int | None, bool]:
-    """(text, output token count if the chunk carries usage, stream finished?) of one chunk."""
+def prompt_usage(r: Result, api: str, d: Any) -> None:
+    """What a final chunk or whole answer says of the prompt: Ollama's prompt_eval_count,
+    OpenAI's usage.prompt_tokens and prompt_tokens_details.cached_tokens."""
+    if not isinstance(d, dict):
+        return
+    if api == "ollama":
+        v = d.get("prompt_eval_count")
+        r.prompt_eval = v if isinstance(v, int) else r.prompt_eval
+        return
+    usage = d.get("usage")
+    if isinstance(usage, dict):
+        if isinstance(usage.get("prompt_tokens"), int):
+            r.prompt_tokens = usage["prompt_tokens"]
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            r.cached_tokens = details["cached_tokens"]
+
+
+def _content(api: str, line: bytes, r: Result | None = None) -> tuple[str, int | None, bool]:
+    """(text, output token count if the chunk carries usage, stream finished?) of one chunk;
+    a chunk with usage also fills `r`'s prompt figures."""
     if api == "ollama":
         d = json.loads(line)
         if "error" in d:
             raise ProtocolError(str(d["error"]))
         text = (d.get("message") or {}).get("content") or d.get("response") or ""
+        if d.get("done") and r is not None:
+            prompt_usage(r, api, d)
         return text, d.get("eval_count") if d.get("done") else None, bool(d.get("done"))
     if not line.startswith(b"data:"):
         return "", None, False
@@ -76,6 +104,8 @@ def _content(api: str, line: bytes) -> tuple[str, int | None, bool]:
         raise ProtocolError(str(d["error"]))
     usage = d.get("usage")
     count = usage.get("completion_tokens") if usage else None
+    if usage and r is not None:
+        prompt_usage(r, api, d)
     choices = d.get("choices") or []
     if not choices:
         return "", count, False
@@ -148,7 +178,7 @@ class _Measure(ResponseHandler):
                     self.chunks_at.append(t)
                 return
         try:
-            text, c, fin = _content(self.api, line)
+            text, c, fin = _content(self.api, line, self.r)
         except (ValueError, ProtocolError) as e:
             self.bad = str(e)
             return
@@ -197,7 +227,9 @@ async def send(
             r.error = f"http_{r.status}"
         elif not streaming:
             try:
-                text, r.out_tokens = _whole_answer(api, endpoint, json.loads(b"".join(m.body)))
+                data = json.loads(b"".join(m.body))
+                text, r.out_tokens = _whole_answer(api, endpoint, data)
+                prompt_usage(r, api, data)
                 r.ttft = r.end - start
                 if keep_answer:
                     m.parts.append(text)

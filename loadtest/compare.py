@@ -7,10 +7,17 @@ Stages are matched by target, mode and load; runs whose ramps, models, APIs, end
 streaming differ are not comparable (exit 2). A gated metric regresses when it moves the
 wrong way (throughput and goodput down; latency and TTFT up) by more than its threshold
 AND by more than the noise: with `nomyo-loadtest --repeat N` on both sides, the 95% bootstrap
-interval of the change of the median must lie wholly on the bad side of zero (see
-loadtest/noise.py); without repetitions only the threshold applies. The error rate
-regresses when it rises by more than `--max-error-increase` (absolute). Exit 0: no
-regression; 1: a regression (of a metric that is not advisory); 2: not comparable.
+interval of the change of the median must lie wholly on the bad side of zero and the
+change must exceed the repetitions' own spread ((max - min) / median of each run, the two
+added; see loadtest/noise.py); without repetitions only the threshold applies. The error
+rate regresses when it rises by more than `--max-error-increase` (absolute).
+
+A stage flagged MACHINE-BUSY or CLIENT-BOUND in either run measured the machine or the load
+generator as much as the server: it is "not comparable on this machine" (exit 3) unless
+`--strict`, which gates it like any other stage. Exit 0: no regression; 1: a regression (of
+a metric that is not advisory, in a stage both runs measured cleanly or with --strict); 2:
+not comparable (other stages, model, API...); 3: no regression among the clean stages, but
+a stage was flagged in either run.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import noise
+from . import noise, numbers
 from .report import SCHEMA
 
 # name on the command line -> (stage key, +1 when higher is better / -1 when lower is)
@@ -37,6 +44,7 @@ METRICS: dict[str, tuple[str, int]] = {
 }
 DEFAULT_THRESHOLDS = {"throughput": 0.10, "goodput": 0.10, "p50": 0.15, "p99": 0.30, "ttft": 0.15, "ttft_p99": 0.30}
 WORKLOAD_KEYS = ("api", "endpoint", "stream", "model", "dataset", "trace")
+EXIT_OK, EXIT_REGRESSED, EXIT_INCOMPARABLE, EXIT_BUSY = 0, 1, 2, 3
 
 
 def parse_percent(text: str) -> float:
@@ -117,29 +125,59 @@ def incomparable(base: dict[str, Any], cur: dict[str, Any]) -> str | None:
     return None
 
 
+def flagged(stage: dict[str, Any]) -> str | None:
+    """CLIENT-BOUND or MACHINE-BUSY when the stage's self-check flagged it, else None."""
+    c = stage.get("client") or {}
+    if c.get("bottleneck"):
+        return "CLIENT-BOUND"
+    if c.get("machine_bound"):
+        return "MACHINE-BUSY"
+    return None
+
+
+def busy_stages(base: dict[str, Any], cur: dict[str, Any]) -> list[str]:
+    """'router 32: MACHINE-BUSY in baseline' for each stage flagged in either run."""
+    by_key = {_key(s): s for s in base["stages"] + base.get("direct", [])}
+    out = []
+    for s in cur["stages"] + cur.get("direct", []):
+        runs = [(name, flagged(st)) for name, st in (("baseline", by_key.get(_key(s), {})), ("current", s))]
+        why = ", ".join(f"{flag} in {name}" for name, flag in runs if flag)
+        if why:
+            out.append(f"{s.get('target', 'router')} {s['load']:g}: {why}")
+    return out
+
+
 def compare(
     base: dict[str, Any],
     cur: dict[str, Any],
     thresholds: dict[str, float],
     max_error_increase: float,
     advisory: set[str] = frozenset(),
+    strict: bool = True,
 ) -> tuple[list[dict[str, Any]], bool]:
-    """One row per stage and metric; True when a non-advisory metric regressed."""
+    """One row per stage and metric; True when a non-advisory metric regressed. Without
+    `strict`, a stage flagged in either run never regresses: its would-be regressions read
+    `busy` (the caller reports the stage as not comparable on this machine)."""
     rows: list[dict[str, Any]] = []
     by_key = {_key(s): s for s in base["stages"] + base.get("direct", [])}
     regressed = False
     for s in cur["stages"] + cur.get("direct", []):
         b = by_key[_key(s)]
         where = f"{s.get('target', 'router')} {s['load']:g}"
+        gated = strict or not (flagged(b) or flagged(s))
         for name, (key, sign) in METRICS.items():
-            got = noise.change_interval(noise.values(b, key), noise.values(s, key))
-            if got is None or not noise.values(s, key):
+            bv, cv = noise.values(b, key), noise.values(s, key)
+            got = noise.change_interval(bv, cv)
+            if got is None or not cv:
                 continue
             change, lo, hi = got
             bad_change = -change * sign  # > 0: the bad direction
             beyond_threshold = bad_change > thresholds[name]
             beyond_noise = (lo > 0 if sign < 0 else hi < 0) if lo != hi else True
-            if beyond_threshold and beyond_noise:
+            beyond_noise = beyond_noise and bad_change > noise.rel_spread(bv) + noise.rel_spread(cv)
+            if beyond_threshold and beyond_noise and not gated:
+                verdict = "busy"
+            elif beyond_threshold and beyond_noise:
                 verdict = "advisory" if name in advisory else "REGRESSED"
             elif beyond_threshold:
                 verdict = "noise"
@@ -160,7 +198,7 @@ def compare(
             )
             regressed |= verdict == "REGRESSED"
         rise = s["error_rate"] - b["error_rate"]
-        verdict = "REGRESSED" if rise > max_error_increase else "ok"
+        verdict = ("REGRESSED" if gated else "busy") if rise > max_error_increase else "ok"
         rows.append(
             {
                 "stage": where,
@@ -215,20 +253,27 @@ def main(argv: list[str]) -> int:
         default=0.01,
         help="allowed absolute rise of the error rate (default 0.01 = 1 point)",
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="also gate stages flagged MACHINE-BUSY or CLIENT-BOUND in either run (default: such "
+        "a stage is not comparable on this machine, exit 3)",
+    )
     args = p.parse_args(argv)
     console = Console(width=160)
     try:
         base, cur = _load(args.baseline), _load(args.current)
     except (OSError, ValueError) as e:
         console.print(f"[red]compare:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        return 2
+        return EXIT_INCOMPARABLE
     why = incomparable(base, cur)
     if why is None and not cur["stages"]:
         why = "the current run has no stages"
     if why:
         console.print(f"[red]NOT COMPARABLE:[/] {escape(why)}", highlight=False, soft_wrap=True)
-        return 2
-    rows, regressed = compare(base, cur, args.max_regression, args.max_error_increase, args.advisory)
+        return EXIT_INCOMPARABLE
+    busy = [] if args.strict else busy_stages(base, cur)
+    rows, regressed = compare(base, cur, args.max_regression, args.max_error_increase, args.advisory, args.strict)
     t = Table(
         title="compare: regressed = beyond the threshold and beyond the noise (95% bootstrap interval "
         "of the change of the median of repetitions)"
@@ -246,12 +291,13 @@ def main(argv: list[str]) -> int:
             "REGRESSED": "[red]REGRESSED[/]",
             "advisory": "[yellow]advisory[/]",
             "noise": "[yellow]within noise[/]",
+            "busy": "[yellow]busy: not gated[/]",
         }.get(r["verdict"], "ok")
         t.add_row(
             escape(r["stage"]),
             r["metric"],
-            f"{r['baseline']:.4g}",
-            f"{r['current']:.4g}",
+            numbers.sig(r["baseline"]),
+            numbers.sig(r["current"]),
             change,
             interval,
             thr,
@@ -262,6 +308,15 @@ def main(argv: list[str]) -> int:
     if regressed:
         bad = sorted({f"{r['metric']} at {r['stage']}" for r in rows if r["verdict"] == "REGRESSED"})
         console.print("[red]REGRESSION:[/] " + escape("; ".join(bad)), highlight=False, soft_wrap=True)
-        return 1
+        return EXIT_REGRESSED
+    if busy:
+        console.print(
+            "[yellow]NOT COMPARABLE ON THIS MACHINE:[/] " + escape("; ".join(busy)) + " (the numbers measure the "
+            "machine or the load generator as much as the server; rerun on a quiet machine, or gate "
+            "them anyway with --strict)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_BUSY
     console.print("[green]no regression[/]")
-    return 0
+    return EXIT_OK

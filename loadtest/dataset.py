@@ -215,7 +215,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load(args: argparse.Namespace) -> tuple[Dataset | None, Trace | None]:
+def _trace(args: argparse.Namespace) -> Any:
+    """A session trace (lines with `turns`, loadtest/sessions.py) or a request trace."""
+    from . import sessions
+
+    if not burstgpt.is_burstgpt(args.trace):
+        lines = _lines(args.trace, "trace")
+        if sessions.is_session_line(lines[0][1]):  # type: ignore[index]
+            if args.trace_speed <= 0:
+                raise ValueError("--trace-speed must be > 0")
+            if args.turns > 1:
+                raise ValueError(f"{args.trace} is a session trace: its lines give the turns; leave out --turns")
+            read = [sessions.read_session(n, d, args.trace) for n, d in lines]  # type: ignore[misc]
+            return sessions.SessionTrace(args.trace, read, args.trace_speed)
+    return Trace(args.trace, args.trace_speed, args.trace_block_tokens)
+
+
+def load(args: argparse.Namespace) -> tuple[Dataset | None, Any]:
     """The --dataset and --trace of the command line; ValueError with file:line on bad input."""
     if args.dataset and args.trace:
         raise ValueError("--dataset and --trace are two workloads; give one")
@@ -224,7 +240,7 @@ def load(args: argparse.Namespace) -> tuple[Dataset | None, Trace | None]:
     try:
         return (
             Dataset(args.dataset) if args.dataset else None,
-            Trace(args.trace, args.trace_speed, args.trace_block_tokens) if args.trace else None,
+            _trace(args) if args.trace else None,
         )
     except OSError as e:
         raise ValueError(f"{e.filename}: {e.strerror}") from None

@@ -15,6 +15,7 @@ from rich.text import Text
 from . import machine, noise
 from .engine import Progress, Stage, StageRun, run_stage
 from .metrics import summarize
+from .numbers import sig
 from .timeslice import timeslices
 from .workload import WorkloadSpec
 
@@ -56,7 +57,14 @@ async def run_one(
 
 
 async def measure(
-    args: argparse.Namespace, url: str, spec: WorkloadSpec, stage: Stage, target: str, label: str, console: Console
+    args: argparse.Namespace,
+    url: str,
+    spec: WorkloadSpec,
+    stage: Stage,
+    target: str,
+    label: str,
+    console: Console,
+    keep: list[StageRun] | None = None,
 ) -> dict:
     """One stage, `args.repeat` times back to back: the pooled summary, with the
     repetitions' gated metrics and their spread when there are several."""
@@ -65,6 +73,8 @@ async def measure(
         st = dataclasses.replace(stage, seed=stage.seed + 7919 * rep)
         rl = f"{label} rep {rep + 1}/{args.repeat}" if args.repeat > 1 else label
         runs.append(await run_one(url, spec, st, args.timeout, target, rl, console, args.quiet))
+    if keep is not None:
+        keep.extend(runs)
     m = summarize(merge(runs), args.slo)
     if getattr(args, "timeslice", None):
         many = len(runs) > 1
@@ -75,12 +85,12 @@ async def measure(
     if len(runs) > 1:
         m["repetitions"] = [noise.repetition(summarize(r, args.slo)) for r in runs]
         m["spread"] = noise.spread(m["repetitions"])
-    good = f", goodput {m['goodput']:.1f} req/s" if "goodput" in m else ""
+    good = f", goodput {sig(m['goodput'])} req/s" if "goodput" in m else ""
     spread = m.get("spread", {}).get("request_throughput")
-    rs = f" (reps {spread['min']:.1f}..{spread['max']:.1f})" if spread else ""
+    rs = f" (reps {sig(spread['min'])}..{sig(spread['max'])})" if spread else ""
     console.print(
-        f"{label}: {m['completed']} ok, {m['failed']} err, {m['request_throughput']:.1f} req/s{rs}"
-        f"{good}, p50 {m['median_e2el_ms']} ms",
+        f"{label}: {m['completed']} ok, {m['failed']} err, {sig(m['request_throughput'])} req/s{rs}"
+        f"{good}, p50 {sig(m['median_e2el_ms'])} ms",
         highlight=False,
     )
     return m
@@ -93,7 +103,9 @@ async def drive(
     router_url: str,
     direct_url: str | None,
     console: Console,
+    keep: list[StageRun] | None = None,
 ) -> tuple[list[dict], list[dict] | None]:
+    """Every stage against each target; `keep` collects the runs themselves (fault reports)."""
     results: list[dict] = []
     direct: list[dict] | None = [] if direct_url else None
     for i, stage in enumerate(stages):
@@ -102,7 +114,7 @@ async def drive(
         for target, url in targets:
             kind = "conc" if stage.mode == "closed" else "rate"
             label = f"stage {i + 1}/{len(stages)} {target} {kind}={stage.load:g}"
-            m = await measure(args, url, spec, stage, target, label, console)  # type: ignore[arg-type]
+            m = await measure(args, url, spec, stage, target, label, console, keep)  # type: ignore[arg-type]
             (direct if target == "direct" else results).append(m)  # type: ignore[union-attr]
     return results, direct
 
@@ -111,4 +123,4 @@ def _progress_line(label: str, prog: Progress) -> str:
     elapsed = time.perf_counter() - prog.t0 if prog.t0 else 0.0
     rate = prog.done / elapsed if elapsed > 0 else 0.0
     phase = "measuring" if prog.measuring else "warming up"
-    return f"{label} | {phase} | {elapsed:5.1f}s | {rate:8.1f} req/s | errors {prog.errors}"
+    return f"{label} | {phase} | {elapsed:5.1f}s | {sig(rate):>8} req/s | errors {prog.errors}"

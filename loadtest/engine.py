@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import machine
+from . import machine, sessions
 from .client import Result, send
 from .http import Client
 from .workload import Conversation, WorkloadSpec
@@ -211,31 +211,51 @@ async def _run(
             else:
                 data = client.build(spec.path, conv.next_body(), conv.headers())
                 r = await send(client, data, spec.api, spec.endpoint, spec.stream, timeout, now, keep_answer=True)
-                r.turn = conv.turn + 1
+                r.turn, r.session, r.prompt_est = conv.turn + 1, conv.id, conv.prompt_tokens
                 if r.ok:
                     conv.record(r.answer)
                 if not r.ok or conv.finished:
                     number += 1
                     conv = new_conv(uid, number)
+                elif spec.think is not None:  # the user (or the agent's tool) takes its time
+                    take(r, uid)
+                    await asyncio.sleep(spec.think.seconds())
+                    continue
             take(r, uid)
 
     async def replay(k: int, e: Any, at: float) -> None:
         """One trace arrival: --turns turns of its session, back to back."""
         key = e.session or f"t{k}"
         for turn in range(spec.turns):
+            if turn and spec.think is not None:
+                await asyncio.sleep(spec.think.seconds())
             messages = spec.trace.messages(e, key)
             headers = {**spec.headers, spec.session_header: key} if spec.session_header else spec.headers
             data = client.build(spec.path, spec.trace.body(spec, e, messages), headers)
             start = at if turn == 0 else time.perf_counter()
             r = await send(client, data, spec.api, spec.endpoint, spec.stream, timeout, start, keep_answer=True)
-            r.turn = turn + 1
+            r.turn, r.session, r.prompt_est = turn + 1, key, sessions.prompt_tokens(messages)
             take(r)
             if not r.ok:
                 return
             spec.trace.record(key, messages, r.answer)
 
+    async def agent_turn(key: str, turn: int, messages: list[Any], out: int | None, start: float) -> Any:
+        headers = {**spec.headers, spec.session_header: key} if spec.session_header else spec.headers
+        if spec.endpoint == "chat":
+            body = spec.body(messages, max_tokens=out)
+        else:
+            body = spec.body(prompt="\n\n".join(str(m["content"]) for m in messages), max_tokens=out)
+        data = client.build(spec.path, body, headers)
+        r = await send(client, data, spec.api, spec.endpoint, spec.stream, timeout, start, keep_answer=True)
+        r.turn, r.session, r.prompt_est = turn, key, sessions.prompt_tokens(messages)
+        take(r)
+        return r
+
     monitor.start()
-    if stage.mode == "closed":
+    if stage.mode == "trace" and isinstance(spec.trace, sessions.SessionTrace):
+        await sessions.replay(spec.trace, spec.think, spec.tool_tokens, t0, may_start, agent_turn)
+    elif stage.mode == "closed":
         await asyncio.gather(*(user(i) for i in range(int(stage.load))))
     elif stage.mode == "trace":
         tasks: set[asyncio.Task] = set()

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import machine
+from . import machine, session_report
 from .engine import StageRun
 from .slo import goodput
 from .timeline import cdf, timeline
@@ -102,6 +102,9 @@ def summarize(run: StageRun, slo: dict[str, float] | None = None) -> dict[str, A
         later = [r.ttft for r in ok if r.turn >= 2 and r.ttft is not None]
         m["affinity_turn2plus"] = dict(Counter(r.affinity for r in ok if r.turn >= 2 and r.affinity))
         m.update({k.replace("ttft", "ttft_turn2plus"): v for k, v in _dist("ttft", later).items()})
+    sessions = session_report.figures(results)
+    if sessions is not None:
+        m["sessions"] = sessions
     if stage.mode != "closed":
         m["lateness"] = lateness(results)
     m["timeline"] = timeline(run)

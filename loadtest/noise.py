@@ -5,7 +5,10 @@ them (median, min, max, relative spread). `change_interval` is what `compare` ga
 the relative change of the median between two runs, with a 95% bootstrap interval —
 resample each run's repetitions with replacement, take the ratio of the two medians,
 repeat B times, keep the 2.5th and 97.5th percentiles. A change is *beyond the noise*
-when that whole interval lies on one side of zero.
+when that whole interval lies on one side of zero and the change exceeds the relative
+spreads of both runs' repetitions added (`rel_spread`): on a shared machine the load drifts
+between runs, three repetitions of one run can all sit on one side of three of another,
+and each run's spread is how far its median may be off.
 """
 
 from __future__ import annotations
@@ -57,6 +60,14 @@ def values(stage: dict[str, Any], key: str) -> list[float]:
     if reps:
         return reps
     return [stage[key]] if stage.get(key) is not None else []
+
+
+def rel_spread(vals: Sequence[float]) -> float:
+    """(max - min) / median of repetitions; 0 for fewer than two."""
+    if len(vals) < 2:
+        return 0.0
+    med = float(np.median(vals))
+    return (max(vals) - min(vals)) / med if med else 0.0
 
 
 def change_interval(base: Sequence[float], cur: Sequence[float], seed: int = 0) -> tuple[float, float, float] | None:

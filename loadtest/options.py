@@ -12,8 +12,10 @@ from mock.config import MockConfig, add_arguments
 from mock.version import PrintVersion
 
 from . import dataset as dataset_mod
+from . import faults as faults_mod
 from . import prefix as prefix_mod
 from . import search as search_mod
+from . import sessions as sessions_mod
 from . import slo as slo_mod
 
 USAGE = """nomyo-loadtest: drive a router or an LLM server, ramp to the knee, report and gate.
@@ -23,12 +25,20 @@ USAGE = """nomyo-loadtest: drive a router or an LLM server, ramp to the knee, re
   nomyo-loadtest --serve-mock --mock-port 11434              # only the mock
   nomyo-loadtest --mock-backend --ramp 8,64 --repeat 5 --json current.json  # repetitions: noise
   nomyo-loadtest --url http://gpu1:11434 --slo ttft=500ms,e2el=10s --find-max-rate 1,64
+  nomyo-loadtest --url http://gpu1:11434 --sweep 1,2,4,8,16 --html sweep.html   # Pareto front
+  nomyo-loadtest --mock-backend --mock-count 2 --rate 50 --duration 60 --fault 30s:kill:mock-1 \
+      --fault 45s:restart:mock-1 --html faults.html        # faults on a schedule, recovery per fault
   nomyo-loadtest --url http://gpu1:11434 --dataset prompts.jsonl --turns 3 --html report.html
+  nomyo-loadtest --url http://gpu1:11434 --turns 8 --think-ms 2000:poisson --tool-tokens 500  # agents
   nomyo-loadtest compare BASELINE.json CURRENT.json --max-regression throughput=10%,p50=15%,p99=30%,ttft=15%
 """
 
 # The mock the load tester spawns is cheap and wide, so the router is what gets measured.
-LOADTEST_MOCK = MockConfig(ttft_ms=20.0, tokens=32, tok_ms=1.0, parallel=4096, max_queue=100_000)
+# Its prompt_eval_count leaves out what its KV cache held, as a real Ollama's does, so the
+# per-session cache hit rates read the same from it as from Ollama.
+LOADTEST_MOCK = MockConfig(
+    ttft_ms=20.0, tokens=32, tok_ms=1.0, parallel=4096, max_queue=100_000, eval_count_uncached=True
+)
 
 
 def _floats(text: str) -> list[float]:
@@ -149,6 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
         "timeline in the HTML report) (default: off)",
     )
     load.add_argument("--ramp", type=_floats, default=None, help="e.g. 8,32,64 (concurrencies or rates)")
+    load.add_argument(
+        "--sweep",
+        type=_floats,
+        default=None,
+        metavar="RATES",
+        help="open-loop stages at these rates (req/s), e.g. 5,10,20,40; the report plots throughput "
+        "against p50/p99 latency and TTFT with the Pareto front joined (JSON `sweep`) (default: off)",
+    )
     load.add_argument("--duration", type=float, default=10.0, help="seconds per stage")
     load.add_argument("--requests", type=int, default=None, help="requests per stage instead of --duration")
     load.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each stage")
@@ -191,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--session-header", default=None, help="send the conversation id in this header")
     prefix_mod.add_arguments(p)
     dataset_mod.add_arguments(p)
+    faults_mod.add_arguments(p)
+    sessions_mod.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="PATH", help="write the nomyo-loadtest/1 JSON here")
     out.add_argument("--html", default=None, metavar="PATH", help="write the self-contained HTML report here")

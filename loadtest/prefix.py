@@ -47,12 +47,17 @@ class Prefixes:
 
 
 def kv_stats(mock_urls: list[str]) -> dict[str, Any]:
-    """Each mock's KV prefix-cache counters (/mock/stats) and the token hit rate over all."""
+    """Each mock's KV prefix-cache counters (/mock/stats) and the token hit rate over all
+    (of the mocks that answer: a killed one is listed as unreachable)."""
     per: dict[str, Any] = {}
     hit = miss = 0
     for url in mock_urls:
-        with urllib.request.urlopen(url + "/mock/stats", timeout=5) as r:
-            kv = json.load(r)["kv_cache"]
+        try:
+            with urllib.request.urlopen(url + "/mock/stats", timeout=5) as r:
+                kv = json.load(r)["kv_cache"]
+        except OSError as e:  # a mock a --fault killed (its counters died with it)
+            per[url] = {"unreachable": str(getattr(e, "reason", e))}
+            continue
         per[url] = kv
         hit += kv["hit_tokens"]
         miss += kv["miss_tokens"]

@@ -13,31 +13,38 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from . import numbers, session_report
+
 SCHEMA = "nomyo-loadtest/1"
 
-COLUMNS = [  # (header, metric key, format)
-    ("conc", "load", "{:g}"),
-    ("req", "requests", "{}"),
-    ("ok", "completed", "{}"),
-    ("err", "failed", "{}"),
-    ("req/s", "request_throughput", "rate"),
-    ("p50ms", "median_e2el_ms", "{:.1f}"),
-    ("p90ms", "p90_e2el_ms", "{:.1f}"),
-    ("p99ms", "p99_e2el_ms", "{:.1f}"),
-    ("maxms", "max_e2el_ms", "{:.1f}"),
-    ("ttftP50", "median_ttft_ms", "{:.1f}"),
-    ("ttftP99", "p99_ttft_ms", "{:.1f}"),
-    ("tok/s", "output_throughput", "{:.0f}"),
-    ("ovhP50", "median_router_overhead_ms", "{:.3f}"),
+COLUMNS = [  # (header, metric key, kind: see `_fmt`)
+    ("conc", "load", "load"),
+    ("req", "requests", "count"),
+    ("ok", "completed", "count"),
+    ("err", "failed", "count"),
+    ("req/s", "request_throughput", "sig"),
+    ("p50ms", "median_e2el_ms", "sig"),
+    ("p90ms", "p90_e2el_ms", "sig"),
+    ("p99ms", "p99_e2el_ms", "sig"),
+    ("maxms", "max_e2el_ms", "sig"),
+    ("ttftP50", "median_ttft_ms", "sig"),
+    ("ttftP99", "p99_ttft_ms", "sig"),
+    ("tok/s", "output_throughput", "sig"),
+    ("ovhP50", "median_router_overhead_ms", "sig"),
 ]
 
 
-def _fmt(fmt: str, value: Any) -> str:
+def _fmt(kind: str, value: Any, mode: str = "closed") -> str:
+    """By kind (loadtest/numbers.py): `count`, `sig` (rates and times), `load`, or a format string."""
     if value is None:
         return "-"
-    if fmt == "rate":  # req/s: 0.146 from a slow model stays readable, 1513.2 from the mock too
-        return f"{value:.1f}" if value >= 100 else f"{value:.3g}"
-    return fmt.format(value)
+    if kind == "count":
+        return numbers.count(value)
+    if kind in ("sig", "rate"):
+        return numbers.sig(value)
+    if kind == "load":
+        return numbers.load(value, mode)
+    return kind.format(value)
 
 
 def table(
@@ -54,9 +61,9 @@ def table(
         t.add_column("thr ratio", justify="right")
     t.add_column("note")
     for i, s in enumerate(stages):
-        row = [_fmt(fmt, s.get(key)) for _, key, fmt in COLUMNS]
+        row = [_fmt(fmt, s.get(key), mode) for _, key, fmt in COLUMNS]
         if slo:
-            row.append(_fmt("rate", s.get("goodput")))
+            row.append(_fmt("sig", s.get("goodput")))
         if direct:
             d = direct[i]
             add = (
@@ -65,7 +72,7 @@ def table(
                 else None
             )
             ratio = s["request_throughput"] / d["request_throughput"] if d["request_throughput"] else None
-            row += [_fmt("{:+.3f}", add), _fmt("{:.2f}", ratio)]
+            row += ["-" if add is None else ("+" if add >= 0 else "") + numbers.sig(add), _fmt("sig", ratio)]
         notes = []
         if knee.get("knee_stage") == i:
             notes.append("knee")
@@ -90,12 +97,7 @@ def print_summary(
     direct: Sequence[dict[str, Any]] | None = None,
 ) -> None:
     console.print(table(stages, knee, mode, direct))
-    unit = "concurrent" if mode == "closed" else "req/s offered"
-    console.print(
-        f"knee: {knee['knee_load']} {unit}  |  max throughput: "
-        f"{knee['max_request_throughput']} req/s at {knee['max_throughput_load']}  |  "
-        f"saturates at: {knee['saturation_load']}"
-    )
+    console.print(knee_line(knee, mode), highlight=False)
     for s in stages:
         if s["endpoints"] and len(s["endpoints"]) > 1:
             total = sum(s["endpoints"].values())
@@ -103,11 +105,13 @@ def print_summary(
             console.print(f"  load {s['load']:g}: endpoint split {split}")
         if set(s["affinity"]) - {"miss"}:  # single-turn load is all misses: nothing to say
             console.print(f"  load {s['load']:g}: affinity {s['affinity']}")
+        if s.get("sessions"):
+            console.print(session_report.line(f"{s['load']:g}", s["sessions"]), highlight=False, soft_wrap=True)
         late = s.get("lateness") or {}
         if late.get("p50_ms") is not None:
             console.print(
-                f"  load {s['load']:g}: sent late by p50 {late['p50_ms']:.2f} ms, "
-                f"p99 {late['p99_ms']:.2f} ms, max {late['max_ms']:.1f} ms; "
+                f"  load {s['load']:g}: sent late by p50 {numbers.sig(late['p50_ms'])} ms, "
+                f"p99 {numbers.sig(late['p99_ms'])} ms, max {numbers.sig(late['max_ms'])} ms; "
                 f"{late['late_share']:.1%} later than {late['late_ms']:g} ms",
                 highlight=False,
             )
@@ -126,6 +130,16 @@ def print_summary(
                 f"not the limit, the machine it shares is (latencies include that contention).",
                 highlight=False,
             )
+
+
+def knee_line(knee: dict[str, Any], mode: str) -> str:
+    """knee: 64 concurrent  |  max throughput: 1513 req/s at 128  |  saturates at: 128"""
+    unit = "concurrent" if mode == "closed" else "req/s offered"
+    return (
+        f"knee: {numbers.load(knee['knee_load'], mode)} {unit}  |  max throughput: "
+        f"{numbers.sig(knee['max_request_throughput'])} req/s at {numbers.load(knee['max_throughput_load'], mode)}"
+        f"  |  saturates at: {numbers.load(knee['saturation_load'], mode)}"
+    )
 
 
 def environment() -> dict[str, Any]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import fault_report, numbers, session_report
+from . import sweep as sweep_mod
 from .report import COLUMNS, _fmt
 from .svg import Panel, Series, auto_log, chart, esc
 
@@ -47,10 +49,15 @@ def _notes(s: dict[str, Any], i: int, knee: dict[str, Any]) -> str:
 
 def verdict(doc: dict[str, Any], unit: str) -> str:
     knee, stages = doc["knee"], doc["stages"]
+    mode = stages[0]["mode"] if stages else "closed"
+
+    def ld(v: Any) -> str:
+        return esc(numbers.load(v, mode))
+
     parts = [
-        f"<p class='verdict'>knee: <b>{esc(knee.get('knee_load'))}</b> {unit} &middot; max throughput "
-        f"<b>{esc(knee.get('max_request_throughput'))}</b> req/s at {esc(knee.get('max_throughput_load'))} "
-        f"&middot; saturates at {esc(knee.get('saturation_load'))}</p>",
+        f"<p class='verdict'>knee: <b>{ld(knee.get('knee_load'))}</b> {unit} &middot; max throughput "
+        f"<b>{esc(numbers.sig(knee.get('max_request_throughput')))}</b> req/s at "
+        f"{ld(knee.get('max_throughput_load'))} &middot; saturates at {ld(knee.get('saturation_load'))}</p>",
         f"<p><small>knee = {esc(knee.get('definition', ''))}</small></p>",
     ]
     slo = doc["config"].get("slo")
@@ -59,14 +66,14 @@ def verdict(doc: dict[str, Any], unit: str) -> str:
         parts.append(
             f"<p class='slo'>SLO: {desc}; a stage meets it when &ge; "
             f"{doc['config'].get('slo_share', 0.95):.0%} of its requests do. Goodput per stage: "
-            + ", ".join(f"{s['load']:g}: {s.get('goodput')} req/s" for s in stages)
+            + ", ".join(f"{ld(s['load'])}: {numbers.sig(s.get('goodput'))} req/s" for s in stages)
             + "</p>"
         )
     mr = doc.get("max_rate")
     if mr:
         parts.append(
-            f"<p class='slo'>highest rate at the SLO: <b>{esc(mr['max_rate'])}</b> req/s "
-            f"(limit within {esc(mr['bracket'])}, {mr['stages']} probes)</p>"
+            f"<p class='slo'>highest rate at the SLO: <b>{esc(numbers.sig(mr['max_rate']))}</b> req/s "
+            f"(limit within [{', '.join(numbers.sig(b) for b in mr['bracket'])}], {mr['stages']} probes)</p>"
         )
     flagged: dict[tuple[str, str], list[dict[str, Any]]] = {}  # one line per flag and target
     for s in stages + doc.get("direct", []):
@@ -124,6 +131,8 @@ def render(doc: dict[str, Any]) -> str:
         ),
         "</div>",
     ]
+    if doc.get("sweep"):
+        body.append(sweep_mod.section(doc["sweep"], _table))
     body.append(
         "<h2>Each stage over time</h2><p>Shaded: the measured window(s); before it, the warm-up. "
         + (
@@ -140,6 +149,19 @@ def render(doc: dict[str, Any]) -> str:
         tl = timeline_chart(s, f"{s.get('target', 'router')} {'conc' if mode == 'closed' else 'rate'} {s['load']:g}")
         if tl:
             body.append(tl)
+    sessions = session_report.section(
+        stages, _table, lambda s: f"{s.get('target', 'router')} {'conc' if mode == 'closed' else 'rate'} {s['load']:g}"
+    )
+    if sessions:
+        body.append("</div>" + sessions + "<div>")
+    if doc.get("faults"):
+        head, rows = fault_report.rows(doc["faults"])
+        body.append(
+            "</div><h2>Faults</h2><p>Marked on the timelines above. Errors: requests failed from the fault "
+            "to the next one; back after: when the error rate (within 1 point) and p99 (within 1.5x) "
+            "of the requests sent returned to their level in the 5 s before the fault; router "
+            "retries and resumed streams from its /metrics.</p>" + _table(head, rows) + "<div>"
+        )
     body.append("</div><h2>Distributions</h2><div class='row'>")
     for key, title in (("e2el_ms", "Latency CDF (ms)"), ("ttft_ms", "TTFT CDF (ms)")):
         series = [
@@ -160,8 +182,8 @@ def render(doc: dict[str, Any]) -> str:
     good = any("goodput" in s for s in stages)
     head = [h for h, _, _ in COLUMNS] + (["good/s"] if good else []) + ["note"]
     rows = [
-        [_fmt(f, s.get(k)) for _, k, f in COLUMNS]
-        + ([_fmt("rate", s.get("goodput"))] if good else [])
+        [_fmt(f, s.get(k), mode) for _, k, f in COLUMNS]
+        + ([_fmt("sig", s.get("goodput"))] if good else [])
         + [_notes(s, i, knee)]
         for i, s in enumerate(stages)
     ]
@@ -190,7 +212,14 @@ def render(doc: dict[str, Any]) -> str:
             "<h2>Router overhead (--direct)</h2>"
             + _table(
                 ["load", "added p50 ms", "added p99 ms", "throughput ratio"],
-                [[o["load"], o["added_p50_ms"], o["added_p99_ms"], o["throughput_ratio"]] for o in doc["overhead"]],
+                [
+                    [
+                        numbers.load(o["load"], mode),
+                        *(numbers.sig(o[k]) for k in ("added_p50_ms", "added_p99_ms")),
+                        numbers.sig(o["throughput_ratio"]),
+                    ]
+                    for o in doc["overhead"]
+                ],
             )
         )
     body.append(
@@ -251,10 +280,13 @@ def timeline_chart(s: dict[str, Any], name: str) -> str | None:
     else:
         return None
     log = auto_log([v for _, _, _, ys in low for v in ys])
+    faults = s.get("faults") or []
     return chart(
         title,
         [Panel(top, "req/s", height=130), Panel(low, "ms (log)" if log else "ms", log=log, height=130)],
         "seconds from the stage's start",
+        marks=[f["at_s"] for f in faults],
+        mark_labels=[f["label"] for f in faults],
         bands=windows,
         w=460,
         xpad=0.0,

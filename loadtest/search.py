@@ -20,6 +20,7 @@ from rich.console import Console
 from . import slo as slo_mod
 from .drive import measure
 from .engine import Stage
+from .numbers import sig
 from .workload import WorkloadSpec
 
 
@@ -74,7 +75,7 @@ async def find_max_rate(
             seed=args.seed + len(probes),
             burstiness=args.burstiness,
         )
-        label = f"search {len(probes) + 1}/{args.search_stages} rate={stage.load:g}"
+        label = f"search {len(probes) + 1}/{args.search_stages} rate={sig(stage.load, trim=True)}"
         m = await measure(args, url, spec, stage, "router", label, console)
         m["slo_pass"] = passes(m, args)
         probes.append(m)
@@ -121,10 +122,11 @@ async def find_max_rate(
 def summary_line(r: dict[str, Any]) -> str:
     slo = slo_mod.describe(r["slo"])
     if r["max_rate"] is None:
-        return f"max rate at SLO {slo}: none — even {r['bracket'][1]:g} req/s misses it"
+        return f"max rate at SLO {slo}: none — even {sig(r['bracket'][1], trim=True)} req/s misses it"
     if r["bracket"][1] is None:
-        return f"max rate at SLO {slo}: at least {r['max_rate']:g} req/s (the upper bound passed; raise HI)"
-    return (
-        f"max rate at SLO {slo}: {r['max_rate']:g} req/s (the limit lies in [{r['bracket'][0]:g}, "
-        f"{r['bracket'][1]:g}], {r['stages']} stages)"
-    )
+        return (
+            f"max rate at SLO {slo}: at least {sig(r['max_rate'], trim=True)} req/s (the upper bound passed; raise HI)"
+        )
+    lo, hi = (sig(b, trim=True) for b in r["bracket"])
+    top = sig(r["max_rate"], trim=True)
+    return f"max rate at SLO {slo}: {top} req/s (the limit lies in [{lo}, {hi}], {r['stages']} stages)"

@@ -120,6 +120,7 @@ class Panel:
     height: int = 200
     yfloor_zero: bool = True
     extra: list[str] = field(default_factory=list)  # caller's SVG drawn in the plot area
+    points_only: set[str] = field(default_factory=set)  # names of series drawn as points, not joined
 
 
 def chart(
@@ -130,6 +131,7 @@ def chart(
     xlog: bool = False,
     marks: Sequence[float] = (),
     mark_label: str = "knee",
+    mark_labels: Sequence[str] | None = None,
     bands: Sequence[Sequence[float]] = (),
     w: int = 560,
     xticks: Sequence[float] | None = None,
@@ -184,27 +186,38 @@ def chart(
                 f'transform="rotate(-90 13 {mid:.1f})">{esc(p.ylabel)}</text>'
             )
         out += p.extra
-        for m in marks:
+        rows: list[list[tuple[float, float]]] = []  # the labels' extents per row, so none overlaps
+        for mi, m in enumerate(marks):
             out.append(
                 f'<line class="mark" x1="{xs_px(m):.1f}" y1="{top:.1f}" x2="{xs_px(m):.1f}" '
                 f'y2="{bottom:.1f}" stroke="#d33" stroke-dasharray="4 3"/>'
             )
             if k == 0:
-                label = f"{mark_label} {num(m)}"
+                label = mark_labels[mi] if mark_labels is not None else f"{mark_label} {num(m)}"
                 right = xs_px(m) + 4 + text_width(label) <= w - pad_r
                 lx = xs_px(m) + 4 if right else xs_px(m) - 4
+                extent = (lx, lx + text_width(label)) if right else (lx - text_width(label), lx)
+                row = next(
+                    (i for i, r in enumerate(rows) if all(extent[1] + 4 < a or extent[0] - 4 > b for a, b in r)),
+                    len(rows),
+                )
+                if row == len(rows):
+                    rows.append([])
+                rows[row].append(extent)
                 out.append(
-                    f'<text class="marklabel" x="{lx:.1f}" y="{top + 12:.1f}" '
-                    f'text-anchor="{"start" if right else "end"}" fill="#d33">{esc(label)}</text>'
+                    f'<text class="marklabel" x="{lx:.1f}" y="{top + 12 + 13 * row:.1f}" '
+                    f'text-anchor="{"start" if right else "end"}" fill="#d33" stroke="#fff" stroke-width="3" '
+                    f'paint-order="stroke">{esc(label)}</text>'
                 )
         for name, color, sx, sy in p.series:
             pts = [(xs_px(x), ys_px(v)) for x, v in zip(sx, sy, strict=False) if v is not None and (v > 0 or not p.log)]
             if not pts:
                 continue
-            out.append(
-                f'<polyline class="line" data-name="{esc(name)}" fill="none" stroke="{color}" '
-                f'stroke-width="1.8" points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>'
-            )
+            if name not in p.points_only:
+                out.append(
+                    f'<polyline class="line" data-name="{esc(name)}" fill="none" stroke="{color}" '
+                    f'stroke-width="1.8" points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>'
+                )
             r = 2.5 if len(pts) < 80 else 1.2
             out += [f'<circle class="pt" cx="{a:.1f}" cy="{b:.1f}" r="{r}" fill="{color}"/>' for a, b in pts]
         y = bottom + gap
@@ -221,7 +234,8 @@ def chart(
         f'<text class="xlabel" x="{pad_l + plot_w / 2:.1f}" y="{bottom + 32:.1f}" '
         f'text-anchor="middle">{esc(xlabel)}</text>'
     )
-    legend, h = _legend(every, pad_l, w - pad_r, bottom + 50)
+    dots = {name for p in panels for name in p.points_only}
+    legend, h = _legend(every, pad_l, w - pad_r, bottom + 50, dots)
     head = (
         f'<svg class="chart" data-title="{esc(title)}" xmlns="http://www.w3.org/2000/svg" width="{w}" '
         f'height="{h:.0f}" viewBox="0 0 {w} {h:.0f}" font-family="sans-serif" font-size="{FONT}">'
@@ -231,7 +245,9 @@ def chart(
     return head + "".join(out) + legend + "</svg>"
 
 
-def _legend(series: list[Series], left: float, right: float, top: float) -> tuple[str, float]:
+def _legend(
+    series: list[Series], left: float, right: float, top: float, dots: set[str] | None = None
+) -> tuple[str, float]:
     """The series' names in rows below the plot: (svg, the chart's height)."""
     out, x, y = [], left, top
     seen: set[str] = set()
@@ -242,10 +258,12 @@ def _legend(series: list[Series], left: float, right: float, top: float) -> tupl
         width = 18 + text_width(name)
         if x > left and x + width > right:
             x, y = left, y + 16
-        out.append(
-            f'<line x1="{x:.1f}" y1="{y - 4:.1f}" x2="{x + 14:.1f}" y2="{y - 4:.1f}" stroke="{color}" '
-            f'stroke-width="3"/><text class="legend" x="{x + 18:.1f}" y="{y:.1f}" fill="#333">'
-            f"{esc(name)}</text>"
+        mark = (
+            f'<circle cx="{x + 7:.1f}" cy="{y - 4:.1f}" r="3" fill="{color}"/>'  # drawn as points: a point
+            if dots and name in dots
+            else f'<line x1="{x:.1f}" y1="{y - 4:.1f}" x2="{x + 14:.1f}" y2="{y - 4:.1f}" stroke="{color}" '
+            f'stroke-width="3"/>'
         )
+        out.append(f'{mark}<text class="legend" x="{x + 18:.1f}" y="{y:.1f}" fill="#333">{esc(name)}</text>')
         x += width + 14
     return "".join(out), (y + 10 if out else top - 10)

@@ -52,7 +52,9 @@ class WorkloadSpec:
     options: dict[str, Any] = field(default_factory=dict)  # Ollama "options" / OpenAI top-level fields
     prefixes: Any = None  # loadtest.prefix.Prefixes: shared system prompts across users
     dataset: Any = None  # loadtest.dataset.Dataset: prompts or chat histories from a file
-    trace: Any = None  # loadtest.dataset.Trace: arrivals, sizes and sessions from a file
+    trace: Any = None  # loadtest.dataset.Trace or sessions.SessionTrace: arrivals, sizes and sessions
+    think: Any = None  # loadtest.sessions.Think: the wait between a conversation's turns
+    tool_tokens: int = 0  # tool output appended before each turn after the first
 
     @property
     def conversational(self) -> bool:
@@ -136,9 +138,19 @@ class Conversation:
             return {**self.spec.headers, self.spec.session_header: self.id}
         return self.spec.headers
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The next turn's prompt as the load tester counts it (4 characters a token)."""
+        if self.spec.endpoint == "chat":
+            return sum(len(str(m.get("content", ""))) for m in self.messages) // 4
+        return len(self.prompt) // 4
+
     def record(self, answer: str) -> None:
         self.turn += 1
         follow_up = f"Turn {self.turn + 1}: please go on."
+        if self.spec.tool_tokens > 0:  # an agent: the tool's output, new text no cache holds
+            tool = filler_text(self.spec.tool_tokens, f"[tool output {self.id} turn {self.turn + 1}] ")
+            follow_up = f"{tool}\n\n{follow_up}"
         self.messages.append({"role": "assistant", "content": answer})
         self.messages.append({"role": "user", "content": follow_up})
         self.prompt = f"{self.prompt}{answer}\n{follow_up}"

@@ -37,6 +37,9 @@ class MockConfig:
     stream_tick_ms: float = 0.0  # > 0: streams written by one shared timer per tick (mock.ticker)
     kv_events: str = ""  # bind a vLLM-style KV-event ZMQ publisher here (tcp://127.0.0.1:PORT)
     context_length: int = 8192  # the context window it reports (/api/show, /api/ps, /v1/models)
+    # Ollama's prompt_eval_count: the prompt tokens it evaluated, i.e. not found in its KV cache
+    # (what a real Ollama reports); off: the whole prompt
+    eval_count_uncached: bool = False
 
     def validate(self) -> None:
         for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate", "error_rate"):
@@ -122,6 +125,8 @@ HELP = {
     "context_length": "the context window in tokens it reports: /api/show (num_ctx, model_info), "
     "/api/ps, /v1/models (max_model_len, as vLLM)",
     "kv_events": "publish vLLM-style KV-cache events on this ZMQ address (e.g. tcp://127.0.0.1:5557); empty: off",
+    "eval_count_uncached": "Ollama's prompt_eval_count counts only the prompt tokens not in its KV cache, "
+    "as a real Ollama's does (off: the whole prompt)",
 }
 
 
@@ -136,6 +141,14 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "", defaults: M
         if f.name == "models":
             parser.add_argument(
                 flag, dest=dest, default=",".join(default), help=f"{what}, comma-separated (default: %(default)s)"
+            )
+        elif isinstance(default, bool):
+            parser.add_argument(
+                flag,
+                dest=dest,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"{what} (default: %(default)s)",
             )
         elif f.name == "jitter_dist":
             parser.add_argument(

@@ -21,6 +21,8 @@ class Timing:
     output_tokens: int
     ttft_s: float
     tok_s: float
+    cached_tokens: int = 0  # prompt tokens found in its KV prefix cache
+    eval_uncached: bool = False  # Ollama's prompt_eval_count without them, as a real Ollama counts
 
     def ollama(self) -> dict[str, int]:
         prompt_ns = int(self.ttft_s * 1e9)
@@ -28,17 +30,19 @@ class Timing:
         return {
             "total_duration": prompt_ns + eval_ns,
             "load_duration": 0,
-            "prompt_eval_count": self.prompt_tokens,
+            "prompt_eval_count": self.prompt_tokens - self.cached_tokens if self.eval_uncached else self.prompt_tokens,
             "prompt_eval_duration": prompt_ns,
             "eval_count": self.output_tokens,
             "eval_duration": eval_ns,
         }
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage, with the prompt tokens its KV cache held (as OpenAI and vLLM report them)."""
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.output_tokens,
             "total_tokens": self.prompt_tokens + self.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
 

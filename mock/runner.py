@@ -69,6 +69,9 @@ def config_args(config: MockConfig) -> list[str]:
     args: list[str] = []
     for f in fields(MockConfig):
         value = getattr(config, f.name)
+        if isinstance(value, bool):  # a switch: --name / --no-name
+            args.append(("--" if value else "--no-") + f.name.replace("_", "-"))
+            continue
         if f.name == "models":
             value = ",".join(value)
         args += ["--" + f.name.replace("_", "-"), str(value)]

@@ -257,7 +257,7 @@ class MockBackend:
         ex = gen.extras
         if ex is not None and (ex.json_text is not None or ex.tool is not None):
             tokens, done_reason = [ex.json_text or ""], "stop"
-        timing = formats.Timing(prompt_tokens, len(tokens), ttft_s, tok_s)
+        timing = formats.Timing(prompt_tokens, len(tokens), ttft_s, tok_s, cached, c.eval_count_uncached)
         if gen.kind == "chat":
             self.kv.insert(gen.prompt_text + f"<assistant>{''.join(tokens)}\n")
         else:
