@@ -49,6 +49,7 @@ class RequestRecord:
     upstream_first_s: float | None = None  # the backend's time to its first stream chunk
     prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
     cache: str | None = None  # the response cache, for a request that opted in: hit | miss | bypass
+    batch: str | None = None  # the batch this request is a line of (the Batch API), else None
     trace: object = None  # the request's trace (ops/tracing.py's Trace), only with tracing on
 
 

@@ -1,0 +1,83 @@
+"""The Batch API's one object per process: its store, its runner, its /metrics lines; built by
+the wiring (`runtime/router.py`) when `batch.enabled`, started after discovery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from prometheus_client.core import GaugeMetricFamily
+
+from ..config import RouterConfig
+from ..domain import Endpoint, model_key
+from ..events import Events
+from ..forward.exchange import Handle
+from ..state import StateStore
+from ..state.limits import Limits
+from .runner import Runner
+from .store import BatchStore
+
+T = TypeVar("T")
+
+
+class Batches:
+    def __init__(
+        self,
+        config: RouterConfig,
+        forward: Handle,
+        state: StateStore,
+        endpoints: Callable[[], list[Endpoint]],
+        events: Events,
+        limits: Callable[[str], Limits | None],
+    ) -> None:
+        """`limits(client)`: the key's rate limits (its tokens_per_day is what batch lines count
+        against), None for a key without."""
+        self.settings = config.batch
+        self.store = BatchStore(config.batch.path)
+        self._models = {
+            c.name: frozenset(model_key(m) for m in c.models) if c.models else None for c in config.client_keys
+        }
+        self._limits = limits
+        self._state = state
+        self.runner = Runner(
+            self.db, self.store, forward, state, endpoints, events, config.batch, self.may_use, self.budget_spent
+        )
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        """A store call, in a thread: a large file never stalls the event loop."""
+        return await asyncio.to_thread(fn, *args)
+
+    def may_use(self, owner: str, key: str) -> bool:
+        models = self._models.get(owner)
+        return models is None or key in models
+
+    async def budget_spent(self, owner: str) -> bool:
+        limits = self._limits(owner)
+        if limits is None or limits.tokens_per_day is None:
+            return False
+        v = await self._state.admit(owner, limits, count=False)
+        return v.day_tokens >= limits.tokens_per_day
+
+    async def start(self) -> None:
+        await self.db(self.store.open)
+        self.runner.start()
+
+    async def close(self) -> None:
+        await self.runner.stop()
+        await self.db(self.store.close)
+
+    def gauges(self) -> Iterable[GaugeMetricFamily]:
+        g = GaugeMetricFamily(
+            "nomyo_router_batch_lines",
+            "Batch lines kept, by model and state (queued, running, done, failed); running: on this process",
+            labels=["model", "state"],
+        )
+        running = self.runner.running
+        for model, state, n in self.runner.counts:
+            if state == "queued":
+                n -= running.get(model, 0)
+            g.add_metric([model, state], max(n, 0))
+        for model, n in running.items():
+            g.add_metric([model, "running"], n)
+        yield g

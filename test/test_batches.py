@@ -1,0 +1,182 @@
+"""The Batch API with the official `openai` SDK against the mock: files and batches round trip
+(chat and embeddings), each custom_id once in the output or error file, bad lines in the error
+file, a malformed file fails the batch with `errors`, cancel, another key's 404s, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from test.helpers import endpoints, run_router
+
+ALICE, BOB, ADMIN = "alice-key-0123456789", "bob-key-0123456789", "admin-key-0123456789"
+
+
+def batch_config(mocks: list[Any], **batch: Any) -> dict[str, Any]:
+    path = os.path.join(tempfile.mkdtemp(prefix="nomyo-batch-test-"), "batch.db")
+    return {
+        "endpoints": endpoints(*mocks, slots=2),
+        "client_keys": [{"name": "alice", "key": ALICE}, {"name": "bob", "key": BOB}],
+        "admin_key": ADMIN,
+        "batch": {"enabled": True, "path": path, "poll_interval": 0.05, **batch},
+    }
+
+
+def client(url: str, key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=10)
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+
+
+def chat(cid: str, model: str = "llama3", **extra: Any) -> dict[str, Any]:
+    body = {"model": model, "messages": [{"role": "user", "content": cid}], "max_tokens": 4, **extra}
+    return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+async def finished(c: openai.AsyncOpenAI, batch_id: str, timeout: float = 15.0) -> Any:
+    async with asyncio.timeout(timeout):
+        while True:
+            b = await c.batches.retrieve(batch_id)
+            if b.status in ("completed", "failed", "cancelled", "expired"):
+                return b
+            await asyncio.sleep(0.05)
+
+
+async def lines_of(c: openai.AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    content = await c.files.content(file_id)
+    return [json.loads(x) for x in content.content.splitlines() if x.strip()]
+
+
+async def test_chat_and_embeddings_round_trip_with_bad_lines_in_the_error_file(mock):
+    async with run_router(batch_config([mock])) as r:
+        c = client(r.url, ALICE)
+        lines = [chat(f"c{i}") for i in range(5)]
+        lines += [
+            chat("unknown-model", model="no-such-model"),
+            {**chat("wrong-url"), "url": "/v1/nope"},
+            chat("streamed", stream=True),
+            {"custom_id": "bad-body", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "llama3"}},
+        ]
+        f = await c.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+        assert f.purpose == "batch" and f.bytes == len(jsonl(lines))
+        assert (await c.files.retrieve(f.id)).id == f.id
+        b = await c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        assert b.status == "in_progress" and b.request_counts.total == 9
+        b = await finished(c, b.id)
+        assert b.status == "completed", b
+        assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (9, 5, 4)
+        out, err = await lines_of(c, b.output_file_id), await lines_of(c, b.error_file_id)
+        assert sorted(x["custom_id"] for x in out) == [f"c{i}" for i in range(5)]
+        assert all(x["response"]["status_code"] == 200 and x["response"]["body"]["choices"] for x in out)
+        errors = {x["custom_id"]: x for x in err}
+        assert sorted(errors) == ["bad-body", "streamed", "unknown-model", "wrong-url"]
+        assert errors["unknown-model"]["response"]["status_code"] == 404
+        assert errors["wrong-url"]["error"]["code"] == "invalid_url"
+        assert errors["bad-body"]["response"]["status_code"] == 400
+
+        e = await c.files.create(
+            file=(
+                "e.jsonl",
+                jsonl(
+                    [
+                        {**chat(f"e{i}"), "url": "/v1/embeddings", "body": {"model": "llama3", "input": "hi"}}
+                        for i in range(3)
+                    ]
+                ),
+            ),
+            purpose="batch",
+        )
+        eb = await finished(
+            c, (await c.batches.create(input_file_id=e.id, endpoint="/v1/embeddings", completion_window="24h")).id
+        )
+        assert eb.status == "completed" and eb.request_counts.completed == 3
+        emb = await lines_of(c, eb.output_file_id)
+        assert all(x["response"]["body"]["data"][0]["embedding"] for x in emb)
+
+        page = await c.batches.list(limit=1)
+        assert len(page.data) == 1 and page.has_more and page.data[0].id == eb.id
+        nxt = await c.batches.list(limit=1, after=page.data[0].id)
+        assert nxt.data[0].id == b.id
+
+        async with aiohttp.ClientSession() as s:
+            async with s.get(r.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}) as m:
+                text = await m.text()
+        assert 'nomyo_router_batch_lines{model="llama3",state="done"} 8.0' in text
+
+        deleted = await c.files.delete(f.id)
+        assert deleted.deleted
+        with pytest.raises(openai.NotFoundError):
+            await c.files.retrieve(f.id)
+
+
+async def test_another_key_gets_404_and_the_admin_sees_all(mock):
+    async with run_router(batch_config([mock])) as r:
+        alice, bob, admin = client(r.url, ALICE), client(r.url, BOB), client(r.url, ADMIN)
+        f = await alice.files.create(file=("in.jsonl", jsonl([chat("a")])), purpose="batch")
+        b = await alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        for call in (
+            bob.files.retrieve(f.id),
+            bob.files.content(f.id),
+            bob.files.delete(f.id),
+            bob.batches.retrieve(b.id),
+            bob.batches.cancel(b.id),
+            bob.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"),
+        ):
+            with pytest.raises(openai.NotFoundError):
+                await call
+        assert [x.id for x in (await bob.files.list()).data] == []
+        assert [x.id for x in (await bob.batches.list()).data] == []
+        assert (await admin.batches.retrieve(b.id)).id == b.id
+        assert f.id in [x.id for x in (await admin.files.list()).data]
+        done = await finished(alice, b.id)
+        assert (await admin.files.retrieve(done.output_file_id)).purpose == "batch_output"
+
+
+async def test_a_malformed_file_fails_the_batch_and_a_large_one_is_refused(mock):
+    async with run_router(batch_config([mock], max_file_bytes=4096)) as r:
+        c = client(r.url, ALICE)
+        bad = jsonl([chat("x")]) + b"not json\n" + jsonl([chat("x"), {"method": "POST"}])
+        f = await c.files.create(file=("bad.jsonl", bad), purpose="batch")
+        b = await c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        assert b.status == "failed" and b.errors is not None
+        assert [(e.code, e.line) for e in b.errors.data] == [
+            ("invalid_json_line", 2),
+            ("duplicate_custom_id", 3),
+            ("missing_custom_id", 4),
+        ]
+        with pytest.raises(openai.APIStatusError) as big:
+            await c.files.create(file=("big.jsonl", b"x" * 5000), purpose="batch")
+        assert big.value.status_code == 413 and "4096" in big.value.message
+        with pytest.raises(openai.BadRequestError):
+            await c.batches.create(input_file_id=f.id, endpoint="/v1/nope", completion_window="24h")  # type: ignore[arg-type]
+
+
+async def test_cancel_starts_no_new_line(mock):
+    from mock import run_mock
+
+    async with run_mock(ttft_ms=300.0, tok_ms=0.0, tokens=2) as slow:
+        async with run_router(batch_config([slow])) as r:
+            c = client(r.url, ALICE)
+            f = await c.files.create(file=("in.jsonl", jsonl([chat(f"c{i}") for i in range(20)])), purpose="batch")
+            b = await c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+            await asyncio.sleep(0.2)  # one line runs (max_share 0.5 of 2 slots)
+            cancelled = await c.batches.cancel(b.id)
+            assert cancelled.status in ("cancelling", "cancelled")
+            done = await finished(c, b.id)
+            assert done.status == "cancelled" and done.cancelled_at is not None
+            ran = done.request_counts.completed
+            assert 1 <= ran <= 2, done.request_counts  # the line running then, perhaps the next one
+            await asyncio.sleep(0.5)
+            assert (await c.batches.retrieve(b.id)).request_counts.completed == ran
+            assert len(await lines_of(c, done.output_file_id)) == ran
