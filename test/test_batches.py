@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import tempfile
+import time
 from typing import Any
 
 import aiohttp
@@ -180,3 +181,77 @@ async def test_cancel_starts_no_new_line(mock):
             await asyncio.sleep(0.5)
             assert (await c.batches.retrieve(b.id)).request_counts.completed == ran
             assert len(await lines_of(c, done.output_file_id)) == ran
+
+
+async def test_lines_take_only_idle_slots_and_never_delay_interactive_requests():
+    """2 slots, max_share 0.5: at most one line at a time, none started while an interactive
+    request waits, none ever waiting in the queue; the batch ends once interactive load stops."""
+    from mock import run_mock
+
+    from nomyo_router.events import RequestRecord
+
+    async with run_mock(ttft_ms=100.0, tok_ms=0.0, tokens=2) as slow:
+        async with run_router(batch_config([slow], max_share=0.5)) as r:
+            spans: list[tuple[bool, float, float, float]] = []  # (batch?, start, waited until, end)
+            loop = asyncio.get_running_loop()
+
+            def done(rec: RequestRecord) -> None:
+                end = loop.time()
+                start = end - rec.total_s
+                spans.append((rec.batch is not None, start, start + rec.queue_s, end))
+
+            r.router.events.on_request_done(done)
+            c = client(r.url, ALICE)
+            f = await c.files.create(file=("in.jsonl", jsonl([chat(f"c{i}") for i in range(8)])), purpose="batch")
+            b = await c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+            for _ in range(3):  # waves of three: one of them waits for a slot each time
+                await asyncio.gather(
+                    *(c.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}]) for _ in range(3))
+                )
+            done_b = await finished(c, b.id)
+            assert done_b.status == "completed" and done_b.request_counts.completed == 8
+            lines = [s for s in spans if s[0]]
+            chats = [s for s in spans if not s[0]]
+            assert len(lines) == 8 and len(chats) == 9
+            assert all(s[2] - s[1] < 0.01 for s in lines)  # no line waited in the queue
+            waits = [(s[1], s[2]) for s in chats if s[2] - s[1] > 0.02]
+            assert waits, "some interactive request waited (3 at once on 2 slots)"
+            for _, start, _, _ in lines:  # no line started while an interactive request waited
+                assert not any(w0 + 0.005 < start < w1 - 0.005 for w0, w1 in waits), (start, waits)
+            for _, start, _, end in lines:  # never two lines at once (half of 2 slots)
+                assert sum(1 for _, s, _, e in lines if s < end - 0.005 and e > start + 0.005) == 1
+
+
+def test_a_router_killed_mid_batch_resumes_each_custom_id_once(tmp_path):
+    import signal
+
+    import httpx
+
+    from mock import MockConfig, MockProcess
+    from test.router_proc import router_workers
+
+    with MockProcess(MockConfig(ttft_ms=150.0, tok_ms=0.0, tokens=2)) as m:
+        cfg = batch_config([m], claim_timeout=1.0)
+        cfg["batch"]["path"] = str(tmp_path / "batch.db")
+        head = {"Authorization": f"Bearer {ALICE}"}
+        ids = [f"c{i}" for i in range(12)]
+        with router_workers(cfg, 1) as (url, proc):
+            with httpx.Client(base_url=url, headers=head, timeout=10) as h:
+                f = h.post("/v1/files", files={"file": ("in.jsonl", jsonl([chat(i) for i in ids]))}, data={"purpose": "batch"})
+                body = {"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+                batch_id = h.post("/v1/batches", json=body).json()["id"]
+                deadline = time.monotonic() + 10
+                while h.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"] < 3:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGKILL)  # a line is in flight: it must run again, once
+            proc.wait()
+        with router_workers(cfg, 1) as (url, proc):
+            with httpx.Client(base_url=url, headers=head, timeout=10) as h:
+                deadline = time.monotonic() + 20
+                while (b := h.get(f"/v1/batches/{batch_id}").json())["status"] != "completed":
+                    assert time.monotonic() < deadline, b
+                    time.sleep(0.1)
+                out = [json.loads(x) for x in h.get(f"/v1/files/{b['output_file_id']}/content").content.splitlines()]
+        assert sorted(x["custom_id"] for x in out) == sorted(ids)
+        assert b["error_file_id"] is None and b["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
