@@ -7,15 +7,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import tempfile
 import time
 from typing import Any
 
 import aiohttp
+import httpx
 import openai
 import pytest
 
+from mock import MockConfig, MockProcess, run_mock
+from nomyo_router.events import RequestRecord
 from test.helpers import endpoints, run_router
+from test.router_proc import router_workers
 
 ALICE, BOB, ADMIN = "alice-key-0123456789", "bob-key-0123456789", "admin-key-0123456789"
 
@@ -164,8 +169,6 @@ async def test_a_malformed_file_fails_the_batch_and_a_large_one_is_refused(mock)
 
 
 async def test_cancel_starts_no_new_line(mock):
-    from mock import run_mock
-
     async with run_mock(ttft_ms=300.0, tok_ms=0.0, tokens=2) as slow:
         async with run_router(batch_config([slow])) as r:
             c = client(r.url, ALICE)
@@ -186,10 +189,6 @@ async def test_cancel_starts_no_new_line(mock):
 async def test_lines_take_only_idle_slots_and_never_delay_interactive_requests():
     """2 slots, max_share 0.5: at most one line at a time, none started while an interactive
     request waits, none ever waiting in the queue; the batch ends once interactive load stops."""
-    from mock import run_mock
-
-    from nomyo_router.events import RequestRecord
-
     async with run_mock(ttft_ms=100.0, tok_ms=0.0, tokens=2) as slow:
         async with run_router(batch_config([slow], max_share=0.5)) as r:
             spans: list[tuple[bool, float, float, float]] = []  # (batch?, start, waited until, end)
@@ -206,7 +205,10 @@ async def test_lines_take_only_idle_slots_and_never_delay_interactive_requests()
             b = await c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
             for _ in range(3):  # waves of three: one of them waits for a slot each time
                 await asyncio.gather(
-                    *(c.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}]) for _ in range(3))
+                    *(
+                        c.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}])
+                        for _ in range(3)
+                    )
                 )
             done_b = await finished(c, b.id)
             assert done_b.status == "completed" and done_b.request_counts.completed == 8
@@ -223,13 +225,6 @@ async def test_lines_take_only_idle_slots_and_never_delay_interactive_requests()
 
 
 def test_a_router_killed_mid_batch_resumes_each_custom_id_once(tmp_path):
-    import signal
-
-    import httpx
-
-    from mock import MockConfig, MockProcess
-    from test.router_proc import router_workers
-
     with MockProcess(MockConfig(ttft_ms=150.0, tok_ms=0.0, tokens=2)) as m:
         cfg = batch_config([m], claim_timeout=1.0)
         cfg["batch"]["path"] = str(tmp_path / "batch.db")
@@ -237,7 +232,9 @@ def test_a_router_killed_mid_batch_resumes_each_custom_id_once(tmp_path):
         ids = [f"c{i}" for i in range(12)]
         with router_workers(cfg, 1) as (url, proc):
             with httpx.Client(base_url=url, headers=head, timeout=10) as h:
-                f = h.post("/v1/files", files={"file": ("in.jsonl", jsonl([chat(i) for i in ids]))}, data={"purpose": "batch"})
+                f = h.post(
+                    "/v1/files", files={"file": ("in.jsonl", jsonl([chat(i) for i in ids]))}, data={"purpose": "batch"}
+                )
                 body = {"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
                 batch_id = h.post("/v1/batches", json=body).json()["id"]
                 deadline = time.monotonic() + 10
@@ -255,3 +252,23 @@ def test_a_router_killed_mid_batch_resumes_each_custom_id_once(tmp_path):
                 out = [json.loads(x) for x in h.get(f"/v1/files/{b['output_file_id']}/content").content.splitlines()]
         assert sorted(x["custom_id"] for x in out) == sorted(ids)
         assert b["error_file_id"] is None and b["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
+
+
+async def test_two_instances_on_redis_share_files_and_batches(mock, redis_url):
+    cfg = {**batch_config([mock]), "state": redis_url}
+    async with run_router(cfg) as a, run_router(cfg) as b:
+        ca, cb = client(a.url, ALICE), client(b.url, ALICE)
+        f = await ca.files.create(
+            file=("in.jsonl", jsonl([chat(f"c{i}") for i in range(6)] + [chat("x", model="nope")])), purpose="batch"
+        )
+        assert (await cb.files.retrieve(f.id)).bytes == f.bytes
+        batch = await cb.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        with pytest.raises(openai.NotFoundError):
+            await client(a.url, BOB).batches.retrieve(batch.id)
+        done = await finished(ca, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 6 and done.request_counts.failed == 1
+        out = await lines_of(cb, done.output_file_id)
+        assert sorted(x["custom_id"] for x in out) == [f"c{i}" for i in range(6)]
+        assert [x["custom_id"] for x in await lines_of(ca, done.error_file_id)] == ["x"]
+        assert sum(1 for r in (a, b) if r.router.batches.runner.leading) == 1  # one runner at a time
+        assert [x.id for x in (await cb.batches.list()).data] == [batch.id]

@@ -6,6 +6,7 @@ did not exist; the admin key sees all. An open router (no keys) has one owner, "
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -75,7 +76,7 @@ class BatchRoutes:
         if fields.get("purpose") != "batch":
             raise ApiError(400, "purpose must be 'batch' (this router keeps batch files only)", param="purpose")
         obj = objects.file_object(filename, "batch", len(content), time.time(), b.settings.retention)
-        await b.db(b.store.put_file, obj, _who(scope)[0], content)
+        await b.store.put_file(obj, _who(scope)[0], content)
         await _json(send, obj)
 
     async def file_list(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -83,8 +84,7 @@ class BatchRoutes:
         owner, admin = _who(scope)
         q = _query(scope)
         limit = _limit(q, 10_000)
-        rows = await b.db(
-            b.store.list_files,
+        rows = await b.store.list_files(
             None if admin else owner,
             q.get("purpose"),
             q.get("after"),
@@ -95,7 +95,7 @@ class BatchRoutes:
 
     async def _file(self, scope: Scope, file_id: str) -> dict[str, Any]:
         b = self._on()
-        found = await b.db(b.store.get_file, file_id)
+        found = await b.store.get_file(file_id)
         owner, admin = _who(scope)
         if found is None or not (admin or found[1] == owner):
             raise ApiError(404, f"No such File object: {file_id}", param="id")
@@ -108,7 +108,7 @@ class BatchRoutes:
         elif len(parts) == 2 and parts[1] == "content":
             await self._file(scope, parts[0])
             b = self._on()
-            content = await b.db(b.store.content, parts[0])
+            content = await b.store.content(parts[0])
             if content is None:
                 raise ApiError(404, f"No such File object: {parts[0]}", param="id")
             await send_response(send, 200, content, b"application/octet-stream")
@@ -121,7 +121,7 @@ class BatchRoutes:
             raise ApiError(404, f"no route for DELETE {scope['path']}")
         await self._file(scope, parts[0])
         b = self._on()
-        await b.db(b.store.delete_file, parts[0])
+        await b.store.delete_file(parts[0])
         await _json(send, {"id": parts[0], "object": "file", "deleted": True})
 
     # ---- batches -------------------------------------------------------------------------------
@@ -156,8 +156,8 @@ class BatchRoutes:
         f = await self._file(scope, file_id)
         if f["purpose"] != "batch":
             raise ApiError(400, f"file {file_id} has purpose {f['purpose']!r}, not 'batch'", param="input_file_id")
-        content = await b.db(b.store.content, file_id) or b""
-        lines, errors = await b.db(read_lines, content, endpoint, b.settings.max_lines)
+        content = await b.store.content(file_id) or b""
+        lines, errors = await asyncio.to_thread(read_lines, content, endpoint, b.settings.max_lines)
         now = time.time()
         obj = objects.batch_object(file_id, endpoint, window, meta, now)
         if errors:
@@ -167,13 +167,13 @@ class BatchRoutes:
             failed = sum(1 for line in lines if line[4] is not None)
             obj.update(status="in_progress", in_progress_at=int(now))
             obj["request_counts"] = {"total": len(lines), "completed": 0, "failed": failed}
-        await b.db(b.store.create_batch, obj, _who(scope)[0], lines)
+        await b.store.create_batch(obj, _who(scope)[0], lines)
         b.runner.poke()
         await _json(send, obj)
 
     async def _batch(self, scope: Scope, batch_id: str) -> dict[str, Any]:
         b = self._on()
-        found = await b.db(b.store.get_batch, batch_id)
+        found = await b.store.get_batch(batch_id)
         owner, admin = _who(scope)
         if found is None or not (admin or found[1] == owner):
             raise ApiError(404, f"No such Batch object: {batch_id}", param="id")
@@ -183,7 +183,7 @@ class BatchRoutes:
         """A running batch's counts as they are now."""
         b = self._on()
         if obj["status"] in ("in_progress", "cancelling", "finalizing"):
-            obj["request_counts"] = objects.request_counts(await b.db(b.store.counts, obj["id"]))
+            obj["request_counts"] = objects.request_counts(await b.store.counts(obj["id"]))
         return obj
 
     async def batch_list(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -191,7 +191,7 @@ class BatchRoutes:
         owner, admin = _who(scope)
         q = _query(scope)
         limit = _limit(q, 20)
-        rows = await b.db(b.store.list_batches, None if admin else owner, q.get("after"), limit + 1)
+        rows = await b.store.list_batches(None if admin else owner, q.get("after"), limit + 1)
         data = [await self._current(o) for o in rows[:limit]]
         await _json(send, objects.listing(data, len(rows) > limit))
 
@@ -209,7 +209,7 @@ class BatchRoutes:
         obj = await self._batch(scope, parts[0])
         if obj["status"] in ("validating", "in_progress"):
             obj.update(status="cancelling", cancelling_at=int(time.time()))
-            if not await b.db(b.store.save_batch, obj, ("validating", "in_progress")):
+            if not await b.store.save_batch(obj, ("validating", "in_progress")):
                 obj = await self._batch(scope, parts[0])  # (it ended meanwhile)
             b.runner.poke()
         elif obj["status"] != "cancelling":

@@ -36,8 +36,8 @@ from ..events import Events, RequestRecord
 from ..forward.exchange import Exchange, Handle
 from ..state import StateStore
 from . import objects
+from .base import BatchStore, Line
 from .intake import error_line
-from .store import BatchStore, Line
 
 log = logging.getLogger("nomyo_router.batch")
 
@@ -71,7 +71,6 @@ class Capture:
 class Runner:
     def __init__(
         self,
-        db: Callable[..., Awaitable[Any]],
         store: BatchStore,
         forward: Handle,
         state: StateStore,
@@ -81,9 +80,9 @@ class Runner:
         may_use: Callable[[str, str], bool],
         budget_spent: Callable[[str], Awaitable[bool]],
     ) -> None:
-        """`db(fn, *args)`: runs a store call in a thread; `may_use(owner, model_key)`: the
+        """`may_use(owner, model_key)`: the
         owner's key may use the model; `budget_spent(owner)`: its tokens_per_day is spent."""
-        self.db, self.store, self.forward, self.state = db, store, forward, state
+        self.store, self.forward, self.state = store, forward, state
         self.endpoints, self.events, self.settings = endpoints, events, settings
         self.may_use, self.budget_spent = may_use, budget_spent
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -113,7 +112,7 @@ class Runner:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.leading:
-            await self.db(self.store.resign, self.holder)
+            await self.store.resign(self.holder)
 
     def _poke(self, rec: RequestRecord) -> None:
         """A request ended: a slot may be free (called on the hot path: cheap)."""
@@ -143,17 +142,17 @@ class Runner:
         if now - self._counted_at >= COUNTS_EVERY_S or self._changed:
             self._changed = False
             self._counted_at = now
-            self.counts = await self.db(self.store.line_counts)
+            self.counts = await self.store.line_counts()
         if now - self._lease_at >= self.settings.claim_timeout / 3 or not self.leading:
-            self.leading = await self.db(self.store.lead, self.holder, self.settings.claim_timeout)
+            self.leading = await self.store.lead(self.holder, self.settings.claim_timeout)
             self._lease_at = now
         if not self.leading:
             self.pending.clear()
             return
         if now - self._swept_at > 60:
             self._swept_at = now
-            await self.db(self.store.sweep, now, self.settings.retention)
-        self.batches = {b["id"]: b for b in await self.db(self.store.active)}
+            await self.store.sweep(now, self.settings.retention)
+        self.batches = {b["id"]: b for b in await self.store.active()}
         for b in list(self.batches.values()):
             await self._settle(b, now)
         live = [
@@ -164,7 +163,7 @@ class Runner:
         self.pending = deque(line for line in self.pending if line[0] in live)
         if not self.pending and live:
             want = max(4, sum(e.slots for e in self.endpoints()))
-            self.pending.extend(await self.db(self.store.queued, live, set(self.in_flight), want))
+            self.pending.extend(await self.store.queued(live, set(self.in_flight), want))
         await self._start_lines()
 
     async def _start_lines(self) -> None:
@@ -217,7 +216,7 @@ class Runner:
                 self.pending.append(line)
                 return
             ok, result = outcome
-            await self.db(self.store.finish_line, bid, idx, ok, result)
+            await self.store.finish_line(bid, idx, ok, result)
             self._changed = True
             self.tries.pop((bid, idx), None)
         finally:
@@ -280,12 +279,10 @@ class Runner:
         late = status == "in_progress" and now >= batch["expires_at"]
         if late:
             msg = "the batch expired before this request ran"
-            await self.db(
-                self.store.fail_queued, bid, lambda cid: json.dumps(error_line(cid, 408, "batch_expired", msg))
-            )
+            await self.store.fail_queued(bid, lambda cid: json.dumps(error_line(cid, 408, "batch_expired", msg)))
         if busy:
             return
-        counts = await self.db(self.store.counts, bid)
+        counts = await self.store.counts(bid)
         if status == "cancelling":
             final = "cancelled"
         elif late:
@@ -301,7 +298,7 @@ class Runner:
         bid = batch["id"]
         files = []
         for state, purpose, key in (("done", "output", "output_file_id"), ("failed", "error", "error_file_id")):
-            content = await self.db(self.store.results, bid, state)
+            content = await self.store.results(bid, state)
             if content:
                 f = objects.file_object(
                     f"batch_{bid}_{purpose}.jsonl", "batch_output", len(content), now, self.settings.retention
@@ -312,6 +309,6 @@ class Runner:
         batch[f"{final}_at"] = int(now)
         batch["finalizing_at"] = batch.get("finalizing_at") or int(now)
         batch["request_counts"] = objects.request_counts(counts)
-        if await self.db(self.store.finalize, batch, files, owner):
+        if await self.store.finalize(batch, files, owner):
             log.info("batch %s %s: %s", bid, final, batch["request_counts"])
         self.batches.pop(bid, None)

@@ -3,9 +3,8 @@ the wiring (`runtime/router.py`) when `batch.enabled`, started after discovery."
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -15,8 +14,9 @@ from ..events import Events
 from ..forward.exchange import Handle
 from ..state import StateStore
 from ..state.limits import Limits
+from ..state.redis_url import is_redis
+from .base import BatchStore
 from .runner import Runner
-from .store import BatchStore
 
 T = TypeVar("T")
 
@@ -34,19 +34,15 @@ class Batches:
         """`limits(client)`: the key's rate limits (its tokens_per_day is what batch lines count
         against), None for a key without."""
         self.settings = config.batch
-        self.store = BatchStore(config.batch.path)
+        self.store = make_store(config)
         self._models = {
             c.name: frozenset(model_key(m) for m in c.models) if c.models else None for c in config.client_keys
         }
         self._limits = limits
         self._state = state
         self.runner = Runner(
-            self.db, self.store, forward, state, endpoints, events, config.batch, self.may_use, self.budget_spent
+            self.store, forward, state, endpoints, events, config.batch, self.may_use, self.budget_spent
         )
-
-    async def db(self, fn: Callable[..., T], *args: Any) -> T:
-        """A store call, in a thread: a large file never stalls the event loop."""
-        return await asyncio.to_thread(fn, *args)
 
     def may_use(self, owner: str, key: str) -> bool:
         models = self._models.get(owner)
@@ -60,12 +56,12 @@ class Batches:
         return v.day_tokens >= limits.tokens_per_day
 
     async def start(self) -> None:
-        await self.db(self.store.open)
+        await self.store.open()
         self.runner.start()
 
     async def close(self) -> None:
         await self.runner.stop()
-        await self.db(self.store.close)
+        await self.store.close()
 
     def gauges(self) -> Iterable[GaugeMetricFamily]:
         g = GaugeMetricFamily(
@@ -81,3 +77,14 @@ class Batches:
         for model, n in running.items():
             g.add_metric([model, "running"], n)
         yield g
+
+
+def make_store(config: RouterConfig) -> BatchStore:
+    """In Redis with `state: redis://` (every instance shares it), else the SQLite file."""
+    if is_redis(config.state):
+        from .redis_store import RedisBatches
+
+        return RedisBatches(config.state, config.redis_timeout)
+    from .sqlite_store import SqliteStore
+
+    return SqliteStore(config.batch.path)

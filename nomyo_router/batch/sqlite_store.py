@@ -1,27 +1,23 @@
-"""Where files, batches and their lines are kept: one SQLite file (`batch.path`), shared by
-every `--workers N` process of a router.
+"""The batch store in one SQLite file (`batch.path`), shared by every `--workers N` process
+of a router (see base.py for what it keeps and how a line gets one result).
 
-A batch's lines are rows of their own, each `queued` until its one result is written with
-its new state (`done` or `failed`) in one statement that only a `queued` line matches
-(`finish_line`): a line run twice (its runner died, another took over) keeps the first
-result, and a line in flight when the process died is still `queued`, so it is run again
-and nothing of its earlier attempt was kept. The output and error files are made from the
-rows, in the input's order, when the batch ends.
-
-Calls are synchronous and short; the service runs them in a thread (`asyncio.to_thread`),
-one at a time (a lock), so a large upload never stalls the event loop.
+A line's result and its new state are written in one statement that only a queued row
+matches. `SqliteFile`'s calls are synchronous and short, one at a time (a lock);
+`SqliteStore` runs each in a thread, so a large upload never stalls the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..ops.sqlite_file import open_shared
+from .base import ACTIVE, BatchStore, Line, NewLine
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS files (
@@ -35,11 +31,9 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS lines_state ON lines (state, batch_id)",
     "CREATE TABLE IF NOT EXISTS leader (id INTEGER PRIMARY KEY, holder TEXT NOT NULL, until REAL NOT NULL)",
 ]
-ACTIVE = ("in_progress", "cancelling", "finalizing")
-Line = tuple[str, int, str, str, str]  # (batch_id, idx, custom_id, model, request JSON)
 
 
-class BatchStore:
+class SqliteFile:
     """Files, batches and lines in one SQLite file (`path`)."""
 
     def __init__(self, path: str) -> None:
@@ -109,9 +103,7 @@ class BatchStore:
         self._q("DELETE FROM files WHERE id = ?", (file_id,))
 
     # ---- batches -------------------------------------------------------------------------------
-    def create_batch(
-        self, obj: dict[str, Any], owner: str, lines: Iterable[tuple[int, str, str, str, str | None]]
-    ) -> None:
+    def create_batch(self, obj: dict[str, Any], owner: str, lines: Iterable[NewLine]) -> None:
         """The batch and its lines, at once: (idx, custom_id, model, request JSON, result JSON
         of a line refused before it ran, else None)."""
         with self._lock:
@@ -192,7 +184,7 @@ class BatchStore:
             )
             return cur.rowcount == 1
 
-    def fail_queued(self, batch_id: str, result_of: Any) -> None:
+    def fail_queued(self, batch_id: str, result_of: Callable[[str], str]) -> None:
         """Every line still queued fails with `result_of(custom_id)` (an expired batch)."""
         rows = self._q("SELECT idx, custom_id FROM lines WHERE batch_id = ? AND state = 'queued'", (batch_id,))
         for idx, cid in rows:
@@ -287,3 +279,78 @@ def _file(row: Sequence[Any]) -> dict[str, Any]:
         "status": "processed",
         "status_details": None,
     }
+
+
+class SqliteStore(BatchStore):
+    """The SQLite file's calls, each in a thread: a large file never stalls the event loop."""
+
+    def __init__(self, path: str) -> None:
+        self.f = SqliteFile(path)
+
+    async def open(self) -> None:
+        return await asyncio.to_thread(self.f.open)
+
+    async def close(self) -> None:
+        return await asyncio.to_thread(self.f.close)
+
+    async def put_file(self, obj: dict[str, Any], owner: str, content: bytes) -> None:
+        return await asyncio.to_thread(self.f.put_file, obj, owner, content)
+
+    async def get_file(self, file_id: str) -> tuple[dict[str, Any], str] | None:
+        return await asyncio.to_thread(self.f.get_file, file_id)
+
+    async def content(self, file_id: str) -> bytes | None:
+        return await asyncio.to_thread(self.f.content, file_id)
+
+    async def list_files(
+        self, owner: str | None, purpose: str | None, after: str | None, limit: int, desc: bool
+    ) -> list[Any]:
+        return await asyncio.to_thread(self.f.list_files, owner, purpose, after, limit, desc)
+
+    async def create_batch(self, obj: dict[str, Any], owner: str, lines: Iterable[NewLine]) -> None:
+        return await asyncio.to_thread(self.f.create_batch, obj, owner, lines)
+
+    async def save_batch(self, obj: dict[str, Any], only_if: Sequence[str] = ()) -> bool:
+        return await asyncio.to_thread(self.f.save_batch, obj, only_if)
+
+    async def delete_file(self, file_id: str) -> None:
+        return await asyncio.to_thread(self.f.delete_file, file_id)
+
+    async def get_batch(self, batch_id: str) -> tuple[dict[str, Any], str] | None:
+        return await asyncio.to_thread(self.f.get_batch, batch_id)
+
+    async def list_batches(self, owner: str | None, after: str | None, limit: int) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.f.list_batches, owner, after, limit)
+
+    async def active(self) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.f.active)
+
+    async def counts(self, batch_id: str) -> dict[str, int]:
+        return await asyncio.to_thread(self.f.counts, batch_id)
+
+    async def queued(self, batch_ids: Sequence[str], skip: set[tuple[str, int]], limit: int) -> list[Line]:
+        return await asyncio.to_thread(self.f.queued, batch_ids, skip, limit)
+
+    async def finish_line(self, batch_id: str, idx: int, ok: bool, result: str) -> bool:
+        return await asyncio.to_thread(self.f.finish_line, batch_id, idx, ok, result)
+
+    async def fail_queued(self, batch_id: str, result_of: Callable[[str], str]) -> None:
+        return await asyncio.to_thread(self.f.fail_queued, batch_id, result_of)
+
+    async def results(self, batch_id: str, state: str) -> bytes:
+        return await asyncio.to_thread(self.f.results, batch_id, state)
+
+    async def finalize(self, obj: dict[str, Any], files: Sequence[tuple[dict[str, Any], bytes]], owner: str) -> bool:
+        return await asyncio.to_thread(self.f.finalize, obj, files, owner)
+
+    async def line_counts(self) -> list[tuple[str, str, int]]:
+        return await asyncio.to_thread(self.f.line_counts)
+
+    async def lead(self, holder: str, ttl: float) -> bool:
+        return await asyncio.to_thread(self.f.lead, holder, ttl)
+
+    async def resign(self, holder: str) -> None:
+        return await asyncio.to_thread(self.f.resign, holder)
+
+    async def sweep(self, now: float, retention: float) -> None:
+        return await asyncio.to_thread(self.f.sweep, now, retention)
