@@ -7,9 +7,11 @@ the batch's share of each endpoint.
 
 A line starts only when nobody waits for a slot (the state store's queue is empty), on an
 endpoint with a free slot where batch lines hold fewer than `max_share` of its slots (at least
-one). The check and the slot's taking happen with no pause between them (`_slot_for` just
-before `forward`), so in one process, or with the workers' shared table, a line never waits in
-the queue: an interactive request arriving later finds the line's slot the next one freed.
+one) and fewer than the slots interactive requests left unused at their busiest within the
+last `interactive_window` seconds (`demand.py`). The check and the slot's taking happen with
+no pause between them (`_slot_for` just before `forward`), so in one process, or with the
+workers' shared table, a line never waits in the queue: an interactive request arriving later
+finds the line's slot the next one freed.
 A line runs through the proxy's `forward` like an interactive request, with an `Exchange`
 whose answer is kept (`Capture`) instead of written to a socket: the same parsing, routing,
 retries, translation, usage events (the record's `batch`) and token budgets.
@@ -37,6 +39,7 @@ from ..forward.exchange import Exchange, Handle
 from ..state import StateStore
 from . import objects
 from .base import BatchStore, Line
+from .demand import Demand
 from .intake import error_line
 
 log = logging.getLogger("nomyo_router.batch")
@@ -94,6 +97,8 @@ class Runner:
         self.pending: deque[Line] = deque()
         self.batches: dict[str, dict[str, Any]] = {}  # the active batches as last read
         self._wake = asyncio.Event()
+        self.demand = Demand(settings.interactive_window)
+        self._by_name: dict[str, Endpoint] = {}
         self._task: asyncio.Task[None] | None = None
         self._lease_at = 0.0
         self._swept_at = 0.0
@@ -115,9 +120,16 @@ class Runner:
             await self.store.resign(self.holder)
 
     def _poke(self, rec: RequestRecord) -> None:
-        """A request ended: a slot may be free (called on the hot path: cheap)."""
-        if self.pending:
-            self._wake.set()
+        """A request ended: a slot may be free, and an interactive one says how many slots
+        interactive requests held just before (its own counted back). On the hot path: cheap."""
+        if not self.pending:
+            return
+        self._wake.set()
+        name = rec.endpoint
+        if rec.batch is None and name is not None:
+            ep = self._by_name.get(name)
+            if ep is not None:
+                self.demand.saw(name, self.state.in_flight(ep) + 1 - self.held[name])
 
     def poke(self) -> None:
         self._wake.set()
@@ -152,6 +164,7 @@ class Runner:
         if now - self._swept_at > 60:
             self._swept_at = now
             await self.store.sweep(now, self.settings.retention)
+        self._by_name = {e.name: e for e in self.endpoints()}
         self.batches = {b["id"]: b for b in await self.store.active()}
         for b in list(self.batches.values()):
             await self._settle(b, now)
@@ -193,6 +206,7 @@ class Runner:
         state = self.state
         if state.queue_length() + state.held_aside > 0:  # someone waits: every slot is theirs
             return None
+        demand = self.demand
         best: Endpoint | None = None
         free_best = 0
         serving = False
@@ -201,7 +215,11 @@ class Runner:
             if not key or not ep.serves(key):
                 continue
             serving = True
-            if not state.is_healthy(ep) or self.held[ep.name] >= max(1, int(ep.slots * share)):
+            held = self.held[ep.name]
+            interactive = state.in_flight(ep) - held
+            demand.saw(ep.name, interactive)
+            room = min(max(1, int(ep.slots * share)), ep.slots - demand.peak(ep.name))
+            if not state.is_healthy(ep) or held >= room:
                 continue
             free = ep.slots - state.in_flight(ep)
             if free > free_best:

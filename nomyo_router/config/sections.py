@@ -114,6 +114,14 @@ class BatchConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only
         Annotated[float, Meta(gt=0, le=1)],
         doc("the share of any endpoint's slots that batch lines may hold at once (at least one slot)"),
     ] = 0.5
+    interactive_window: Annotated[
+        Seconds,
+        doc(
+            "batch lines leave free as many of an endpoint's slots as interactive requests held at once "
+            "within this many seconds, so that traffic never waits behind a line; a longer window protects "
+            "bursts better, a shorter one gives batches the slots back sooner"
+        ),
+    ] = 10.0
     max_file_bytes: Annotated[Bytes, doc("a larger upload is refused with 413")] = 100 * 1024 * 1024
     max_lines: Annotated[Slots, doc("lines one input file may have at most")] = 50_000
     retention: Annotated[Seconds, doc("how long files and finished batches are kept")] = 30 * 86400.0
