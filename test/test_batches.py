@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from mock import MockConfig, MockProcess, run_mock
+from nomyo_router.batch.demand import Demand
 from nomyo_router.events import RequestRecord
 from test.helpers import endpoints, run_router
 from test.router_proc import router_workers
@@ -190,7 +191,7 @@ async def test_lines_take_only_idle_slots_and_never_delay_interactive_requests()
     """2 slots, max_share 0.5: at most one line at a time, none started while an interactive
     request waits, none ever waiting in the queue; the batch ends once interactive load stops."""
     async with run_mock(ttft_ms=100.0, tok_ms=0.0, tokens=2) as slow:
-        async with run_router(batch_config([slow], max_share=0.5)) as r:
+        async with run_router(batch_config([slow], max_share=0.5, interactive_window=1.0)) as r:
             spans: list[tuple[bool, float, float, float]] = []  # (batch?, start, waited until, end)
             loop = asyncio.get_running_loop()
 
@@ -272,3 +273,35 @@ async def test_two_instances_on_redis_share_files_and_batches(mock, redis_url):
         assert [x["custom_id"] for x in await lines_of(ca, done.error_file_id)] == ["x"]
         assert sum(1 for r in (a, b) if r.router.batches.runner.leading) == 1  # one runner at a time
         assert [x.id for x in (await cb.batches.list()).data] == [batch.id]
+
+
+async def test_lines_count_against_tokens_per_day_not_rpm(mock):
+    cfg = batch_config([mock])
+    cfg["client_keys"] = [{"name": "alice", "key": ALICE, "rpm": 1}, {"name": "bob", "key": BOB, "tokens_per_day": 1}]
+    async with run_router(cfg) as r:
+        alice, bob = client(r.url, ALICE), client(r.url, BOB)
+        seen: list[tuple[str | None, str | None, int | None]] = []
+        r.router.events.on_request_done(lambda rec: seen.append((rec.client, rec.batch, rec.completion_tokens)))
+        fa = await alice.files.create(file=("a.jsonl", jsonl([chat(f"a{i}") for i in range(3)])), purpose="batch")
+        ba = await alice.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h")
+        assert (await finished(alice, ba.id)).request_counts.completed == 3  # rpm 1 does not hold them back
+        await alice.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}])  # rpm unspent
+        assert sum(1 for c, b, t in seen if c == "alice" and b == ba.id and t) == 3  # usage, marked with the batch
+
+        fb = await bob.files.create(file=("b.jsonl", jsonl([chat(f"b{i}") for i in range(3)])), purpose="batch")
+        bb = await bob.batches.create(input_file_id=fb.id, endpoint="/v1/chat/completions", completion_window="24h")
+        await asyncio.sleep(0.6)  # the first line spends the day's budget: the others wait for the next day
+        now = await bob.batches.retrieve(bb.id)
+        assert now.status == "in_progress" and now.request_counts.completed == 1, now.request_counts
+        with pytest.raises(openai.RateLimitError):
+            await bob.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_the_headroom_left_to_interactive_requests_is_their_recent_peak():
+    d = Demand(window=10.0)
+    d.saw("a", 3, now=100.0)
+    d.saw("a", 1, now=100.5)
+    d.saw("a", 2, now=105.0)
+    assert d.peak("a", now=106.0) == 3 and d.peak("b", now=106.0) == 0
+    assert d.peak("a", now=110.5) == 2  # the burst of 3 aged out
+    assert d.peak("a", now=116.0) == 0
