@@ -176,6 +176,12 @@ async def test_cancel_starts_no_new_line(mock):
             f = await c.files.create(file=("in.jsonl", jsonl([chat(f"c{i}") for i in range(20)])), purpose="batch")
             b = await c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
             await asyncio.sleep(0.2)  # one line runs (max_share 0.5 of 2 slots)
+            async with aiohttp.ClientSession() as s:  # the dashboard shows it running
+                async with s.get(r.url + "/dashboard/data", headers={"Authorization": f"Bearer {ADMIN}"}) as d:
+                    shown = (await d.json())["batches"]
+            assert [(x["id"], x["client"], x["status"], x["total"]) for x in shown] == [
+                (b.id, "alice", "in_progress", 20)
+            ]
             cancelled = await c.batches.cancel(b.id)
             assert cancelled.status in ("cancelling", "cancelled")
             done = await finished(c, b.id)

@@ -15,6 +15,7 @@ from ..forward.exchange import Handle
 from ..state import StateStore
 from ..state.limits import Limits
 from ..state.redis_url import is_redis
+from . import objects
 from .base import BatchStore
 from .runner import Runner
 
@@ -62,6 +63,16 @@ class Batches:
     async def close(self) -> None:
         await self.runner.stop()
         await self.store.close()
+
+    async def running(self) -> list[dict[str, object]]:
+        """The batches running now, for the dashboard: id, client, endpoint, status, counts."""
+        out: list[dict[str, object]] = []
+        for b in await self.store.active():
+            counts = objects.request_counts(await self.store.counts(b["id"]))
+            out.append(
+                {"id": b["id"], "client": b["_owner"], "endpoint": b["endpoint"], "status": b["status"], **counts}
+            )
+        return out
 
     def gauges(self) -> Iterable[GaugeMetricFamily]:
         g = GaugeMetricFamily(

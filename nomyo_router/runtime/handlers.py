@@ -49,7 +49,16 @@ class Handlers:
         from ..ops.dashboard import Dashboard
 
         r = self._router
-        return Dashboard(lambda: r.endpoints, r.store, r.health, r.metrics, r.history, r.usage, r.rate_limits)
+        return Dashboard(
+            lambda: r.endpoints,
+            r.store,
+            r.health,
+            r.metrics,
+            r.history,
+            r.usage,
+            r.rate_limits,
+            r.batches.running if r.batches is not None else None,
+        )
 
     @property
     def usage_stream(self) -> UsageStream:
