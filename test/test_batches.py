@@ -20,6 +20,7 @@ import pytest
 from mock import MockConfig, MockProcess, run_mock
 from nomyo_router.batch.demand import Demand
 from nomyo_router.events import RequestRecord
+from test.conftest import RedisServer
 from test.helpers import endpoints, run_router
 from test.router_proc import router_workers
 
@@ -261,24 +262,31 @@ def test_a_router_killed_mid_batch_resumes_each_custom_id_once(tmp_path):
         assert b["error_file_id"] is None and b["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
 
 
-async def test_two_instances_on_redis_share_files_and_batches(mock, redis_url):
-    cfg = {**batch_config([mock]), "state": redis_url}
-    async with run_router(cfg) as a, run_router(cfg) as b:
-        ca, cb = client(a.url, ALICE), client(b.url, ALICE)
-        f = await ca.files.create(
-            file=("in.jsonl", jsonl([chat(f"c{i}") for i in range(6)] + [chat("x", model="nope")])), purpose="batch"
-        )
-        assert (await cb.files.retrieve(f.id)).bytes == f.bytes
-        batch = await cb.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-        with pytest.raises(openai.NotFoundError):
-            await client(a.url, BOB).batches.retrieve(batch.id)
-        done = await finished(ca, batch.id)
-        assert done.status == "completed" and done.request_counts.completed == 6 and done.request_counts.failed == 1
-        out = await lines_of(cb, done.output_file_id)
-        assert sorted(x["custom_id"] for x in out) == [f"c{i}" for i in range(6)]
-        assert [x["custom_id"] for x in await lines_of(ca, done.error_file_id)] == ["x"]
-        assert sum(1 for r in (a, b) if r.router.batches.runner.leading) == 1  # one runner at a time
-        assert [x.id for x in (await cb.batches.list()).data] == [batch.id]
+async def test_two_instances_on_redis_share_files_and_batches(mock):
+    with RedisServer() as redis:
+        cfg = {**batch_config([mock]), "state": redis.url, "redis_timeout": 0.5}
+        async with run_router(cfg) as a, run_router(cfg) as b:
+            ca, cb = client(a.url, ALICE), client(b.url, ALICE)
+            f = await ca.files.create(
+                file=("in.jsonl", jsonl([chat(f"c{i}") for i in range(6)] + [chat("x", model="nope")])), purpose="batch"
+            )
+            assert (await cb.files.retrieve(f.id)).bytes == f.bytes
+            batch = await cb.batches.create(
+                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            with pytest.raises(openai.NotFoundError):
+                await client(a.url, BOB).batches.retrieve(batch.id)
+            done = await finished(ca, batch.id)
+            assert done.status == "completed" and done.request_counts.completed == 6 and done.request_counts.failed == 1
+            out = await lines_of(cb, done.output_file_id)
+            assert sorted(x["custom_id"] for x in out) == [f"c{i}" for i in range(6)]
+            assert [x["custom_id"] for x in await lines_of(ca, done.error_file_id)] == ["x"]
+            assert sum(1 for r in (a, b) if r.router.batches.runner.leading) == 1  # one runner at a time
+            assert [x.id for x in (await cb.batches.list()).data] == [batch.id]
+            redis.stop()  # the store away: a clear 503, not a 500
+            with pytest.raises(openai.InternalServerError) as away:
+                await cb.batches.list()
+            assert away.value.status_code == 503 and "batch store is unavailable" in away.value.message
 
 
 async def test_lines_count_against_tokens_per_day_not_rpm(mock):

@@ -24,6 +24,9 @@ NewLine = tuple[int, str, str, str, str | None]
 
 
 class BatchStore(ABC):
+    # what the store raises when it cannot answer (the routes say 503, the runner tries later)
+    errors: tuple[type[Exception], ...] = (OSError,)
+
     @abstractmethod
     async def open(self) -> None:
         """Open or connect (at start)."""

@@ -19,6 +19,8 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from ..state import redis_url
 from .base import ACTIVE, BatchStore, Line, NewLine
 
@@ -60,6 +62,8 @@ def _s(v: Any) -> str:
 
 
 class RedisBatches(BatchStore):
+    errors = (RedisError, OSError, TimeoutError)
+
     def __init__(self, url: str, timeout: float) -> None:
         self.url, self.timeout = url, timeout
         self.r: Any = None

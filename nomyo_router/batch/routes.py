@@ -7,8 +7,10 @@ did not exist; the admin key sees all. An open router (no keys) has one owner, "
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -49,6 +51,26 @@ def _tail(path: str, prefix: str) -> list[str]:
     return path[len(prefix) :].split("/")
 
 
+Handler = Callable[["BatchRoutes", Scope, Receive, Send], Awaitable[None]]
+
+
+def guarded(fn: Handler) -> Handler:
+    """The store away (Redis down, a file locked past its timeout): 503 in OpenAI's shape,
+    not a 500 and a traceback per request."""
+
+    @functools.wraps(fn)
+    async def handler(self: BatchRoutes, scope: Scope, receive: Receive, send: Send) -> None:
+        errors = self.b.store.errors if self.b is not None else ()
+        try:
+            await fn(self, scope, receive, send)
+        except errors as e:
+            raise ApiError(
+                503, f"the batch store is unavailable ({type(e).__name__}); try again", code="batch_store_unavailable"
+            ) from None
+
+    return handler
+
+
 async def _json(send: Send, obj: Any, status: int = 200) -> None:
     await send_response(send, status, json.dumps(obj).encode())
 
@@ -63,6 +85,7 @@ class BatchRoutes:
         return self.b
 
     # ---- files ---------------------------------------------------------------------------------
+    @guarded
     async def file_create(self, scope: Scope, receive: Receive, send: Send) -> None:
         b = self._on()
         limit = b.settings.max_file_bytes
@@ -79,6 +102,7 @@ class BatchRoutes:
         await b.store.put_file(obj, _who(scope)[0], content)
         await _json(send, obj)
 
+    @guarded
     async def file_list(self, scope: Scope, receive: Receive, send: Send) -> None:
         b = self._on()
         owner, admin = _who(scope)
@@ -101,6 +125,7 @@ class BatchRoutes:
             raise ApiError(404, f"No such File object: {file_id}", param="id")
         return found[0]
 
+    @guarded
     async def file_get(self, scope: Scope, receive: Receive, send: Send) -> None:
         parts = _tail(scope["path"], "/v1/files/")
         if len(parts) == 1:
@@ -115,6 +140,7 @@ class BatchRoutes:
         else:
             raise ApiError(404, f"no route for GET {scope['path']}")
 
+    @guarded
     async def file_delete(self, scope: Scope, receive: Receive, send: Send) -> None:
         parts = _tail(scope["path"], "/v1/files/")
         if len(parts) != 1:
@@ -125,6 +151,7 @@ class BatchRoutes:
         await _json(send, {"id": parts[0], "object": "file", "deleted": True})
 
     # ---- batches -------------------------------------------------------------------------------
+    @guarded
     async def batch_create(self, scope: Scope, receive: Receive, send: Send) -> None:
         b = self._on()
         try:
@@ -186,6 +213,7 @@ class BatchRoutes:
             obj["request_counts"] = objects.request_counts(await b.store.counts(obj["id"]))
         return obj
 
+    @guarded
     async def batch_list(self, scope: Scope, receive: Receive, send: Send) -> None:
         b = self._on()
         owner, admin = _who(scope)
@@ -195,12 +223,14 @@ class BatchRoutes:
         data = [await self._current(o) for o in rows[:limit]]
         await _json(send, objects.listing(data, len(rows) > limit))
 
+    @guarded
     async def batch_get(self, scope: Scope, receive: Receive, send: Send) -> None:
         parts = _tail(scope["path"], "/v1/batches/")
         if len(parts) != 1:
             raise ApiError(404, f"no route for GET {scope['path']}")
         await _json(send, await self._batch(scope, parts[0]))
 
+    @guarded
     async def batch_cancel(self, scope: Scope, receive: Receive, send: Send) -> None:
         parts = _tail(scope["path"], "/v1/batches/")
         if len(parts) != 2 or parts[1] != "cancel":

@@ -20,6 +20,7 @@ retries, translation, usage events (the record's `batch`) and token budgets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from ..config import BatchConfig
 from ..domain import Endpoint, model_key
 from ..events import Events, RequestRecord
 from ..forward.exchange import Exchange, Handle
+from ..ops.log_limit import LimitedLog
 from ..state import StateStore
 from . import objects
 from .base import BatchStore, Line
@@ -47,6 +49,7 @@ log = logging.getLogger("nomyo_router.batch")
 MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a line's answer kept at most (a larger one is the line's error)
 TRIES = 3  # a line that meets a busy or failing backend (502, 503, 504) this often fails
 _AGAIN = frozenset((0, 502, 503, 504))
+MAX_PAUSE_S = 5.0  # the longest pause between rounds while the store fails
 COUNTS_EVERY_S = 2.0  # how often /metrics' line counts are read from the store
 ANY = "any"  # no endpoint serves the model: run it anyway, for the proxy's own answer (404)
 
@@ -97,6 +100,7 @@ class Runner:
         self.pending: deque[Line] = deque()
         self.batches: dict[str, dict[str, Any]] = {}  # the active batches as last read
         self._wake = asyncio.Event()
+        self._log = LimitedLog(log)
         self.demand = Demand(settings.interactive_window)
         self._by_name: dict[str, Endpoint] = {}
         self._task: asyncio.Task[None] | None = None
@@ -116,8 +120,9 @@ class Runner:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.leading:
-            await self.store.resign(self.holder)
+        if self.leading:  # (another process may take over at once; if the store is away, when the lease lapses)
+            with contextlib.suppress(*self.store.errors):
+                await self.store.resign(self.holder)
 
     def _poke(self, rec: RequestRecord) -> None:
         """A request ended: a slot may be free, and an interactive one says how many slots
@@ -135,16 +140,21 @@ class Runner:
         self._wake.set()
 
     async def _loop(self) -> None:
+        pause = self.settings.poll_interval
         while True:
             try:
                 await self._tick()
+                if self._log.failing("round"):
+                    self._log.recovered("round", logging.WARNING, "batch runner: the batch store answers again")
+                pause = self.settings.poll_interval
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("batch runner: a round failed; trying again")
+            except Exception as e:  # the store away (Redis down, a locked file): fewer tries, fewer lines
+                self._log.failed("round", logging.WARNING, "batch runner: a round failed (%s: %s)", type(e).__name__, e)
+                pause = min(pause * 2, MAX_PAUSE_S)
             self._wake.clear()
             try:
-                async with asyncio.timeout(self.settings.poll_interval):
+                async with asyncio.timeout(pause):
                     await self._wake.wait()
             except TimeoutError:
                 pass
@@ -229,7 +239,11 @@ class Runner:
     async def _run(self, line: Line, owner: str) -> None:
         bid, idx, cid, model, request = line
         try:
-            outcome = await self._answer(line, owner)
+            try:
+                outcome = await self._answer(line, owner)
+            except Exception:  # a bug: this line fails, never the runner or another batch
+                log.exception("batch %s: line %s failed in the router", bid, idx)
+                outcome = False, json.dumps(error_line(cid, 500, "internal_error", "the router failed on this line"))
             if outcome is None:  # not run (no idle slot after all) or to be tried again
                 self.pending.append(line)
                 return
@@ -330,3 +344,5 @@ class Runner:
         if await self.store.finalize(batch, files, owner):
             log.info("batch %s %s: %s", bid, final, batch["request_counts"])
         self.batches.pop(bid, None)
+        for line_id in [k for k in self.tries if k[0] == bid]:
+            del self.tries[line_id]

@@ -284,6 +284,8 @@ def _file(row: Sequence[Any]) -> dict[str, Any]:
 class SqliteStore(BatchStore):
     """The SQLite file's calls, each in a thread: a large file never stalls the event loop."""
 
+    errors = (sqlite3.Error, OSError)
+
     def __init__(self, path: str) -> None:
         self.f = SqliteFile(path)
 
