@@ -49,8 +49,9 @@ log = logging.getLogger("nomyo_router.batch")
 MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a line's answer kept at most (a larger one is the line's error)
 TRIES = 3  # a line that meets a busy or failing backend (502, 503, 504) this often fails
 _AGAIN = frozenset((0, 502, 503, 504))
+IDLE_POLL_S = 1.0  # between rounds while no batch runs (one made here wakes the runner at once)
 MAX_PAUSE_S = 5.0  # the longest pause between rounds while the store fails
-COUNTS_EVERY_S = 2.0  # how often /metrics' line counts are read from the store
+COUNTS_EVERY_S = 30.0  # /metrics' line counts are read again this often, and when a line ended here
 ANY = "any"  # no endpoint serves the model: run it anyway, for the proxy's own answer (404)
 
 
@@ -143,10 +144,10 @@ class Runner:
         pause = self.settings.poll_interval
         while True:
             try:
-                await self._tick()
+                busy = await self._tick()
                 if self._log.failing("round"):
                     self._log.recovered("round", logging.WARNING, "batch runner: the batch store answers again")
-                pause = self.settings.poll_interval
+                pause = self.settings.poll_interval if busy else max(self.settings.poll_interval, IDLE_POLL_S)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the store away (Redis down, a locked file): fewer tries, fewer lines
@@ -159,7 +160,8 @@ class Runner:
             except TimeoutError:
                 pass
 
-    async def _tick(self) -> None:
+    async def _tick(self) -> bool:
+        """One round; whether any batch is running (else the next comes after IDLE_POLL_S)."""
         now = time.time()
         if now - self._counted_at >= COUNTS_EVERY_S or self._changed:
             self._changed = False
@@ -170,7 +172,7 @@ class Runner:
             self._lease_at = now
         if not self.leading:
             self.pending.clear()
-            return
+            return False
         if now - self._swept_at > 60:
             self._swept_at = now
             await self.store.sweep(now, self.settings.retention)
@@ -188,6 +190,7 @@ class Runner:
             want = max(4, sum(e.slots for e in self.endpoints()))
             self.pending.extend(await self.store.queued(live, set(self.in_flight), want))
         await self._start_lines()
+        return bool(self.batches)
 
     async def _start_lines(self) -> None:
         spent: dict[str, bool] = {}
@@ -312,8 +315,8 @@ class Runner:
         if late:
             msg = "the batch expired before this request ran"
             await self.store.fail_queued(bid, lambda cid: json.dumps(error_line(cid, 408, "batch_expired", msg)))
-        if busy:
-            return
+        if busy or (status == "in_progress" and not late and any(line[0] == bid for line in self.pending)):
+            return  # (lines of it wait for a slot: not done)
         counts = await self.store.counts(bid)
         if status == "cancelling":
             final = "cancelled"
@@ -343,6 +346,7 @@ class Runner:
         batch["request_counts"] = objects.request_counts(counts)
         if await self.store.finalize(batch, files, owner):
             log.info("batch %s %s: %s", bid, final, batch["request_counts"])
+        self.counts = await self.store.line_counts()
         self.batches.pop(bid, None)
         for line_id in [k for k in self.tries if k[0] == bid]:
             del self.tries[line_id]
