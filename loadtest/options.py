@@ -10,6 +10,7 @@ import argparse
 
 from mock.config import MockConfig, add_arguments
 
+from . import batch as batch_mod
 from . import dataset as dataset_mod
 from . import prefix as prefix_mod
 from . import search as search_mod
@@ -189,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--session-header", default=None, help="send the conversation id in this header")
     prefix_mod.add_arguments(p)
     dataset_mod.add_arguments(p)
+    batch_mod.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="PATH", help="write the nomyo-loadtest/1 JSON here")
     out.add_argument("--html", default=None, metavar="PATH", help="write the self-contained HTML report here")

@@ -22,6 +22,7 @@ from nomyo_router.batch.demand import Demand
 from nomyo_router.events import RequestRecord
 from test.conftest import RedisServer
 from test.helpers import endpoints, run_router
+from test.loadtest_run import loadtest
 from test.router_proc import router_workers
 
 ALICE, BOB, ADMIN = "alice-key-0123456789", "bob-key-0123456789", "admin-key-0123456789"
@@ -326,3 +327,17 @@ def test_the_headroom_left_to_interactive_requests_is_their_recent_peak():
     assert d.peak("a", now=106.0) == 3 and d.peak("b", now=106.0) == 0
     assert d.peak("a", now=110.5) == 2  # the burst of 3 aged out
     assert d.peak("a", now=116.0) == 0
+
+
+def test_the_load_tester_runs_a_batch_beside_its_stages(tmp_path):
+    doc, run = loadtest(
+        *("--mock-backend", "--api", "openai", "--no-stream", "--concurrency", "2", "--router-max-conc", "4"),
+        *("--duration", "1", "--warmup", "0", "--mock-ttft-ms", "10", "--batch-lines", "10"),
+        json_out=tmp_path / "out.json",
+    )
+    rep = doc["batch"]
+    assert rep["status"] == "completed" and rep["request_counts"] == {"total": 10, "completed": 10, "failed": 0}
+    [stage] = rep["stages"]
+    assert stage["load"] == 2 and stage["p95_alone_ms"] > 0 and stage["p95_with_batch_ms"] > 0 and stage["ratio"] > 0
+    assert rep["with_batch"][0]["completed"] > 0
+    assert "interactive latency beside a batch of 10 lines" in run.stdout
