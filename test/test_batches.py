@@ -341,3 +341,19 @@ def test_the_load_tester_runs_a_batch_beside_its_stages(tmp_path):
     assert stage["load"] == 2 and stage["p95_alone_ms"] > 0 and stage["p95_with_batch_ms"] > 0 and stage["ratio"] > 0
     assert rep["with_batch"][0]["completed"] > 0
     assert "interactive latency beside a batch of 10 lines" in run.stdout
+
+
+async def test_a_batch_past_its_window_expires_each_custom_id_once(monkeypatch):
+    from nomyo_router.batch import objects
+
+    monkeypatch.setattr(objects, "WINDOW_S", 1)  # (24 hours in the API: a second here)
+    async with run_mock(ttft_ms=200.0, tok_ms=0.0, tokens=2) as slow, run_router(batch_config([slow])) as r:
+        c = client(r.url, ALICE)
+        ids = [f"c{i}" for i in range(10)]
+        f = await c.files.create(file=("in.jsonl", jsonl([chat(i) for i in ids])), purpose="batch")
+        b = await c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        done = await finished(c, b.id)
+        assert done.status == "expired" and done.expired_at is not None
+        out, err = await lines_of(c, done.output_file_id), await lines_of(c, done.error_file_id)
+        assert len(out) < 10 and sorted(x["custom_id"] for x in out + err) == sorted(ids)
+        assert {x["error"]["code"] for x in err} == {"batch_expired"}

@@ -128,10 +128,9 @@ class Runner:
     def _poke(self, rec: RequestRecord) -> None:
         """A request ended: a slot may be free, and an interactive one says how many slots
         interactive requests held just before (its own counted back). On the hot path: cheap."""
-        if not self.pending:
-            return
-        self._wake.set()
-        name = rec.endpoint
+        if self.pending:
+            self._wake.set()
+        name = rec.endpoint  # (sampled whether or not lines wait: a batch made later knows the traffic)
         if rec.batch is None and name is not None:
             ep = self._by_name.get(name)
             if ep is not None:
