@@ -8,6 +8,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -16,6 +18,7 @@ import aiohttp
 import httpx
 import openai
 import pytest
+import yaml
 
 from mock import MockConfig, MockProcess, run_mock
 from nomyo_router.batch.demand import Demand
@@ -357,3 +360,19 @@ async def test_a_batch_past_its_window_expires_each_custom_id_once(monkeypatch):
         out, err = await lines_of(c, done.output_file_id), await lines_of(c, done.error_file_id)
         assert len(out) < 10 and sorted(x["custom_id"] for x in out + err) == sorted(ids)
         assert {x["error"]["code"] for x in err} == {"batch_expired"}
+
+
+def test_an_unusable_batch_file_stops_the_start_in_one_line(tmp_path):
+    (tmp_path / "batch.db").write_bytes(b"\x00garbage, not SQLite\xff" * 20)
+    cfg = tmp_path / "c.yaml"
+    config = {"endpoints": ["http://127.0.0.1:9"], "usage_db": None, "batch": {"enabled": True, "path": "batch.db"}}
+    cfg.write_text(yaml.safe_dump(config))
+    r = subprocess.run(
+        [sys.executable, "-m", "nomyo_router", "--config", str(cfg), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == ["nomyo-router: batch.path: cannot open batch.db: file is not a database"]
