@@ -376,3 +376,32 @@ def test_an_unusable_batch_file_stops_the_start_in_one_line(tmp_path):
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr.splitlines() == ["nomyo-router: batch.path: cannot open batch.db: file is not a database"]
+
+
+async def test_a_batch_waiting_for_a_busy_model_does_not_hold_back_one_for_an_idle_model():
+    async with (
+        run_mock(ttft_ms=5000.0, tok_ms=0.0, tokens=2, models=["busy"]) as busy,
+        run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=2, models=["idle"]) as idle,
+        run_router(batch_config([busy, idle])) as r,
+    ):
+        c = client(r.url, ALICE)
+        chats = [  # every slot of the busy model's endpoint held by interactive requests
+            asyncio.create_task(c.chat.completions.create(model="busy", messages=[{"role": "user", "content": "x"}]))
+            for _ in range(2)
+        ]
+        await asyncio.sleep(0.1)
+        fa = await c.files.create(
+            file=("a.jsonl", jsonl([chat(f"a{i}", model="busy") for i in range(30)])), purpose="batch"
+        )
+        a = await c.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h")
+        fb = await c.files.create(
+            file=("b.jsonl", jsonl([chat(f"b{i}", model="idle") for i in range(5)])), purpose="batch"
+        )
+        b = await c.batches.create(input_file_id=fb.id, endpoint="/v1/chat/completions", completion_window="24h")
+        done = await finished(c, b.id)
+        assert not any(t.done() for t in chats)  # (the busy model's requests still run)
+        assert done.status == "completed" and done.request_counts.completed == 5
+        assert (await c.batches.retrieve(a.id)).request_counts.completed == 0
+        await c.batches.cancel(a.id)
+        for t in chats:
+            t.cancel()

@@ -79,8 +79,12 @@ class BatchStore(ABC):
         """The batch's lines by state."""
 
     @abstractmethod
-    async def queued(self, batch_ids: Sequence[str], skip: set[tuple[str, int]], limit: int) -> list[Line]:
-        """Up to `limit` queued lines of these batches, in their order, not in `skip`."""
+    async def models(self, batch_id: str) -> list[str]:
+        """The models the batch's lines ask for."""
+
+    @abstractmethod
+    async def queued(self, batch_id: str, model: str, skip: set[tuple[str, int]], limit: int) -> list[Line]:
+        """Up to `limit` queued lines of the batch for `model`, in their order, not in `skip`."""
 
     @abstractmethod
     async def finish_line(self, batch_id: str, idx: int, ok: bool, result: str) -> bool:

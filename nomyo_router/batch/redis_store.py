@@ -6,7 +6,8 @@ Keys, under `nomyo:batch:`:
 - `f:<id>`: a file (`meta`: its object and owner as JSON, `content`), `files`: their order;
 - `b:<id>`: a batch (`obj`, `owner`, `status`), `batches`: their order, `active`: those running;
 - `l:<batch>:req` (each line's custom_id, model and request), `l:<batch>:q` (the queued lines'
-  numbers), `l:<batch>:done` and `l:<batch>:failed` (results by line number);
+  numbers) and `l:<batch>:q:<model>` (those of one model), `l:<batch>:models` (the batch's
+  models), `l:<batch>:done` and `l:<batch>:failed` (results by line number);
 - `models`: lines per model and state, for /metrics; `leader`: the runner's lease.
 
 A line's result is written by one script that first takes it out of the queue: only a queued
@@ -29,6 +30,7 @@ _FINISH = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 local model = cjson.decode(redis.call('HGET', KEYS[3], ARGV[1]))[2]
+redis.call('ZREM', KEYS[1] .. ':' .. model, ARGV[1])
 redis.call('HINCRBY', KEYS[4], model .. '\\t' .. 'queued', -1)
 redis.call('HINCRBY', KEYS[4], model .. '\\t' .. ARGV[3], 1)
 return 1
@@ -133,6 +135,7 @@ class RedisBatches(BatchStore):
             pipe.sadd(P + "active", bid)
         req: dict[str, str] = {}
         queued: dict[str, int] = {}
+        by_model: dict[str, dict[str, int]] = {}
         failed: dict[str, str] = {}
         per_model: dict[str, int] = {}
         for idx, cid, model, request, result in lines:
@@ -140,6 +143,7 @@ class RedisBatches(BatchStore):
             state = "queued" if result is None else "failed"
             if result is None:
                 queued[str(idx)] = idx
+                by_model.setdefault(model, {})[str(idx)] = idx
             else:
                 failed[str(idx)] = result
             per_model[f"{model}\t{state}"] = per_model.get(f"{model}\t{state}", 0) + 1
@@ -147,6 +151,9 @@ class RedisBatches(BatchStore):
             pipe.hset(f"{P}l:{bid}:req", mapping=req)
         if queued:
             pipe.zadd(f"{P}l:{bid}:q", queued)
+            pipe.sadd(f"{P}l:{bid}:models", *by_model)
+        for model, nums in by_model.items():
+            pipe.zadd(f"{P}l:{bid}:q:{model}", nums)
         if failed:
             pipe.hset(f"{P}l:{bid}:failed", mapping=failed)
         for field, n in per_model.items():
@@ -191,20 +198,20 @@ class RedisBatches(BatchStore):
         return {"queued": q, "done": d, "failed": f}
 
     # ---- lines ---------------------------------------------------------------------------------
-    async def queued(self, batch_ids: Sequence[str], skip: set[tuple[str, int]], limit: int) -> list[Line]:
+    async def models(self, batch_id: str) -> list[str]:
+        return sorted(_s(m) for m in await self.r.smembers(f"{P}l:{batch_id}:models"))
+
+    async def queued(self, batch_id: str, model: str, skip: set[tuple[str, int]], limit: int) -> list[Line]:
+        nums = [int(_s(i)) for i in await self.r.zrange(f"{P}l:{batch_id}:q:{model}", 0, limit + len(skip) - 1)]
+        nums = [i for i in nums if (batch_id, i) not in skip][:limit]
+        if not nums:
+            return []
         out: list[Line] = []
-        for bid in batch_ids:
-            nums = [int(_s(i)) for i in await self.r.zrange(f"{P}l:{bid}:q", 0, limit + len(skip) - 1)]
-            nums = [i for i in nums if (bid, i) not in skip]
-            if nums:
-                reqs = await self.r.hmget(f"{P}l:{bid}:req", [str(i) for i in nums])
-                for i, raw in zip(nums, reqs, strict=True):
-                    if raw is not None:
-                        cid, model, request = json.loads(raw)
-                        out.append((bid, i, cid, model, request))
-            if len(out) >= limit:
-                break
-        return out[:limit]
+        for i, raw in zip(nums, await self.r.hmget(f"{P}l:{batch_id}:req", [str(i) for i in nums]), strict=True):
+            if raw is not None:
+                cid, model_name, request = json.loads(raw)
+                out.append((batch_id, i, cid, model_name, request))
+        return out
 
     async def finish_line(self, batch_id: str, idx: int, ok: bool, result: str) -> bool:
         state = "done" if ok else "failed"
@@ -262,11 +269,12 @@ class RedisBatches(BatchStore):
         """A finished batch goes, and its lines leave the per-model counts."""
         reqs = await self.r.hgetall(f"{P}l:{bid}:req")
         done = {_s(k) for k in await self.r.hkeys(f"{P}l:{bid}:done")}
+        models = [f"{P}l:{bid}:q:{_s(m)}" for m in await self.r.smembers(f"{P}l:{bid}:models")]
         pipe = self.r.pipeline(transaction=True)
         for k, v in reqs.items():
             model = json.loads(v)[1]
             pipe.hincrby(P + "models", f"{model}\t{'done' if _s(k) in done else 'failed'}", -1)
-        pipe.delete(*(f"{P}l:{bid}:{x}" for x in ("req", "q", "done", "failed")), P + "b:" + bid)
+        pipe.delete(*(f"{P}l:{bid}:{x}" for x in ("req", "q", "models", "done", "failed")), *models, P + "b:" + bid)
         pipe.zrem(P + "batches", bid)
         pipe.srem(P + "active", bid)
         await pipe.execute()

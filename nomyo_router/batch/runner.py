@@ -100,6 +100,8 @@ class Runner:
         self.tries: Counter[tuple[str, int]] = Counter()
         self.pending: deque[Line] = deque()
         self.batches: dict[str, dict[str, Any]] = {}  # the active batches as last read
+        self._models: dict[str, list[str]] = {}  # each active batch's models
+        self.blocked: set[str] = set()  # models whose lines found no idle slot in the last round
         self._wake = asyncio.Event()
         self._log = LimitedLog(log)
         self.demand = Demand(settings.interactive_window)
@@ -185,15 +187,27 @@ class Runner:
             if b["status"] == "in_progress"
         ]
         self.pending = deque(line for line in self.pending if line[0] in live)
-        if not self.pending and live:
-            want = max(4, sum(e.slots for e in self.endpoints()))
-            self.pending.extend(await self.store.queued(live, set(self.in_flight), want))
+        want = max(4, sum(e.slots for e in self.endpoints()))
+        # more lines, of models that had an idle slot: lines waiting for a busy model never keep
+        # another model's lines out (the pending lines stay under `want` per model)
+        room = want - sum(1 for line in self.pending if line[3] not in self.blocked)
+        if live and room > 0:
+            have = {(line[0], line[1]) for line in self.pending} | set(self.in_flight)
+            for bid in live:
+                if bid not in self._models:
+                    self._models[bid] = await self.store.models(bid)
+                for model in self._models[bid]:
+                    if room > 0 and model not in self.blocked:
+                        got = await self.store.queued(bid, model, have, room)
+                        self.pending.extend(got)
+                        room -= len(got)
         await self._start_lines()
         return bool(self.batches)
 
     async def _start_lines(self) -> None:
         spent: dict[str, bool] = {}
-        full: set[str] = set()  # models with no idle slot in this round
+        full: set[str] = set()  # model keys with no idle slot in this round
+        self.blocked = set()
         kept: deque[Line] = deque()
         while self.pending:
             line = self.pending.popleft()
@@ -207,6 +221,7 @@ class Runner:
             key = model_key(model) if model else ""
             if spent[owner] or key in full or self._slot_for(key) is None:
                 full.add(key)
+                self.blocked.add(model)
                 kept.append(line)
                 continue
             self.in_flight[(bid, idx)] = asyncio.get_running_loop().create_task(self._run(line, owner))
@@ -347,5 +362,6 @@ class Runner:
             log.info("batch %s %s: %s", bid, final, batch["request_counts"])
         self.counts = await self.store.line_counts()
         self.batches.pop(bid, None)
+        self._models.pop(bid, None)
         for line_id in [k for k in self.tries if k[0] == bid]:
             del self.tries[line_id]

@@ -29,6 +29,7 @@ SCHEMA = [
     batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL, model TEXT NOT NULL,
     state TEXT NOT NULL, request TEXT NOT NULL, result TEXT, PRIMARY KEY (batch_id, idx))""",
     "CREATE INDEX IF NOT EXISTS lines_state ON lines (state, batch_id)",
+    "CREATE INDEX IF NOT EXISTS lines_model ON lines (batch_id, model, state, idx)",
     "CREATE TABLE IF NOT EXISTS leader (id INTEGER PRIMARY KEY, holder TEXT NOT NULL, until REAL NOT NULL)",
 ]
 
@@ -160,19 +161,17 @@ class SqliteFile:
         return {state: n for state, n in rows}
 
     # ---- lines ---------------------------------------------------------------------------------
-    def queued(self, batch_ids: Sequence[str], skip: set[tuple[str, int]], limit: int) -> list[Line]:
-        """Up to `limit` queued lines of these batches, oldest batch first, not in `skip`."""
-        out: list[Line] = []
-        for bid in batch_ids:
-            rows = self._q(
-                "SELECT batch_id, idx, custom_id, model, request FROM lines WHERE batch_id = ? AND state = 'queued' "
-                "ORDER BY idx LIMIT ?",
-                (bid, limit + len(skip)),
-            )
-            out += [tuple(r) for r in rows if (r[0], r[1]) not in skip]
-            if len(out) >= limit:
-                break
-        return out[:limit]
+    def models(self, batch_id: str) -> list[str]:
+        return [r[0] for r in self._q("SELECT DISTINCT model FROM lines WHERE batch_id = ?", (batch_id,))]
+
+    def queued(self, batch_id: str, model: str, skip: set[tuple[str, int]], limit: int) -> list[Line]:
+        """Up to `limit` queued lines of the batch for `model`, in their order, not in `skip`."""
+        rows = self._q(
+            "SELECT batch_id, idx, custom_id, model, request FROM lines "
+            "WHERE batch_id = ? AND model = ? AND state = 'queued' ORDER BY idx LIMIT ?",
+            (batch_id, model, limit + len(skip)),
+        )
+        return [tuple(r) for r in rows if (r[0], r[1]) not in skip][:limit]
 
     def finish_line(self, batch_id: str, idx: int, ok: bool, result: str) -> bool:
         """The line's one result: False when it already had one (run twice)."""
@@ -330,8 +329,11 @@ class SqliteStore(BatchStore):
     async def counts(self, batch_id: str) -> dict[str, int]:
         return await asyncio.to_thread(self.f.counts, batch_id)
 
-    async def queued(self, batch_ids: Sequence[str], skip: set[tuple[str, int]], limit: int) -> list[Line]:
-        return await asyncio.to_thread(self.f.queued, batch_ids, skip, limit)
+    async def models(self, batch_id: str) -> list[str]:
+        return await asyncio.to_thread(self.f.models, batch_id)
+
+    async def queued(self, batch_id: str, model: str, skip: set[tuple[str, int]], limit: int) -> list[Line]:
+        return await asyncio.to_thread(self.f.queued, batch_id, model, skip, limit)
 
     async def finish_line(self, batch_id: str, idx: int, ok: bool, result: str) -> bool:
         return await asyncio.to_thread(self.f.finish_line, batch_id, idx, ok, result)
