@@ -241,11 +241,11 @@ async def test_lines_take_only_idle_slots_and_never_delay_interactive_requests()
 
 
 def test_a_router_killed_mid_batch_resumes_each_custom_id_once(tmp_path):
-    with MockProcess(MockConfig(ttft_ms=150.0, tok_ms=0.0, tokens=2)) as m:
+    with MockProcess(MockConfig(ttft_ms=100.0, tok_ms=0.0, tokens=2)) as m:
         cfg = batch_config([m], claim_timeout=1.0)
         cfg["batch"]["path"] = str(tmp_path / "batch.db")
         head = {"Authorization": f"Bearer {ALICE}"}
-        ids = [f"c{i}" for i in range(12)]
+        ids = [f"c{i}" for i in range(8)]
         with router_workers(cfg, 1) as (url, proc):
             with httpx.Client(base_url=url, headers=head, timeout=10) as h:
                 f = h.post(
@@ -267,7 +267,7 @@ def test_a_router_killed_mid_batch_resumes_each_custom_id_once(tmp_path):
                     time.sleep(0.1)
                 out = [json.loads(x) for x in h.get(f"/v1/files/{b['output_file_id']}/content").content.splitlines()]
         assert sorted(x["custom_id"] for x in out) == sorted(ids)
-        assert b["error_file_id"] is None and b["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
+        assert b["error_file_id"] is None and b["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
 
 
 async def test_two_instances_on_redis_share_files_and_batches(mock):
@@ -335,7 +335,7 @@ def test_the_headroom_left_to_interactive_requests_is_their_recent_peak():
 def test_the_load_tester_runs_a_batch_beside_its_stages(tmp_path):
     doc, run = loadtest(
         *("--mock-backend", "--api", "openai", "--no-stream", "--concurrency", "2", "--router-max-conc", "4"),
-        *("--duration", "1", "--warmup", "0", "--mock-ttft-ms", "10", "--batch-lines", "10"),
+        *("--duration", "0.5", "--warmup", "0", "--mock-ttft-ms", "10", "--batch-lines", "10"),
         json_out=tmp_path / "out.json",
     )
     rep = doc["batch"]
@@ -405,3 +405,39 @@ async def test_a_batch_waiting_for_a_busy_model_does_not_hold_back_one_for_an_id
         await c.batches.cancel(a.id)
         for t in chats:
             t.cancel()
+
+
+async def test_the_api_is_off_unless_enabled(mock):
+    async with run_router({"endpoints": endpoints(mock)}) as r:
+        with pytest.raises(openai.NotFoundError) as off:
+            await client(r.url, "anything").files.list()
+        assert "batch: {enabled: true}" in off.value.message
+
+
+async def test_on_redis_another_instance_takes_over_a_batch_whose_runner_stopped():
+    async with run_mock(ttft_ms=100.0, tok_ms=0.0, tokens=2) as slow:
+        with RedisServer() as redis:
+            cfg = {**batch_config([slow], claim_timeout=1.0), "state": redis.url}
+            first = run_router(cfg)
+            a = await first.__aenter__()  # (the runner: the first to ask for the lease)
+            try:
+                async with run_router(cfg) as b:
+                    c = client(b.url, ALICE)
+                    ids = [f"c{i}" for i in range(8)]
+                    f = await c.files.create(file=("in.jsonl", jsonl([chat(i) for i in ids])), purpose="batch")
+                    batch = await c.batches.create(
+                        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+                    )
+                    async with asyncio.timeout(10):
+                        while (await c.batches.retrieve(batch.id)).request_counts.completed < 3:
+                            await asyncio.sleep(0.05)
+                    assert a.router.batches.runner.leading and a.router.batches.runner.in_flight
+                    await first.__aexit__(None, None, None)  # a line in flight is cut: it runs again on b
+                    first = None
+                    done = await finished(c, batch.id)
+                    assert b.router.batches.runner.leading
+                    out = await lines_of(c, done.output_file_id)
+                    assert sorted(x["custom_id"] for x in out) == sorted(ids) and done.error_file_id is None
+            finally:
+                if first is not None:
+                    await first.__aexit__(None, None, None)
