@@ -95,6 +95,7 @@ class Runner:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.leading = False
         self.held: Counter[str] = Counter()  # batch lines holding a slot, per endpoint
+        self.starting: Counter[str] = Counter()  # lines started for an endpoint, not yet at its slot
         self.running: Counter[str] = Counter()  # per model, for /metrics
         self.in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.tries: Counter[tuple[str, int]] = Counter()
@@ -219,12 +220,16 @@ class Runner:
             if owner not in spent:
                 spent[owner] = bool(owner) and await self.budget_spent(owner)
             key = model_key(model) if model else ""
-            if spent[owner] or key in full or self._slot_for(key) is None:
+            slot = None if spent[owner] or key in full else self._slot_for(key)
+            if slot is None:
                 full.add(key)
                 self.blocked.add(model)
                 kept.append(line)
                 continue
-            self.in_flight[(bid, idx)] = asyncio.get_running_loop().create_task(self._run(line, owner))
+            meant = slot.name if isinstance(slot, Endpoint) else None
+            if meant is not None:  # (counted until the line's task looks again: `_answer`)
+                self.starting[meant] += 1
+            self.in_flight[(bid, idx)] = asyncio.get_running_loop().create_task(self._run(line, owner, meant))
         self.pending = kept
 
     def _slot_for(self, key: str) -> Endpoint | str | None:
@@ -242,22 +247,22 @@ class Runner:
             if not key or not ep.serves(key):
                 continue
             serving = True
-            held = self.held[ep.name]
-            interactive = state.in_flight(ep) - held
-            demand.saw(ep.name, interactive)
+            held, starting = self.held[ep.name], self.starting[ep.name]
+            busy = state.in_flight(ep)
+            demand.saw(ep.name, busy - held)
             room = min(max(1, int(ep.slots * share)), ep.slots - demand.peak(ep.name))
-            if not state.is_healthy(ep) or held >= room:
+            if not state.is_healthy(ep) or held + starting >= room:
                 continue
-            free = ep.slots - state.in_flight(ep)
+            free = ep.slots - busy - starting
             if free > free_best:
                 best, free_best = ep, free
         return best if serving else ANY
 
-    async def _run(self, line: Line, owner: str) -> None:
+    async def _run(self, line: Line, owner: str, meant: str | None) -> None:
         bid, idx, cid, model, request = line
         try:
             try:
-                outcome = await self._answer(line, owner)
+                outcome = await self._answer(line, owner, meant)
             except Exception:  # a bug: this line fails, never the runner or another batch
                 log.exception("batch %s: line %s failed in the router", bid, idx)
                 outcome = False, json.dumps(error_line(cid, 500, "internal_error", "the router failed on this line"))
@@ -272,8 +277,12 @@ class Runner:
             self.in_flight.pop((bid, idx), None)
             self._wake.set()
 
-    async def _answer(self, line: Line, owner: str) -> tuple[bool, str] | None:
+    async def _answer(self, line: Line, owner: str, meant: str | None) -> tuple[bool, str] | None:
         bid, idx, cid, model, request = line
+        if meant is not None:
+            self.starting[meant] -= 1
+            if not self.starting[meant]:
+                del self.starting[meant]
         spec = json.loads(request)
         t0 = time.perf_counter()
         try:
