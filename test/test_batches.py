@@ -137,7 +137,9 @@ async def test_chat_and_embeddings_round_trip_with_bad_lines_in_the_error_file(m
 
 
 async def test_another_key_gets_404_and_the_admin_sees_all(mock):
-    async with run_router(batch_config([mock])) as r:
+    cfg = batch_config([mock])
+    cfg["client_keys"][1]["models"] = ["qwen2.5:7b"]  # bob may use this model only
+    async with run_router(cfg) as r:
         alice, bob, admin = client(r.url, ALICE), client(r.url, BOB), client(r.url, ADMIN)
         f = await alice.files.create(file=("in.jsonl", jsonl([chat("a")])), purpose="batch")
         b = await alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -157,6 +159,18 @@ async def test_another_key_gets_404_and_the_admin_sees_all(mock):
         assert f.id in [x.id for x in (await admin.files.list()).data]
         done = await finished(alice, b.id)
         assert (await admin.files.retrieve(done.output_file_id)).purpose == "batch_output"
+        fb = await bob.files.create(
+            file=("b.jsonl", jsonl([chat("mine", model="qwen2.5:7b"), chat("not")])), purpose="batch"
+        )
+        mine = await finished(
+            bob,
+            (
+                await bob.batches.create(input_file_id=fb.id, endpoint="/v1/chat/completions", completion_window="24h")
+            ).id,
+        )
+        assert [x["custom_id"] for x in await lines_of(bob, mine.output_file_id)] == ["mine"]
+        [refused] = await lines_of(bob, mine.error_file_id)
+        assert refused["custom_id"] == "not" and refused["response"]["status_code"] == 403
 
 
 async def test_a_malformed_file_fails_the_batch_and_a_large_one_is_refused(mock):

@@ -3,8 +3,7 @@ the wiring (`runtime/router.py`) when `batch.enabled`, started after discovery."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -19,8 +18,6 @@ from . import objects
 from .base import BatchStore
 from .runner import Runner
 
-T = TypeVar("T")
-
 
 class Batches:
     def __init__(
@@ -31,14 +28,14 @@ class Batches:
         endpoints: Callable[[], list[Endpoint]],
         events: Events,
         limits: Callable[[str], Limits | None],
+        models: Callable[[str], Sequence[str] | None],
     ) -> None:
         """`limits(client)`: the key's rate limits (its tokens_per_day is what batch lines count
-        against), None for a key without."""
+        against), None for a key without; `models(client)`: the models the key may use as the
+        config says now (None: any)."""
         self.settings = config.batch
         self.store = make_store(config)
-        self._models = {
-            c.name: frozenset(model_key(m) for m in c.models) if c.models else None for c in config.client_keys
-        }
+        self._models = models
         self._limits = limits
         self._state = state
         self.runner = Runner(
@@ -46,8 +43,8 @@ class Batches:
         )
 
     def may_use(self, owner: str, key: str) -> bool:
-        models = self._models.get(owner)
-        return models is None or key in models
+        models = self._models(owner)
+        return not models or key in {model_key(m) for m in models}
 
     async def budget_spent(self, owner: str) -> bool:
         limits = self._limits(owner)

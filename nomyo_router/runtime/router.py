@@ -234,6 +234,7 @@ def make_batches(config: RouterConfig, router: Router) -> Batches | None:
         lambda: router.endpoints,
         router.events,
         lambda client: router.rate_limits.by_client.get(client),
+        lambda client: next((c.models for c in router.config.client_keys if c.name == client), None),
     )
 
 
