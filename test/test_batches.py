@@ -22,7 +22,12 @@ import yaml
 
 from mock import MockConfig, MockProcess, run_mock
 from nomyo_router.batch.demand import Demand
+from nomyo_router.domain import Endpoint
 from nomyo_router.events import RequestRecord
+from nomyo_router.routing.policies import RouteContext, make_policy
+from nomyo_router.routing.scheduler import Scheduler
+from nomyo_router.state import MemoryStore
+from nomyo_router.state.fair import BATCH
 from test.conftest import RedisServer
 from test.helpers import endpoints, run_router
 from test.loadtest_run import loadtest
@@ -455,3 +460,26 @@ async def test_on_redis_another_instance_takes_over_a_batch_whose_runner_stopped
             finally:
                 if first is not None:
                     await first.__aexit__(None, None, None)
+
+
+async def test_a_line_that_had_to_wait_would_be_served_after_every_interactive_request():
+    """Should a line ever wait for a slot (another instance took the one it saw free), it is
+    placed below every key: a request arriving after it is served first."""
+    ep = Endpoint("e", "http://127.0.0.1:9", 1, models={"m:latest": "m"})
+    store = MemoryStore(100)
+    sched = Scheduler([ep], store, make_policy("least_busy", {}), queue_timeout=5)
+    held = await sched.acquire(RouteContext("m:latest", "openai", "chat"))
+    order: list[str] = []
+
+    async def wait(name: str, client: str | None) -> None:
+        lease = await sched.acquire(RouteContext("m:latest", "openai", "chat", client=client))
+        order.append(name)
+        lease.release()
+
+    line = asyncio.create_task(wait("line", BATCH[0]))
+    await asyncio.sleep(0.01)
+    chat_ = asyncio.create_task(wait("chat", None))
+    await asyncio.sleep(0.01)
+    held.release()
+    await asyncio.gather(line, chat_)
+    assert order == ["chat", "line"]

@@ -39,6 +39,7 @@ from ..events import Events, RequestRecord
 from ..forward.exchange import Exchange, Handle
 from ..ops.log_limit import LimitedLog
 from ..state import StateStore
+from ..state.fair import BATCH
 from . import objects
 from .base import BatchStore, Line
 from .demand import Demand
@@ -302,6 +303,7 @@ class Runner:
         rid = "batch_req_" + secrets.token_hex(12)
         rec = RequestRecord(rid, req.api, req.path, req.model, False, req.client)
         rec.batch = bid
+        req.client = BATCH[0]  # (the record keeps its key's name; in the queue, should it wait, it goes last)
         cap = Capture()
         ex = Exchange(cap.send, rec, t0, self.events)
         self.running[model] += 1
