@@ -19,6 +19,7 @@ from rich.console import Console
 
 from mock.config import from_namespace
 
+from . import batch as batch_mod
 from . import compare as compare_mod
 from . import dataset as dataset_mod
 from . import fault_report
@@ -67,6 +68,20 @@ def stages_from(args: argparse.Namespace, trace: dataset_mod.Trace | None = None
     ]
 
 
+def batch_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The router's Batch API, on for `--batch-lines` (its file in the temporary directory)."""
+    if not args.batch_lines:
+        return {}
+    import atexit
+    import shutil
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="nomyo-loadtest-batch-")
+    atexit.register(shutil.rmtree, where, True)
+    path = os.path.join(where, "batch.db")
+    return {"batch": {"enabled": True, "path": path}}
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 150)
     mock_cfg = from_namespace(args, prefix="mock-")
@@ -77,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.find_max_rate and (not args.slo or args.direct):
         console.print("[red]loadtest:[/] --find-max-rate needs --slo (what rate meets which SLO?) and no --direct")
+        return 2
+    if args.batch_lines and (args.direct or args.find_max_rate):
+        console.print(
+            "[red]loadtest:[/] --batch-lines compares stages alone and beside a batch: "
+            "not with --direct or --find-max-rate"
+        )
         return 2
     if args.direct and not args.mock_backend:
         console.print("[red]loadtest:[/] --direct needs --mock-backend")
@@ -159,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
                 router_port=args.router_port,
                 router_workers=args.router_workers,
                 router_max_conc=args.router_max_conc or int(peak),
-                router_extra=dict(args.router_set),
+                router_extra={**dict(args.router_set), **batch_settings(args)},
                 keep_config=args.keep_config,
             )
             console.print(
@@ -192,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
                 url,
             )
             results, direct = asyncio.run(_with_faults(injector, drive(args, spec, stages, url, None, console, runs)))
+        elif args.batch_lines:
+            results, beside = asyncio.run(batch_mod.alongside(args, spec, stages, url, console, drive))
+            direct = None
         else:
             results, direct = asyncio.run(drive(args, spec, stages, url, direct_url, console))
         if injector is not None:
@@ -228,6 +252,9 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         doc["sweep"] = sweep_mod.summarize(results)
         console.print(sweep_mod.summary_line(doc["sweep"]), highlight=False, soft_wrap=True)
+    if args.batch_lines:
+        doc["batch"] = beside
+        batch_mod.print_report(console, beside)
     if args.find_max_rate:
         doc["max_rate"] = search
         console.print(search_mod.summary_line(search), highlight=False, soft_wrap=True)

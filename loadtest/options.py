@@ -11,6 +11,7 @@ import argparse
 from mock.config import MockConfig, add_arguments
 from mock.version import PrintVersion
 
+from . import batch as batch_mod
 from . import dataset as dataset_mod
 from . import faults as faults_mod
 from . import prefix as prefix_mod
@@ -211,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     dataset_mod.add_arguments(p)
     faults_mod.add_arguments(p)
     sessions_mod.add_arguments(p)
+    batch_mod.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="PATH", help="write the nomyo-loadtest/1 JSON here")
     out.add_argument("--html", default=None, metavar="PATH", help="write the self-contained HTML report here")

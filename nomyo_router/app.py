@@ -326,12 +326,20 @@ ROUTES.update(
         ("POST", "/api/create"): _manage,
         ("POST", "/api/copy"): _manage,
         ("DELETE", "/api/delete"): _manage,
+        ("POST", "/v1/files"): operator(lambda h: h.batch.file_create),
+        ("GET", "/v1/files"): operator(lambda h: h.batch.file_list),
+        ("POST", "/v1/batches"): operator(lambda h: h.batch.batch_create),
+        ("GET", "/v1/batches"): operator(lambda h: h.batch.batch_list),
     }
 )
 PREFIX_ROUTES.extend(
     [
         ("HEAD", "/api/blobs/", operator(lambda h: h.blobs.head)),
         ("POST", "/api/blobs/", operator(lambda h: h.blobs.post)),
+        ("GET", "/v1/files/", operator(lambda h: h.batch.file_get)),
+        ("DELETE", "/v1/files/", operator(lambda h: h.batch.file_delete)),
+        ("GET", "/v1/batches/", operator(lambda h: h.batch.batch_get)),
+        ("POST", "/v1/batches/", operator(lambda h: h.batch.batch_cancel)),
     ]
 )
 

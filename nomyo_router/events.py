@@ -58,6 +58,7 @@ class RequestRecord:
     prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
     cache: str | None = None  # the response cache, for a request that opted in: hit | miss | bypass
     trace: Traced | None = None  # the request's trace (ops/tracing.py's Trace), only with tracing on
+    batch: str | None = None  # the batch this request is a line of (the Batch API), else None
 
 
 CLIENT_CLOSED = 499  # nginx's code: the client left before any response head was sent

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # policies and the scheduler; shared state; the domain types everything uses.
 LAYERS: list[set[str]] = [
     {"__main__", "cli", "app", "generation", "protocol", "body_writer", "config_doc", "runtime"},
-    {"forward", "ops", "cache"},
+    {"forward", "ops", "cache", "batch"},
     {"api"},
     {"upstream"},
     {"routing"},

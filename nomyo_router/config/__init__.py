@@ -21,7 +21,7 @@ from .backends import ENDPOINT_TYPES, EndpointConfig
 from .clients import ClientKey
 from .load import CONFIG_ENV, SUPERVISOR_ENV, load_config, parse_config
 from .router import INPUT_ONLY, ROUTING_POLICIES, RouterConfig
-from .sections import CacheConfig, MoeConfig, TracingConfig
+from .sections import BatchConfig, CacheConfig, MoeConfig, TracingConfig
 
 __all__ = [
     "CONFIG_ENV",
@@ -29,6 +29,7 @@ __all__ = [
     "INPUT_ONLY",
     "ROUTING_POLICIES",
     "SUPERVISOR_ENV",
+    "BatchConfig",
     "CacheConfig",
     "ClientKey",
     "ConfigError",

@@ -21,7 +21,7 @@ from .declare import (
     Slots,
     doc,
 )
-from .sections import CacheConfig, MoeConfig, TracingConfig
+from .sections import BatchConfig, CacheConfig, MoeConfig, TracingConfig
 
 __all__ = ["INPUT_ONLY", "ROUTING_POLICIES", "RouterConfig", "Routing"]
 
@@ -33,6 +33,7 @@ BACKENDS, QUEUE, TIMEOUTS, FAILURES = "Backends", "Queueing and limits", "Timeou
 ROUTING, ACCESS, CONNECTIONS = "Routing and conversation affinity", "Access: keys and origins", "Connections"
 STATE, OBSERVE, PROCESS = "State: workers and instances", "Logs and accounting", "Process"
 CACHE = "Response cache"
+BATCH = "Batches"
 
 
 class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -281,6 +282,15 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
             default="off (see below)",
         ),
     ] = CacheConfig()
+    batch: Annotated[
+        BatchConfig,
+        doc(
+            "the OpenAI Batch API: files and batches kept durably, their lines run only on idle slots",
+            BATCH,
+            type="mapping",
+            default="off (see below)",
+        ),
+    ] = BatchConfig()
     native_relay: Annotated[
         bool, doc("relay streams through the compiled pump when it is built; read at start", PROCESS)
     ] = True

@@ -7,7 +7,7 @@ from msgspec import Meta
 
 from .declare import SENTINEL_URL, Bytes, ConfigStruct, Name, Seconds, Slots, doc
 
-__all__ = ["CacheConfig", "MoeConfig", "TracingConfig"]
+__all__ = ["BatchConfig", "CacheConfig", "MoeConfig", "TracingConfig"]
 
 
 class TracingConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -104,3 +104,41 @@ class MoeConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=T
             "review and the final answer"
         ),
     ] = 3
+
+
+class BatchConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The OpenAI Batch API (`/v1/files`, `/v1/batches`): the `batch` mapping. A batch's lines
+    run only in capacity interactive requests leave free; see docs/batches.md. Read at start."""
+
+    enabled: Annotated[bool, doc("serve /v1/files and /v1/batches and run batches' lines")] = False
+    path: Annotated[
+        Annotated[str, Meta(pattern=r"\S")],
+        doc(
+            "the SQLite file that keeps files, batches and their lines (created 0600: it holds prompts and "
+            "answers); with state: redis:// they are kept in Redis instead",
+            expected="a file path such as ./nomyo-batch.db",
+        ),
+    ] = "./nomyo-batch.db"
+    max_share: Annotated[
+        Annotated[float, Meta(gt=0, le=1)],
+        doc("the share of any endpoint's slots that batch lines may hold at once (at least one slot)"),
+    ] = 0.5
+    interactive_window: Annotated[
+        Seconds,
+        doc(
+            "batch lines leave free as many of an endpoint's slots as interactive requests held at once "
+            "within this many seconds, so that traffic never waits behind a line; a longer window protects "
+            "bursts better, a shorter one gives batches the slots back sooner"
+        ),
+    ] = 10.0
+    max_file_bytes: Annotated[Bytes, doc("a larger upload is refused with 413")] = 100 * 1024 * 1024
+    max_lines: Annotated[Slots, doc("lines one input file may have at most")] = 50_000
+    retention: Annotated[Seconds, doc("how long files and finished batches are kept")] = 30 * 86400.0
+    claim_timeout: Annotated[
+        Seconds,
+        doc(
+            "a line whose runner stopped renewing its claim this long ago (a killed process) is run again; "
+            "its runner renews it every third of this"
+        ),
+    ] = 30.0
+    poll_interval: Annotated[Seconds, doc("how often an idle runner looks for lines and free slots")] = 0.2

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
@@ -71,8 +71,11 @@ class Dashboard:
         history: History,
         usage: Usage | None,
         rate_limits: RateLimits,
+        batches: Callable[[], Awaitable[list[dict[str, object]]]] | None = None,
     ) -> None:
+        """`batches`: the batches running now (the Batch API; None: off)."""
         self.endpoints = endpoints  # (a reload replaces the list: read it at each poll)
+        self.batches = batches
         self.store, self.health, self.metrics, self.history = store, health, metrics, history
         self.usage, self.rate_limits = usage, rate_limits
 
@@ -91,6 +94,8 @@ class Dashboard:
         if self.rate_limits.by_client:  # each limited key's use against its limits, read now
             await self.rate_limits.refresh()
             body["limits"] = self.rate_limits.describe()
+        if self.batches is not None:
+            body["batches"] = await self.batches()
         samples = self.history.encoded(_since(scope))  # encoded once, when sampled
         raw = json.dumps(body).encode()[:-1] + b',"samples":[' + b",".join(samples) + b"]}"
         await send_response(send, 200, raw, headers=[(b"cache-control", b"no-store")])

@@ -33,7 +33,8 @@ _HINTS = {
     errno.ENOENT: "the directory does not exist",
     errno.ENOTDIR: "a part of the path is not a directory",
 }
-_EXAMPLE = {"usage_db": "nomyo-usage.db", "cache.path": "nomyo-cache.db"}  # (EISDIR: a file in it, e.g.)
+# (EISDIR: a file in it, e.g.)
+_EXAMPLE = {"usage_db": "nomyo-usage.db", "cache.path": "nomyo-cache.db", "batch.path": "nomyo-batch.db"}
 STATE_PATH_ENV = "NOMYO_ROUTER_STATE_PATH"
 _DIR_HINT = "SQLite writes its -wal and -shm files in the database's directory"
 
@@ -48,13 +49,16 @@ class _DirectoryNotWritable(OSError):
 
 def check_config_paths(config: RouterConfig) -> list[str]:
     """One line per unusable path the config names: the usage database (kept in Redis with
-    `state: redis://`), the response cache's SQLite file."""
+    `state: redis://`), the response cache's SQLite file, the Batch API's (Redis keeps its
+    batches too)."""
     files = []
     redis = config.state.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://"))
     if config.usage_db and not redis:  # (Redis keeps usage)
         files.append(("usage_db", config.usage_db))
     if config.cache.enabled and config.cache.backend == "sqlite":
         files.append(("cache.path", config.cache.path))
+    if config.batch.enabled and not redis:
+        files.append(("batch.path", config.batch.path))
     problems = []
     for key, path in files:
         try:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from ..domain import Endpoint
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from ..state.base import Choose
-from ..state.fair import Fair
+from ..state.fair import BATCH, Fair
 from .policies import Policy, RouteContext
 
 
@@ -168,7 +168,9 @@ class Scheduler:
         return lease
 
     def _fair(self, ctx: RouteContext) -> Fair | None:
-        return self.fair.get(ctx.client) if ctx.client is not None else None
+        if ctx.client is None:
+            return None
+        return self.fair.get(ctx.client) or (BATCH if ctx.client == BATCH[0] else None)
 
     def _chooser(self, ctx: RouteContext) -> Choose:
         policy, in_flight = self.policy, self.store.in_flight

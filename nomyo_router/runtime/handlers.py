@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..api.blobs import Blobs
     from ..api.manage import Manager
     from ..api.status import Status
+    from ..batch.routes import BatchRoutes
     from ..cache.routes import CacheRoutes
     from ..ops.dashboard import Dashboard
     from ..ops.reload import ReloadRoute
@@ -48,7 +49,16 @@ class Handlers:
         from ..ops.dashboard import Dashboard
 
         r = self._router
-        return Dashboard(lambda: r.endpoints, r.store, r.health, r.metrics, r.history, r.usage, r.rate_limits)
+        return Dashboard(
+            lambda: r.endpoints,
+            r.store,
+            r.health,
+            r.metrics,
+            r.history,
+            r.usage,
+            r.rate_limits,
+            r.batches.running if r.batches is not None else None,
+        )
 
     @property
     def usage_stream(self) -> UsageStream:
@@ -79,3 +89,9 @@ class Handlers:
 
         r = self._router
         return Status(lambda: r.endpoints, r.store, r.upstream, r.config.health_timeout)
+
+    @cached_property
+    def batch(self) -> BatchRoutes:
+        from ..batch.routes import BatchRoutes
+
+        return BatchRoutes(self._router.batches)

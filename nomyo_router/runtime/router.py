@@ -48,6 +48,7 @@ from .loop_lag import LoopLag
 
 if TYPE_CHECKING:
     from ..api.asgi import Scope
+    from ..batch.service import Batches
     from ..cache.service import ResponseCache
     from ..ops.tracing import Tracer
     from ..ops.usage.stream import UsageStream
@@ -88,12 +89,14 @@ class Router:
         self.idle_spin = IdleSpin(config.idle_spin_us / 1e6)  # armed by the protocol (protocol.py)
         # full collections on a timer, not by growth (thousands of open streams)
         self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
+        self.batches: Batches | None = None  # the Batch API (made once the proxy is)
         self.metrics = Metrics(
             self.events,
             lambda: [
                 *state_gauges(self.endpoints, self.store, self.loop_lag),
                 *self.rate_limits.gauges(),
                 spin_counter(self.idle_spin.spun_s),
+                *(self.batches.gauges() if self.batches is not None else ()),
             ],
             self.serves,
         )
@@ -137,6 +140,7 @@ class Router:
         self.ensemble = moe.Ensemble(self)  # moe-<model> requests
         self.kv_tasks: list[asyncio.Task[None]] = []  # precise mode: KV-event subscribers
         self.kv_states: dict[str, KVEventState] = {}
+        self.batches = make_batches(config, self)  # the Batch API; None: off
         self.handlers = Handlers(self)  # the operator's routes, each built when first asked
         self.reloads = reconfigure.Reloads(self)  # SIGHUP and POST /admin/reload, one at a time
 
@@ -191,6 +195,8 @@ class Router:
             from ..routing import kv_events
 
             self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
+        if self.batches is not None:  # (after discovery: its lines need the models known)
+            await self.batches.start()
         reconfigure.install(self)  # SIGHUP reloads the config
         self.history.start()
         for ep in self.endpoints:
@@ -209,6 +215,8 @@ class Router:
         self.metrics.flush()  # (under several workers, counts wait up to 20 ms to be handed on)
         for task in self.kv_tasks:
             task.cancel()
+        if self.batches is not None:  # (its lines in flight stay queued: run again at the next start)
+            await self.batches.close()
         await self.discovery.stop()
         if self.windows is not None:
             self.windows.close()
@@ -235,6 +243,24 @@ def make_cache(config: RouterConfig, router: Router) -> ResponseCache | None:
     from ..cache.routes import make_cache as make
 
     return make(config, router.events, router)
+
+
+def make_batches(config: RouterConfig, router: Router) -> Batches | None:
+    """The Batch API, its modules imported only when it is on."""
+    if not config.batch.enabled:
+        return None
+    from ..batch.service import Batches
+
+    assert router.proxy is not None
+    return Batches(
+        config,
+        router.proxy.forward,
+        router.store,
+        lambda: router.endpoints,
+        router.events,
+        lambda client: router.rate_limits.by_client.get(client),
+        lambda client: next((c.models for c in router.config.client_keys if c.name == client), None),
+    )
 
 
 def share_index(policy: Policy, store: StateStore) -> None:

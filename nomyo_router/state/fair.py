@@ -34,6 +34,9 @@ STEP = 1000  # one request's share at weight 1
 
 Fair = tuple[str, int, int]  # (client, priority, this client's step: STEP / weight)
 DEFAULT: Fair = ("", 0, STEP)
+# A Batch API line's place, should it ever wait (it takes only a slot free at once; another
+# instance may take that slot first): below every key's requests.
+BATCH: Fair = ("\x00batch", -PRIORITY_MAX, STEP)
 
 
 def spec(client: str, priority: int, weight: float) -> Fair:

@@ -162,6 +162,7 @@ class UsageStream:
                     "total_ms": round(rec.total_s * 1000, 2),
                     "cache": rec.cache,
                     "error": rec.error,
+                    "batch": rec.batch,
                 },
             )
         )
