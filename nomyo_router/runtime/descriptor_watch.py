@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+from .. import background
 from ..events import Events
 from ..upstream import descriptors
 
@@ -29,13 +30,9 @@ class DescriptorWatch:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            await background.end(task)
 
     def check(self) -> bool:
         """One sample: True (and counted, and said) when the worker is at its limit."""
