@@ -30,6 +30,7 @@ class MockConfig:
     drop_rate: float = 0.0
     hang_rate: float = 0.0
     error_rate: float = 0.0  # answers that fail under a 200 (a crashed model runner): see HELP
+    wedge_rate: float = 0.0  # answers that stop mid-generation and never go on (a wedged backend)
     first_byte_delay_ms: float = 0.0
     seed: int = 0
     openai_busy_status: int = 503
@@ -38,7 +39,7 @@ class MockConfig:
     context_length: int = 8192  # the context window it reports (/api/show, /api/ps, /v1/models)
 
     def validate(self) -> None:
-        for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate", "error_rate"):
+        for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate", "error_rate", "wedge_rate"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1, got {v!r}")
@@ -112,6 +113,8 @@ HELP = {
     "error_rate": "share of requests that fail under a 200, as when Ollama's model runner crashes: "
     "a stream gets an error record mid-way (then its end; OpenAI: then [DONE], as vLLM), "
     "a whole answer is an error object",
+    "wedge_rate": "share of requests that go silent mid-generation and stay so, the connection open, "
+    "as a wedged backend: a stream stops after half its tokens, a whole answer never comes",
     "first_byte_delay_ms": "delay before the response headers",
     "seed": "seed of the fault dice and jitter",
     "stream_tick_ms": "> 0: one shared timer per tick writes every open stream's due chunk "

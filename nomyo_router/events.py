@@ -39,7 +39,9 @@ class RequestRecord:
     total_s: float = 0.0
     prompt_tokens: int | None = None  # the backend's own counts
     completion_tokens: int | None = None
-    tokens_from: str | None = None  # where the counts come from: "backend" (its usage) | "relayed" (counted by the router)
+    tokens_from: str | None = (
+        None  # where the counts come from: "backend" (its usage) | "relayed" (counted by the router)
+    )
     affinity: str | None = None  # hit | miss | spill | repin
     retries: int = 0  # attempts after the first
     resumed: int = 0  # mid-stream continuations on another endpoint

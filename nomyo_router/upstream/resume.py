@@ -74,17 +74,20 @@ class Sent:
     10×, so a long stream costs little memory per open connection, for under 1 µs
     of CPU per relayed record."""
 
-    __slots__ = ("blocks", "tail", "whole")
+    __slots__ = ("blocks", "tail", "whole", "sep", "records")
     BLOCK = 3072  # compress once this much is pending
     KEEP = 1024  # the last bytes stay raw (the final record's counts are read from there)
     LAST = 640  # without resumption only this much is kept (a final record is ~400 B)
 
-    def __init__(self, whole: bool = True) -> None:
+    def __init__(self, whole: bool = True, sep: bytes = b"\n") -> None:
         self.blocks: list[bytes] = []
         self.tail = bytearray()
         self.whole = whole  # False: only the tail is kept (no resumption possible)
+        self.sep = sep
+        self.records = 0  # records the client received (the count when the backend's is missing)
 
     def add(self, data: bytes) -> None:
+        self.records += data.count(self.sep)
         if not self.whole:  # only the final record matters (its counts): cut now and then
             self.tail += data
             if len(self.tail) > 2 * self.LAST:
