@@ -12,7 +12,7 @@ subclass adds, per connection:
 - a body that idles longer than `body_idle_timeout` (30 s) between two pieces → closed
   (the app sees a disconnect);
 - a response the client stops reading: writing paused (the transport's buffer full) for
-  `stream_idle_timeout` (120 s) while the app answers → the connection is aborted, so the
+  `stream_idle_timeout` (60 s) while the app answers → the connection is aborted, so the
   app sees a disconnect: the request is cancelled, its slot freed, the backend's connection
   closed, and nothing is counted against the backend (the client's fault). Without it, a
   stream whose client stopped reading held its slot as long as the client held the socket.
@@ -55,7 +55,7 @@ DEFAULTS = {
     "max_header_bytes": 64 * 1024,
     "header_timeout": 10.0,
     "body_idle_timeout": 30.0,
-    "stream_idle_timeout": 120.0,
+    "stream_idle_timeout": 60.0,
 }
 
 

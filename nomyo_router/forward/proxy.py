@@ -101,6 +101,7 @@ class Proxy:
         self._whole_timeout = h1.Timeout(sock_connect=config.connect_timeout, sock_read=config.first_byte_timeout)
         self._worker = (b"x-router-worker", str(os.getpid()).encode())
         self._wants_prompt = bool(getattr(scheduler.policy, "wants_prompt", False))
+        self._assemble = config.stream_whole_answers  # (relays/assembled.py)
         self._native = upstream if config.native_relay else None  # the compiled pump's client (None: off)
 
     async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
@@ -235,7 +236,7 @@ class Proxy:
         # deadline that knows it fits under the gap (relays/assembled.py).
         streamed = req.stream
         whole_by: float | None = None
-        if not streamed and (req.api, req.kind) in assemble.STREAMED and req.ctype is None:
+        if not streamed and self._assemble and (req.api, req.kind) in assemble.STREAMED and req.ctype is None:
             length = assemble.length_bound(req.api, req.body)
             whole_by = self.deadlines.whole(ep.name, req.key, len(req.raw), length, self.config.stream_idle_timeout)
             streamed = whole_by is None

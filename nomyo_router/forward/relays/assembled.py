@@ -98,14 +98,17 @@ async def relay(
     finally:
         ex.send, ex.writer = send, writer
     data = b"".join(collect.parts)
+    whole_already = dict.get(resp.headers, "content-type", "").startswith("application/json")
     if rec.error != error:  # cut where no other endpoint continued it: its last record says why
         rec.status = 0
         last = data.rstrip().rsplit(b"\n", 1)[-1].removeprefix(b"data:").strip()
         raise ApiError(502, error_message(last), code=rec.error or "upstream_error")
-    try:
-        body = assemble.whole("openai" if translating else req.api, req.kind, data)
+    try:  # (a backend that answered whole though asked for a stream: its answer as it is)
+        body = data if whole_already else assemble.whole("openai" if translating else req.api, req.kind, data)
     except ValueError as e:
         raise ApiError(502, f"backend sent a stream that could not be assembled: {e}", code="upstream_error") from None
+    if whole_already:
+        ex.tokens(data)
     out = [h for h in headers if h[0] != b"content-type"]
     rec.ttft_s = time.perf_counter() - req.t0  # (a whole answer's first byte is all of it)
     if translating:
