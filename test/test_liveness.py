@@ -104,11 +104,14 @@ async def test_a_backend_wedged_mid_stream_alone_ends_within_the_gap_with_a_clea
             )
             assert status == 502 and took < 5
             assert b"stream_idle_timeout" in body and b'"message"' in body
+            assert (done[-1].status, done[-1].error, done[-1].completion_tokens) == (502, "stream_stalled", None)
             # it keeps wedging: /health no longer says it is healthy (it stays in rotation, the last one)
             for _ in range(2):
                 await _wedged_stream(r.url, s, "/api/chat", stream)
             async with s.get(r.url + "/health") as h:
-                row = (await h.json())["endpoints"][0]
+                health = await h.json()
+            assert h.status == 200 and health["status"] == "degraded"
+            row = health["endpoints"][0]
             assert row["health"]["state"] == "failing" and row["healthy"] is False
 
 

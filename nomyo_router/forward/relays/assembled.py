@@ -100,7 +100,7 @@ async def relay(
     data = b"".join(collect.parts)
     whole_already = dict.get(resp.headers, "content-type", "").startswith("application/json")
     if rec.error != error:  # cut where no other endpoint continued it: its last record says why
-        rec.status = 0
+        rec.prompt_tokens = rec.completion_tokens = rec.tokens_from = None  # (none reached the client)
         last = data.rstrip().rsplit(b"\n", 1)[-1].removeprefix(b"data:").strip()
         raise ApiError(502, error_message(last), code=rec.error or "upstream_error")
     try:  # (a backend that answered whole though asked for a stream: its answer as it is)
