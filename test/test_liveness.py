@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import aiohttp
@@ -137,25 +138,32 @@ async def test_a_backend_wedged_mid_answer_is_resumed_on_another():
                     assert lines[-1]["done"] is True and lines[-1]["eval_count"] == 40
 
 
-async def test_a_client_cut_stream_is_counted_as_relayed():
+async def test_a_client_cut_stream_is_counted_as_relayed(caplog):
+    """The client reads 5 chunks of a 200-token stream and leaves: the record (and the access
+    line, what the router exposes) carries what was relayed, on the record-wise relay (resume
+    on) and the pass-through one with the compiled pump (resume off)."""
     async with run_mock(ttft_ms=0.0, tok_ms=20.0, tokens=200) as m, aiohttp.ClientSession() as s:
         for resume in (True, False):
-            async with run_router({"endpoints": endpoints(m), "resume_streams": resume}) as r:
+            cfg = {"endpoints": endpoints(m), "resume_streams": resume, "access_log": True, "log_format": "json"}
+            async with run_router(cfg) as r:
                 done: list = []
                 r.router.events.on_request_done(done.append)
                 for path in ("/api/chat", "/v1/chat/completions"):
                     body = {"model": "llama3", "messages": MSGS, "stream": True}
                     seen = 0
-                    async with s.post(r.url + path, json=body) as resp:
-                        async for line in resp.content:
-                            seen += b'"content"' in line
-                            if seen == 5:
+                    with caplog.at_level(logging.WARNING, logger="nomyo_router.access"):
+                        async with s.post(r.url + path, json=body) as resp:
+                            async for line in resp.content:
+                                seen += b'"content"' in line
+                                if seen == 5:
+                                    break
+                        for _ in range(100):
+                            if done and done[-1].route == path:
                                 break
-                    for _ in range(100):
-                        if len(done) and done[-1].route == path:
-                            break
-                        await asyncio.sleep(0.02)
+                            await asyncio.sleep(0.02)
                     rec = done[-1]
                     assert rec.tokens_from == "relayed", (resume, path)
                     assert 5 <= rec.completion_tokens < 60, (resume, path, rec.completion_tokens)
                     assert rec.prompt_tokens and rec.prompt_tokens > 0
+                    line = json.loads([x.getMessage() for x in caplog.records if x.name == "nomyo_router.access"][-1])
+                    assert (line["tokens_in"], line["tokens_out"]) == (rec.prompt_tokens, rec.completion_tokens)

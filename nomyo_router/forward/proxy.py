@@ -267,7 +267,8 @@ class Proxy:
         except UNREACHABLE as refused:
             raise RetryableFailure(f"unreachable ({type(refused).__name__})", unreachable=True) from None
         except TimeoutError:
-            raise RetryableFailure(f"no first byte within {deadline:.1f}s (hung?)") from None
+            what = "whole answer of its bounded length" if whole_by else "first byte"
+            raise RetryableFailure(f"no {what} within {deadline:.1f}s (hung?)") from None
         except h1.ClientError as e:  # disconnected or cut before we sent a byte
             raise RetryableFailure(f"{type(e).__name__}: {e}") from None
         now = time.perf_counter()
