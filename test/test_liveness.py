@@ -19,7 +19,7 @@ from test.helpers import endpoints, run_router
 assert ollama.AsyncClient and openai.AsyncOpenAI  # (imported here: not on the router's loop, mid-test)
 
 # short answers teach the router a whole answer takes ~10 ms; then one takes 50x longer
-SLOW = dict(ttft_ms=0.0, tok_ms=4.0, tokens=120)
+SLOW = dict(ttft_ms=0.0, tok_ms=2.0, tokens=120)
 QUICK = {"first_byte_floor": 0.1, "first_byte_factor": 2.0, "stream_idle_timeout": 1.0, "eject_after": 1}
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -38,13 +38,13 @@ async def test_a_long_whole_answer_after_short_ones_is_answered_once(clients):
                 small = await oai.chat.completions.create(model="llama3", messages=MSGS, max_tokens=2)
                 assert small.usage.completion_tokens == 2
             calls = sum(m.stats()["requests"].values())
-            # 120 tokens at 4 ms: ~0.5 s, beyond what short answers taught (and 50x their time)
+            # 120 tokens at 2 ms: ~0.25 s, beyond what short answers taught (and 50x their time)
             t0 = time.perf_counter()
             long = await oll.chat(model="llama3", messages=MSGS)
             ochat = await oai.chat.completions.create(model="llama3", messages=MSGS)
             gen = await oll.generate(model="llama3", prompt="hi")
             text = await oai.completions.create(model="llama3", prompt="hi")
-            assert time.perf_counter() - t0 > 4 * 0.4
+            assert time.perf_counter() - t0 > 4 * 0.2
             assert long.done and long.eval_count == 120 and len(long.message.content) > 120
             assert long.message.role == "assistant" and long.done_reason == "stop"
             assert ochat.object == "chat.completion" and ochat.usage.completion_tokens == 120
@@ -106,9 +106,7 @@ async def test_a_backend_wedged_mid_stream_alone_ends_within_the_gap_with_a_clea
             assert status == 502 and took < 5
             assert b"stream_idle_timeout" in body and b'"message"' in body
             assert (done[-1].status, done[-1].error, done[-1].completion_tokens) == (502, "stream_stalled", None)
-            # it keeps wedging: /health no longer says it is healthy (it stays in rotation, the last one)
-            for _ in range(2):
-                await _wedged_stream(r.url, s, "/api/chat", stream)
+            # it keeps wedging (eject_after: 1): /health no longer calls it healthy (the last one: in rotation)
             async with s.get(r.url + "/health") as h:
                 health = await h.json()
             assert h.status == 200 and health["status"] == "degraded"

@@ -51,12 +51,14 @@ def stream_body(api: str, body: dict[str, Any], model: str | None = None) -> dic
     return out
 
 
-def whole(api: str, kind: str, stream: bytes) -> bytes:
+def whole(api: str, kind: str, stream: bytes, count: bool = False) -> bytes:
     """The whole answer (JSON bytes) for the records of `stream`, a complete stream; ValueError
-    when it holds no answer."""
+    when it holds no answer. `count`: an OpenAI stream without usage gets its content chunks
+    as `usage.completion_tokens` (for the translation to Ollama's counts, as a translated
+    stream's are; an OpenAI client gets no usage, as the server sent none)."""
     if api == "ollama":
         return json.dumps(_ollama(kind, stream)).encode()
-    return json.dumps(_openai(kind, stream)).encode()
+    return json.dumps(_openai(kind, stream, count)).encode()
 
 
 def _ollama(kind: str, stream: bytes) -> dict[str, Any]:
@@ -174,11 +176,12 @@ class _Choice:
         return {"text": text, "index": self.index, "logprobs": self.logprobs, "finish_reason": self.finish}
 
 
-def _openai(kind: str, stream: bytes) -> dict[str, Any]:
+def _openai(kind: str, stream: bytes, count: bool) -> dict[str, Any]:
     head: dict[str, Any] | None = None
     choices: dict[int, _Choice] = {}
     usage: object = None
     done = False
+    pieces = 0
     for event in stream.split(b"\n\n"):
         for line in event.split(b"\n"):
             if line.strip() == b"data: [DONE]":
@@ -199,10 +202,13 @@ def _openai(kind: str, stream: bytes) -> dict[str, Any]:
                 if choice is None:
                     choice = choices[index] = _Choice(index)
                 if kind == "chat":
-                    if isinstance(c.get("delta"), dict):
-                        choice.delta(c["delta"])
-                else:
-                    _add(choice.content, c.get("text"))
+                    delta = c.get("delta")
+                    if isinstance(delta, dict):
+                        choice.delta(delta)
+                        pieces += bool(delta.get("content") or delta.get("tool_calls"))
+                elif isinstance(c.get("text"), str) and c["text"]:
+                    choice.content.append(c["text"])
+                    pieces += 1
                 choice.more_logprobs(c.get("logprobs"))
                 if c.get("finish_reason") is not None:
                     choice.finish = c["finish_reason"]
@@ -220,4 +226,6 @@ def _openai(kind: str, stream: bytes) -> dict[str, Any]:
     out["choices"] = [c.chat() if kind == "chat" else c.text() for c in ordered]
     if usage is not None:
         out["usage"] = usage
+    elif count:
+        out["usage"] = {"completion_tokens": pieces}
     return out

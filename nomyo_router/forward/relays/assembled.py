@@ -104,7 +104,9 @@ async def relay(
         last = data.rstrip().rsplit(b"\n", 1)[-1].removeprefix(b"data:").strip()
         raise ApiError(502, error_message(last), code=rec.error or "upstream_error")
     try:  # (a backend that answered whole though asked for a stream: its answer as it is)
-        body = data if whole_already else assemble.whole("openai" if translating else req.api, req.kind, data)
+        body = (
+            data if whole_already else assemble.whole("openai" if translating else req.api, req.kind, data, translating)
+        )
     except ValueError as e:
         raise ApiError(502, f"backend sent a stream that could not be assembled: {e}", code="upstream_error") from None
     if whole_already:
@@ -131,3 +133,4 @@ async def _plain(ex: Exchange, resp: h1.Response, first: bytes, sep: bytes, reco
         raise
     resp.release()
     ex.tokens(sent.last())
+    ex.relayed(sent.records)  # (the backend's own counts, when it sent them, stand)
