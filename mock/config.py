@@ -30,6 +30,7 @@ class MockConfig:
     drop_rate: float = 0.0
     hang_rate: float = 0.0
     error_rate: float = 0.0  # answers that fail under a 200 (a crashed model runner): see HELP
+    wedge_rate: float = 0.0  # answers that stop mid-generation and never go on (a wedged backend)
     first_byte_delay_ms: float = 0.0
     list_delay_ms: float = 0.0  # delay before its model lists (/api/tags, /api/ps, /v1/models)
     seed: int = 0
@@ -42,7 +43,7 @@ class MockConfig:
     eval_count_uncached: bool = False
 
     def validate(self) -> None:
-        for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate", "error_rate"):
+        for name in ("fail_rate", "busy_rate", "drop_rate", "hang_rate", "error_rate", "wedge_rate"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1, got {v!r}")
@@ -117,6 +118,8 @@ HELP = {
     "error_rate": "share of requests that fail under a 200, as when Ollama's model runner crashes: "
     "a stream gets an error record mid-way (then its end; OpenAI: then [DONE], as vLLM), "
     "a whole answer is an error object",
+    "wedge_rate": "share of requests that go silent mid-generation and stay so, the connection open, "
+    "as a wedged backend: a stream stops after half its tokens, a whole answer never comes",
     "first_byte_delay_ms": "delay before the response headers",
     "list_delay_ms": "delay before the model lists (/api/tags, /api/ps, /v1/models): a backend slow to discover",
     "seed": "seed of the fault dice and jitter",

@@ -162,11 +162,13 @@ class MockBackend:
     def _dice(self) -> str | None:
         """One roll per fault, in a fixed order, so a seed replays the same faults."""
         c, rng = self.config, self.rng
-        if not (c.hang_rate or c.fail_rate or c.busy_rate or c.drop_rate or c.error_rate):
+        if not (c.hang_rate or c.fail_rate or c.busy_rate or c.drop_rate or c.error_rate or c.wedge_rate):
             return None
         rolls = (("hang", c.hang_rate), ("fail", c.fail_rate), ("busy", c.busy_rate), ("drop", c.drop_rate))
         if c.error_rate:  # (rolled only when set: a seed replays the faults it did before)
             rolls += (("error", c.error_rate),)
+        if c.wedge_rate:  # (the same)
+            rolls += (("wedge", c.wedge_rate),)
         fault = None
         for name, rate in rolls:
             if rng.random() < rate and fault is None:
@@ -207,7 +209,9 @@ class MockBackend:
                 self.errors_injected["queue_full"] += 1
                 return self._busy(request.path, gen.api)
             try:
-                response = await self._generate(request, gen, jitter, fault == "drop", fault == "error")
+                response = await self._generate(
+                    request, gen, jitter, fault == "drop", fault == "error", fault == "wedge"
+                )
                 self.completed[route] += 1
                 return response
             finally:
@@ -221,7 +225,7 @@ class MockBackend:
         return self._error(path, self.config.openai_busy_status, "server busy, please try again", {"Retry-After": "1"})
 
     async def _generate(
-        self, request: web.Request, gen: Generation, jitter: float, drop: bool, error: bool = False
+        self, request: web.Request, gen: Generation, jitter: float, drop: bool, error: bool = False, wedge: bool = False
     ) -> Reply:
         loop = asyncio.get_running_loop()
         c = self.config
@@ -269,6 +273,8 @@ class MockBackend:
                 await _sleep_until(loop, t0 + max(ttft_s, first_byte_s) + tok_s * len(tokens) * self._slowdown())
             if drop:
                 _cut(request)
+            if wedge:
+                await asyncio.Event().wait()  # silent, the connection open, until the client leaves
             if error:
                 return web.json_response(_runner_error(gen.api))
             body = formats.complete_body(gen, tokens, done_reason, timing, rid)
@@ -283,7 +289,7 @@ class MockBackend:
         if head:
             await resp.write(fidelity.fan(head, n))
         deadline = t0 + ttft_s
-        cut_at = len(tokens) // 2 if drop or error else -1
+        cut_at = len(tokens) // 2 if drop or error or wedge else -1
         if ex is not None and ex.tool is not None:  # the call instead of text
             tokens = []
             for piece in fidelity.tool_chunks(gen.api, ex, gen.model, rid, chunker.created, formats.now_iso()):
@@ -295,6 +301,8 @@ class MockBackend:
             return resp
         for i, tok in enumerate(tokens):
             if i == cut_at:
+                if wedge:  # silent from here on, the connection open, until the client leaves
+                    await asyncio.Event().wait()
                 if not error:
                     _cut(request)
                 await resp.write(_error_record(gen.api))

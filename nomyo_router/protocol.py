@@ -16,7 +16,7 @@ subclass adds, per connection:
   a disconnect and frees what the request held). A body the app streams through as it
   arrives (a blob upload: `STREAMED_BODY` in the scope) has only the idle bound;
 - a response the client stops reading: writing paused (the transport's buffer full) for
-  `stream_idle_timeout` (120 s) while the app answers → the connection is aborted, so the
+  `stream_idle_timeout` (60 s) while the app answers → the connection is aborted, so the
   app sees a disconnect: the request is cancelled, its slot freed, the backend's connection
   closed, and nothing is counted against the backend (the client's fault). Without it, a
   stream whose client stopped reading held its slot as long as the client held the socket.
@@ -61,7 +61,7 @@ DEFAULTS = {
     "header_timeout": 10.0,
     "body_idle_timeout": 30.0,
     "body_timeout": 60.0,
-    "stream_idle_timeout": 120.0,
+    "stream_idle_timeout": 60.0,
 }
 
 

@@ -179,7 +179,9 @@ async def test_a_whole_answer_that_is_an_error_object_is_retried_then_a_502(path
         run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=8, error_rate=1.0) as bad,
         run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=8) as good,
     ):
-        cfg = {"endpoints": endpoints(bad, good), "routing": "least_busy", "eject_after": 1000}
+        # (asked whole: a whole answer's stream with an error record is resumed, not retried)
+        whole = {"stream_whole_answers": False}
+        cfg = {"endpoints": endpoints(bad, good), "routing": "least_busy", "eject_after": 1000, **whole}
         async with run_router(cfg) as r, aiohttp.ClientSession() as s:
             done: list[RequestRecord] = []
             r.router.events.on_request_done(done.append)
@@ -194,7 +196,7 @@ async def test_a_whole_answer_that_is_an_error_object_is_retried_then_a_502(path
             assert "error" not in answer and resp.headers["X-Router-Endpoint"] == "m1"
             assert (done[-1].status, done[-1].error) == (200, None)
             assert r.router.health.snapshot()["m0"]["consecutive_failures"] >= 1
-        async with run_router({"endpoints": endpoints(bad)}) as r, aiohttp.ClientSession() as s:
+        async with run_router({"endpoints": endpoints(bad), **whole}) as r, aiohttp.ClientSession() as s:
             done = []
             r.router.events.on_request_done(done.append)
             async with s.post(r.url + path, json=body(path, stream=False)) as resp:

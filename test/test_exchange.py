@@ -59,7 +59,9 @@ def _cfg(*mocks: Any, **extra: Any) -> dict[str, Any]:
     ("path", "body", "extra"),
     [
         ("/api/chat", {**CHAT, "stream": False}, {}),  # whole, held: one write
-        ("/api/chat", {**CHAT, "stream": False}, {"max_response_bytes": 1024}),  # whole, relayed as it comes
+        ("/api/chat", {**CHAT, "stream": False}, {"stream_whole_answers": False}),  # whole, asked whole
+        # whole, asked whole, relayed as it comes
+        ("/api/chat", {**CHAT, "stream": False}, {"max_response_bytes": 1024, "stream_whole_answers": False}),
         ("/v1/chat/completions", {**CHAT, "stream": False}, {}),
         ("/api/chat", {**CHAT, "stream": True}, {"resume_streams": False, "native_relay": False}),  # pass-through
         ("/api/chat", {**CHAT, "stream": True}, {"resume_streams": False}),  # pass-through, compiled pump

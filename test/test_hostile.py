@@ -85,8 +85,10 @@ class Others:
 
 def _config(bad: Hostile, good, **extra) -> dict:
     # (context_routing off: learning the context windows would ask the hostile backend too,
-    # and its answers are counted by what the tests send)
+    # and its answers are counted by what the tests send; whole answers asked whole: these
+    # tests are about a hostile whole answer)
     return {
+        "stream_whole_answers": False,
         "endpoints": [bad.endpoint(), *endpoints(good)],
         "max_record_bytes": LIMIT,
         "max_response_bytes": LIMIT,

@@ -48,7 +48,8 @@ async def test_samples_go_to_distinct_endpoints_then_a_review_and_the_final_answ
     ):
         for name, m in (("a", a), ("b", b), ("c", c)):
             spy(m, path, seen, name)
-        async with run_router({"endpoints": endpoints(a, b, c)}) as r:
+        # (whole answers asked whole: the bodies the backends see are the ensemble's own)
+        async with run_router({"endpoints": endpoints(a, b, c), "stream_whole_answers": False}) as r:
             async with aiohttp.ClientSession() as s:
                 body = {"model": "moe-llama3", "messages": MSGS, "stream": stream, "seed": 7}
                 t0 = asyncio.get_running_loop().time()

@@ -83,3 +83,29 @@ async def test_newer_routes_direct_and_through_the_router(ollama_url):
                 assert via.status == d.status == 200 and await via.json() == await d.json()
             async with s.post(r.url + "/v1/rerank", json={"model": "tiny", "query": "q", "documents": ["a"]}) as resp:
                 assert resp.status == 501 and (await resp.json())["error"]["code"] == "not_implemented"
+
+
+async def test_a_long_whole_answer_after_short_ones_is_answered_once(ollama_url):
+    """Short whole answers teach the router they take a few milliseconds; a whole answer of 300
+    tokens after them is answered whole, by one backend call, and nothing is ejected (it used
+    to be cut as hung at the learned deadline and retried)."""
+    import ollama
+
+    cfg = {"endpoints": [{"url": ollama_url, "name": "real"}], "first_byte_floor": 0.5, "stream_idle_timeout": 5.0}
+    async with run_router(cfg) as r:
+        done: list = []
+        r.router.events.on_request_done(done.append)
+        happened: list[str] = []
+        r.router.events.on_count(lambda what, endpoint, model: happened.append(what))
+        client = ollama.AsyncClient(host=r.url)
+        msgs = [{"role": "user", "content": "hi"}]
+        for _ in range(3):
+            short = await client.chat(model="tiny", messages=msgs, options={"temperature": 0, "num_predict": 4})
+            assert short.eval_count == 4
+        long = await client.chat(model="tiny", messages=msgs, options={"temperature": 0, "num_predict": 300})
+        assert long.done and long.eval_count == 300 and long.done_reason == "length"
+        assert long.message.role == "assistant" and long.message.content
+        assert [(d.status, d.retries, d.resumed) for d in done] == [(200, 0, 0)] * 4
+        assert done[-1].completion_tokens == 300 and done[-1].tokens_from == "backend"
+        assert "retry" not in happened and "ejection" not in happened
+        assert r.router.health.snapshot()["real"]["consecutive_failures"] == 0

@@ -172,6 +172,9 @@ class Verdicts(Protocol):
     def snapshot(self) -> Mapping[str, object]:
         """Each endpoint's health row, by name."""
 
+    def failing(self, name: str) -> bool:
+        """In rotation (the last endpoint of a model) but failing request after request."""
+
 
 def _version_tuple(v: str) -> tuple[int, ...]:
     parts = []
@@ -192,10 +195,14 @@ async def health(
     endpoints: Sequence[Endpoint], store: StateStore, verdicts: Verdicts | None = None, details: bool = True
 ) -> tuple[int, bytes]:
     """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag).
-    Without `details`, only whether the router is up: {"status": "ok" | "unavailable"}."""
+    Without `details`, only whether the router is up: {"status": "ok" | "degraded" |
+    "unavailable"}; "degraded" (200): the endpoints in rotation are all failing (each the last
+    of a model, kept in rotation: upstream/health.py)."""
     if not details:
-        ok = ready(endpoints, store)
-        return (200 if ok else 503), b'{"status":"ok"}' if ok else b'{"status":"unavailable"}'
+        routed = [ep for ep in endpoints if store.is_healthy(ep) and ep.type is not None]
+        if any(verdicts is None or not verdicts.failing(ep.name) for ep in routed):
+            return 200, b'{"status":"ok"}'
+        return (200, b'{"status":"degraded"}') if routed else (503, b'{"status":"unavailable"}')
     snap = await store.snapshot()
     in_flight = snap.get("in_flight", {})
     states = verdicts.snapshot() if verdicts is not None else {}
@@ -203,7 +210,7 @@ async def health(
         {
             "name": ep.name,
             "type": ep.type,
-            "healthy": store.is_healthy(ep) and ep.type is not None,
+            "healthy": store.is_healthy(ep) and ep.type is not None and not (verdicts and verdicts.failing(ep.name)),
             "in_flight": in_flight.get(ep.name, 0),
             "slots": ep.slots,
             "models": sorted(ep.models.values()),
@@ -212,8 +219,9 @@ async def health(
         for ep in endpoints
     ]
     ok = any(r["healthy"] for r in rows)
+    in_rotation = ok or any(store.is_healthy(ep) and ep.type is not None for ep in endpoints)
     body = {
-        "status": "ok" if ok else "unavailable",
+        "status": "ok" if ok else "degraded" if in_rotation else "unavailable",
         "state": snap.get("mode"),
         "queue_length": snap.get("queue_length", 0),
         "pins": snap.get("pins"),
@@ -225,7 +233,7 @@ async def health(
     if "degraded" in snap:
         body["degraded"], body["degraded_events"] = snap["degraded"], snap["degraded_events"]
         body["instances"] = snap.get("instances", 0)  # (what a degraded instance's share is by)
-    return (200 if ok else 503), json.dumps(body).encode()
+    return (200 if in_rotation else 503), json.dumps(body).encode()
 
 
 async def show(

@@ -97,7 +97,7 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
     first_byte_timeout: Annotated[
         Seconds,
         doc(
-            "cap on the wait for a whole answer or a stream's first chunk (the learned deadline is usually shorter)",
+            "cap on the wait for a stream's first chunk or a whole answer (the learned deadline is usually shorter)",
             TIMEOUTS,
         ),
     ] = 300.0
@@ -109,7 +109,22 @@ class RouterConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True, kw_onl
             TIMEOUTS,
         ),
     ] = 4.0
-    stream_idle_timeout: Annotated[Seconds, doc("the longest silence between two chunks of a stream", TIMEOUTS)] = 120.0
+    stream_idle_timeout: Annotated[
+        Seconds,
+        doc(
+            "the longest silence between two chunks of a stream (longer: the backend is wedged; "
+            "a whole answer is streamed from the backend unless its deadline fits under this)",
+            TIMEOUTS,
+        ),
+    ] = 60.0
+    stream_whole_answers: Annotated[
+        bool,
+        doc(
+            "ask backends for a stream of a whole chat or completion answer and assemble it, so it is judged "
+            "by its first token and the gap between chunks (false: asked whole, with the learned deadline)",
+            TIMEOUTS,
+        ),
+    ] = True
     max_attempts: Annotated[
         Slots, doc("attempts per request across endpoints (retried only before any byte went out)", FAILURES)
     ] = 3

@@ -46,7 +46,19 @@ Handle = Callable[[GenRequest, "Exchange"], Awaitable[None]]
 class Exchange:
     """One request's way out: its record, its client's `send`, its slot, one `finish`."""
 
-    __slots__ = ("send", "writer", "rec", "t0", "lease", "queued", "quiet", "_client", "_events", "_done")
+    __slots__ = (
+        "send",
+        "writer",
+        "rec",
+        "t0",
+        "lease",
+        "queued",
+        "quiet",
+        "prompt_bytes",
+        "_client",
+        "_events",
+        "_done",
+    )
 
     def __init__(
         self, send: Send, rec: RequestRecord, t0: float, events: Events | None, writer: DirectWriter | None = None
@@ -62,6 +74,7 @@ class Exchange:
         # when it first holds a slot, or at `finish`
         self.queued: tuple[BodyBudget, int] | None = None
         self.quiet = False  # told at `finish` only when refused (`fail`): a listing, an operator's page
+        self.prompt_bytes = 0  # the request body's size (the prompt's estimate when no count comes)
         self._client = send  # errors go here, not through a wrapper's `send` (see `via`)
         self._events = events
         self._done = False
@@ -160,6 +173,8 @@ class Exchange:
         """The backend's token counts, from the last bytes of its answer."""
         rec = self.rec
         rec.prompt_tokens, rec.completion_tokens = token_counts.counts(tail[-token_counts.TAIL :])
+        if rec.completion_tokens is not None:
+            rec.tokens_from = "backend"
         if rec.trace is not None:  # (tracing on: its span reads the answer's id and finish reasons)
             rec.trace.answered(tail)
 
@@ -168,6 +183,18 @@ class Exchange:
         rec = self.rec
         rec.prompt_tokens = prompt if isinstance(prompt, int) else None
         rec.completion_tokens = completion if isinstance(completion, int) else None
+        if rec.completion_tokens is not None:
+            rec.tokens_from = "backend"
+
+    def relayed(self, records: int) -> None:
+        """A stream is over (ended, cut, or its client gone) having relayed `records` records:
+        the counts, unless the backend's own were read (`tokens_from` says which)."""
+        rec = self.rec
+        if rec.completion_tokens is None:
+            rec.completion_tokens = records
+            if rec.prompt_tokens is None:
+                rec.prompt_tokens = token_counts.estimate(self.prompt_bytes)
+            rec.tokens_from = "relayed"
 
     def resumed_on(self, endpoint: str) -> None:
         """A cut stream goes on at `endpoint` (the record names the last endpoint that answered)."""

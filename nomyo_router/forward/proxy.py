@@ -9,7 +9,6 @@ to OpenAI-type backends. The answer leaves through the request's `Exchange`
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -26,14 +25,15 @@ from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from ..upstream import error_record, h1, token_counts
+from ..upstream import assemble, error_record, h1, token_counts
 from ..upstream.deadline import Deadlines
 from ..upstream.errors import ErrorRecord
 from ..upstream.health import Health
 from ..upstream.resume import resumable
 from ..upstream.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
+from . import sent_body
 from .exchange import Exchange
-from .relays import passthrough, whole
+from .relays import assembled, passthrough, whole
 from .relays.records import Resumer
 
 log = logging.getLogger("nomyo_router.proxy")
@@ -101,6 +101,7 @@ class Proxy:
         self._whole_timeout = h1.Timeout(sock_connect=config.connect_timeout, sock_read=config.first_byte_timeout)
         self._worker = (b"x-router-worker", str(os.getpid()).encode())
         self._wants_prompt = bool(getattr(scheduler.policy, "wants_prompt", False))
+        self._assemble = config.stream_whole_answers  # (relays/assembled.py)
         self._native = upstream if config.native_relay else None  # the compiled pump's client (None: off)
 
     async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
@@ -133,6 +134,7 @@ class Proxy:
                     )
                 raise _unknown_model(req)
         self.budget.request()
+        ex.prompt_bytes = len(req.raw)
         keys = None
         if self.config.conversation_affinity and req.pinned is None:  # (an ensemble's sample: no affinity)
             keys = affinity.request_keys(req.kind, req.key, req.body, req.session_id, req.client)
@@ -187,6 +189,9 @@ class Proxy:
                 continue
             if rec.error is None and not rec.resumed:
                 self.health.success(lease.endpoint)  # (cut streams were reported as they broke)
+                if rec.completion_tokens and req.kind in ("chat", "generate"):  # the time per token, learned
+                    after = time.perf_counter() - t_lease - (rec.upstream_first_s or 0.0)
+                    self.deadlines.tokens(lease.endpoint.name, req.key, after, rec.completion_tokens)
             self.store.record(lease.endpoint.name, req.key)
             self.scheduler.observe(ctx, lease.endpoint, rec.upstream_first_s, time.perf_counter() - t_lease)
             return
@@ -212,41 +217,22 @@ class Proxy:
             return
         raise ApiError(502, f"every endpoint failed for model '{req.model}': {last.reason}", code="upstream_error")
 
-    def _plan(self, req: GenRequest, ep: Endpoint, strip: bool) -> tuple[str, bytes, bool]:
-        """(path, body, translate) for sending `req` to `ep`; `strip`: ask for usage (see below)."""
-        if ep.type == "openai" and req.api == "ollama":
-            # (imported by the first request that needs it; names, not the module: a compiled
-            # function's `from package import module` does not see the module)
-            from ..upstream.translate import OPENAI_PATH, request_to_openai
-
-            body = request_to_openai(req.kind, req.body, ep.models[req.key], req.stream)
-            return OPENAI_PATH[req.kind], body, True
-        raw = req.raw
-        if ep.type == "openai" and req.model != ep.models[req.key] and req.ctype is None:
-            raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
-        if strip:
-            raw = token_counts.ask(raw, req.body)  # counted, then stripped again (relays/records.py)
-        return req.path, raw, False
-
-    def _strips_usage(self, req: GenRequest) -> bool:
-        """An OpenAI stream whose client did not ask for usage: ask for it anyway and take it
-        out of what the client gets (only on the record-wise relay, i.e. with resume_streams)."""
-        return (
-            req.api == "openai"
-            and req.stream
-            and self.resumer is not None
-            and resumable(req.api, req.kind, req.body)
-            and not token_counts.wants(req.body)
-        )
-
     async def _attempt(self, req: GenRequest, lease: Lease, ex: Exchange, ctx: RouteContext, last: bool) -> None:
         ep = lease.endpoint
         rec = ex.rec
         # (set here, not by the caller: there mypy would take it for None after the call, and
         # the compiled build checks what mypy infers)
         rec.upstream_first_s = None
-        strip = req.stream and self._strips_usage(req)
-        path, body, translating = self._plan(req, ep, strip)
+        strip = req.stream and self.resumer is not None and sent_body.strips_usage(req)
+        # A whole answer is streamed from the backend, unless its length is bounded and a
+        # deadline that knows it fits under the gap (relays/assembled.py).
+        streamed = req.stream
+        whole_by: float | None = None
+        if not streamed and self._assemble and (req.api, req.kind) in assemble.STREAMED and req.ctype is None:
+            length = assemble.length_bound(req.api, req.body)
+            whole_by = self.deadlines.whole(ep.name, req.key, len(req.raw), length, self.config.stream_idle_timeout)
+            streamed = whole_by is None
+        path, body, translating = sent_body.plan(req, ep, strip, streamed and not req.stream)
         t_up = time.perf_counter()
         queued = lease.queued_s
         rec.endpoint, rec.queue_s, rec.affinity = ep.name, queued, lease.affinity
@@ -267,10 +253,10 @@ class Proxy:
                 headers.append((b"x-router-cache", b"%d/%d" % (rec.prefix_tokens or 0, ctx.prompt.tokens)))
         # A whole answer and a stream's first chunk are bounded by the learned deadline (a hung
         # backend is left in seconds); later chunks of a stream by stream_idle_timeout.
-        deadline = self.deadlines.deadline(ep.name, req.key, req.stream, len(body), last)
+        deadline = whole_by or self.deadlines.deadline(ep.name, req.key, streamed, len(body), last)
         self.health.sending(ep)
         try:
-            timeout = self._stream_timeout if req.stream else self._whole_timeout
+            timeout = self._stream_timeout if streamed else self._whole_timeout
             resp, data, first = await self._call(ep, path, body, timeout, translating, req.ctype, deadline)
         except UNREACHABLE as refused:
             raise RetryableFailure(f"unreachable ({type(refused).__name__})", unreachable=True) from None
@@ -283,16 +269,17 @@ class Proxy:
                 retry_after=self.config.retry_after,
             ) from None
         except TimeoutError:
-            raise RetryableFailure(f"no first byte within {deadline:.1f}s (hung?)") from None
+            what = "whole answer of its bounded length" if whole_by else "first byte"
+            raise RetryableFailure(f"no {what} within {deadline:.1f}s (hung?)") from None
         except h1.ClientError as e:  # disconnected or cut before we sent a byte
             raise RetryableFailure(f"{type(e).__name__}: {e}") from None
         now = time.perf_counter()
         took = now - t_up
-        if req.stream:
+        if streamed:
             rec.upstream_first_s = took
         rec.ttft_s = now - req.t0  # the first byte goes out next (a whole answer: all of it)
-        if resp.status == 200:
-            self.deadlines.observe(ep.name, req.key, req.stream, len(body), took)
+        if resp.status == 200 and whole_by is None:  # (a deadline that knew the length teaches nothing)
+            self.deadlines.observe(ep.name, req.key, streamed, len(body), took)
 
         if not translating:
             for name, key in _FORWARDED:
@@ -302,6 +289,13 @@ class Proxy:
         if req.kind == "responses" and resp.status == 200 and self.config.conversation_affinity:
             await responses.remember_response(self.store, data or first, ep.name)  # for previous_response_id
         # (the status is recorded as the head goes out, after the last wait: a client gone meanwhile got none)
+        if resp.status == 200 and streamed and not req.stream:
+            try:
+                limits = (self.config.max_response_bytes, self.config.max_record_bytes)
+                return await assembled.relay(ex, req, ctx, ep, resp, first, headers, self.resumer, limits, translating)
+            except (TimeoutError, h1.ClientError) as e:  # (nothing went to the client: retried elsewhere)
+                why = "silent for longer than stream_idle_timeout" if isinstance(e, TimeoutError) else type(e).__name__
+                raise RetryableFailure(f"the stream of a whole answer broke: {why}") from None
         if not req.stream or resp.status != 200:
             if data is None:  # larger than the router holds (relays/whole.py)
                 return await whole.relay_large(ex, resp, translating, self.config, headers, self.health, ep)

@@ -120,6 +120,8 @@ def blame(health: Health, events: Events, ep: Endpoint, model: str, cut: BaseExc
     if isinstance(cut, ErrorRecord):
         events.count(EVENT, ep.name, model)
         health.failure(ep, f"an error record in its stream: {cut}")
+    elif isinstance(cut, TimeoutError):
+        health.failure(ep, "silent mid-stream for longer than stream_idle_timeout (wedged?)")
     else:
         health.failure(ep, "stream cut by the backend")
 
@@ -133,6 +135,6 @@ def ended(rec: RequestRecord, cut: BaseException | bool) -> None:
     the upstream) with the error `backend_error_record`, which `nomyo_router_requests_total`,
     the access log and the usage store read: counting the 200 of the head would report a
     crashed model runner as a success, which is what this module exists to stop."""
-    rec.error = getattr(cut, "code", "stream_cut")
+    rec.error = getattr(cut, "code", "stream_stalled" if isinstance(cut, TimeoutError) else "stream_cut")
     if isinstance(cut, ErrorRecord):
         rec.status = 502

@@ -9,6 +9,8 @@ worker and instance routes by it):
     trial   --(a success)--> healthy      (backoff reset)
     trial   --(a failure)--> ejected      (backoff doubled, up to eject_backoff_max)
     ejected (unreachable) --(a probe answers)--> healthy
+    failing --(a success)--> healthy      (the last endpoint of a model that keeps failing:
+                                           still in rotation, but /health says so)
 
 What counts against an endpoint: 5xx answers, connection errors, timeouts and hangs,
 streams cut by the backend, error chunks before content, error records or objects inside a
@@ -19,7 +21,9 @@ caused. What does not eject:
   the backend), or while the endpoint delivered traffic recently (traffic beats probes);
 - anything but an unreachable backend, when it is the last healthy endpoint of one of its
   models: its requests then fail or succeed on their own, with the backend's own error,
-  instead of a false "no healthy endpoint".
+  instead of a false "no healthy endpoint". After `eject_after` consecutive failures it is
+  `failing` instead (in rotation; `/health` no longer calls it healthy), until a request
+  succeeds there.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ class LoopLag(Protocol):
 
 @dataclass
 class _State:
-    state: str = "healthy"  # healthy | ejected | trial
+    state: str = "healthy"  # healthy | ejected | trial | failing (the last of a model, in rotation)
     since: float = 0.0  # wall-clock time of the last change
     reason: str = ""
     failures: int = 0  # consecutive
@@ -130,7 +134,7 @@ class Health:
                     st.backoff, st.failures = 0.0, 0
                 else:
                     self._set(ep, st, "trial", "backoff over; next requests decide")
-            elif st.state == "healthy" and not self.store.is_healthy(ep):
+            elif st.state in ("healthy", "failing") and not self.store.is_healthy(ep):
                 self.store.set_healthy(ep, True)  # e.g. another worker's verdict, now stale
             return
         if timed_out and self._probe_void(st, started):
@@ -141,9 +145,7 @@ class Health:
                 now - st.last_ok if st.last_ok else -1,
             )
             return
-        if st.state == "healthy":
-            self._eject(ep, st, f"probe failed: {reason}", unreachable=not timed_out)
-        elif st.state == "trial":
+        if st.state in ("healthy", "trial", "failing"):
             self._eject(ep, st, f"probe failed: {reason}", unreachable=not timed_out)
 
     def _probe_void(self, st: _State, started: float | None) -> bool:
@@ -168,8 +170,13 @@ class Health:
     # ---- decisions --------------------------------------------------------------------
     def _eject(self, ep: Endpoint, st: _State, reason: str, unreachable: bool) -> None:
         if not unreachable and self._last_for_a_model(ep):
-            if st.state != "healthy":
-                self._set(ep, st, "healthy", "last endpoint of a model: stays in rotation")
+            if st.state != "failing":
+                self._set(
+                    ep,
+                    st,
+                    "failing",
+                    f"{reason} ({st.failures} consecutive; the last endpoint of a model: in rotation)",
+                )
             return
         st.backoff = min(self.backoff_max, st.backoff * 2 if st.backoff else self.backoff_min)
         st.until = time.monotonic() + st.backoff
@@ -194,7 +201,7 @@ class Health:
     def _set(self, ep: Endpoint, st: _State, state: str, reason: str) -> None:
         st.state, st.reason, st.since = state, reason, time.time()
         self.store.set_healthy(ep, state != "ejected")
-        level = logging.WARNING if state == "ejected" else logging.INFO
+        level = logging.WARNING if state in ("ejected", "failing") else logging.INFO
         log.log(level, "endpoint %s: %s (%s)", ep.name, state, reason)
         self.events.endpoint_state(ep.name, state, reason)
 
@@ -202,10 +209,15 @@ class Health:
     def is_available(self, ep: Endpoint) -> bool:
         return self.store.is_healthy(ep)
 
+    def failing(self, name: str) -> bool:
+        """The last endpoint of a model, failing request after request (still in rotation)."""
+        st = self._states.get(name)
+        return st is not None and st.state == "failing"
+
     def is_down(self, ep: Endpoint) -> bool:
         """Worth probing fast: ejected or in trial, or unhealthy by another process's verdict."""
         st = self._states.get(ep.name)
-        return (st is not None and st.state != "healthy") or not self.store.is_healthy(ep)
+        return (st is not None and st.state not in ("healthy", "failing")) or not self.store.is_healthy(ep)
 
     def overloaded(self) -> bool:
         """This process's loop lags beyond `overload_lag_ms`: new work is turned away."""

@@ -180,14 +180,17 @@ class Records:
 
 
 class Passthrough:
-    """Bytes as they come; the last two pieces are kept (the final counts may span them)."""
+    """Bytes as they come; the last two pieces are kept (the final counts may span them), the
+    records ended in them counted (the count when the backend's is missing)."""
 
-    __slots__ = ("before", "last", "busy", "writer")
+    __slots__ = ("before", "last", "busy", "writer", "sep", "lines")
 
-    def __init__(self, first: bytes, writer: DirectWriter | None = None) -> None:
+    def __init__(self, first: bytes, writer: DirectWriter | None = None, sep: bytes = b"\n") -> None:
         self.before, self.last = b"", first
         self.busy = False
         self.writer = writer
+        self.sep = sep
+        self.lines = 0
 
     def take(self, chunk: bytes) -> bool:
         w = self.writer
@@ -199,6 +202,12 @@ class Passthrough:
 
     def keep(self, chunk: bytes) -> None:
         self.before, self.last = self.last, chunk
+        self.lines += chunk.count(b"\n")  # (a byte counted: twice as fast as a two-byte separator)
+
+    @property
+    def records(self) -> int:
+        """Records relayed so far (NDJSON lines; SSE events: a `data:` line and a blank one)."""
+        return self.lines // len(self.sep)
 
     def tail(self) -> bytes:
         return self.before + self.last
@@ -208,6 +217,8 @@ def _why(e: BaseException | bool | None) -> str:
     """`e`: what broke the stream; True or None: a cut no other endpoint could continue."""
     if isinstance(e, TooLarge):
         return "backend stream failed: " + str(e)
+    if isinstance(e, TimeoutError):
+        return "backend stream failed: the backend went silent mid-answer for longer than stream_idle_timeout (wedged?)"
     return "backend stream failed: " + (
         type(e).__name__ if isinstance(e, BaseException) else "cut, and no other endpoint could continue it"
     )

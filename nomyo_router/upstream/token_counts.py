@@ -47,6 +47,14 @@ def _last(tail: bytes, keys: tuple[bytes, ...], pattern: re.Pattern[bytes]) -> i
     return None if m is None else int(m.group(1))
 
 
+BYTES_PER_TOKEN = 4  # a prompt's estimate when the backend sent no count: its request body's bytes / 4
+
+
+def estimate(body_bytes: int) -> int:
+    """Prompt tokens estimated from the size of the request body that carried the prompt."""
+    return max(1, body_bytes // BYTES_PER_TOKEN)
+
+
 def wants(body: dict[str, Any]) -> bool:
     """Did the client ask for usage in its OpenAI stream?"""
     so = body.get("stream_options")

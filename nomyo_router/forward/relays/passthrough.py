@@ -30,7 +30,7 @@ async def relay(
     writer = ex.writer
     await ex.start(200, headers)
     cut: BaseException | None = None
-    flow = Passthrough(b"", writer)  # the counts sit in the last record, which may span two chunks
+    flow = Passthrough(b"", writer, sep)  # the counts sit in the last record, which may span two chunks
     chunk = first
     try:
         while True:
@@ -69,5 +69,6 @@ async def relay(
             ex.tokens(tail)
     finally:
         resp.sink(None)
+        ex.relayed(flow.records)  # (the backend's own counts, when it sent them, stand)
     await ex.end()
     return cut

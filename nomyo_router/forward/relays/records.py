@@ -69,10 +69,13 @@ class Resumer:
         """Relay `resp` (a 200 stream whose `first` chunk was read) to the client, head to end.
         `strip`: take out the usage event the router asked for on the client's behalf."""
         await ex.start(200, headers)
+        # With no other endpoint for the model there is nowhere to resume: keep only the tail.
+        sent = Sent(self.scheduler.serving(req.key) > 1, record_end(req.api == "openai"))
         try:
-            cut = await self._relay(ex, req, ctx, ep, resp, first, strip)
+            cut = await self._relay(ex, req, ctx, ep, resp, first, strip, sent)
         finally:
             resp.close()  # no-op when released; the client left: closing stops the backend
+            ex.relayed(sent.records)  # (the backend's own counts, when it sent them, stand)
         if cut:
             ex.cut(cut)
             await ex.body(stream_error(resp, cut))
@@ -87,13 +90,13 @@ class Resumer:
         resp: h1.Response,
         first: bytes,
         strip: token_counts.Strip | None,
-    ) -> bool | h1.TooLarge | ErrorRecord:
+        sent: Sent,
+    ) -> bool | h1.TooLarge | ErrorRecord | TimeoutError:
         """False when the stream ended well; True when it ended broken, or what ended it: the
         `TooLarge` (a record beyond max_record_bytes: not resumed), the backend's `ErrorRecord`
-        when no other endpoint continued the stream (the caller sends it)."""
-        sep = record_end(req.api == "openai")
-        # With no other endpoint for the model there is nowhere to resume: keep only the tail.
-        sent = Sent(whole=self.scheduler.serving(req.key) > 1)
+        or its silence (`TimeoutError`) when no other endpoint continued the stream (the
+        caller sends it)."""
+        sep = sent.sep
         seam: Seam | None = None
         tried = [ep.name]
         writer, upstream, limit = ex.writer, self.upstream, self.record_limit
@@ -112,7 +115,8 @@ class Resumer:
                     self.health.failure(ep, str(broke))
                     return broke
                 blame(self.health, self.events, ep, req.key, broke)
-                last = broke if isinstance(broke, ErrorRecord) else True  # (the error record: relayed)
+                # (the error record: relayed; a silence: said so)
+                last = broke if isinstance(broke, (ErrorRecord, TimeoutError)) else True
                 if not sent.whole:
                     return last
                 text, tokens = produced(req.api, req.kind, sent.all())

@@ -29,6 +29,15 @@ async def stream(
     conv = translate.SseToNdjson(req.kind, req.model, req.t0)
     headers.append((b"content-type", b"application/x-ndjson"))
     await ex.start(200, headers)
+    try:
+        return await _relay(ex, conv, resp, first, record_limit)
+    finally:
+        ex.relayed(conv.pieces)  # (the backend's own counts, when it sent them, stand)
+
+
+async def _relay(
+    ex: Exchange, conv: translate.SseToNdjson, resp: h1.Response, first: bytes, record_limit: int
+) -> BaseException | bool:
     pending = first
     try:
         while True:
