@@ -256,6 +256,10 @@ class RouterApp:
     async def root(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
         await send_response(ex.send, 200, b"Ollama is running", b"text/plain; charset=utf-8")
 
+    async def favicon(self, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
+        """No icon: a browser's automatic ask (the dashboard's) is answered, not a 404 to count."""
+        await send_response(ex.send, 204, b"", b"image/x-icon")
+
     def _router(self) -> Router:
         return self.current()
 
@@ -283,6 +287,7 @@ ROUTES.update(
         ("HEAD", "/readyz"): RouterApp.readyz,
         ("GET", "/metrics"): RouterApp.metrics,
         ("GET", "/"): RouterApp.root,
+        ("GET", "/favicon.ico"): RouterApp.favicon,
         ("HEAD", "/"): RouterApp.root,
     }
 )

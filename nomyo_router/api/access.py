@@ -43,7 +43,8 @@ APP_SCHEMES = ("app://", "file://", "tauri://", "vscode-webview://")
 # The orchestrator's probes: answered without a key (a kubelet or a Docker HEALTHCHECK cannot
 # send one) and revealing nothing but ok / not ok.
 PROBE_PATHS = frozenset(("/livez", "/readyz"))
-OPEN_PATHS = frozenset(("/health", "/", "/dashboard")) | PROBE_PATHS  # health checks; the dashboard page
+# health checks; the dashboard page (and the icon a browser asks for with it)
+OPEN_PATHS = frozenset(("/health", "/", "/dashboard", "/favicon.ico")) | PROBE_PATHS
 # What operators read: every client's traffic and usage. With any key configured these need
 # `admin_key` or `metrics_key`; the metrics key opens nothing else.
 OPERATOR_PATHS = frozenset(("/metrics", "/dashboard", "/dashboard/data"))

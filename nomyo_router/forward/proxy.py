@@ -293,8 +293,12 @@ class Proxy:
             try:
                 limits = (self.config.max_response_bytes, self.config.max_record_bytes)
                 return await assembled.relay(ex, req, ctx, ep, resp, first, headers, self.resumer, limits, translating)
-            except (TimeoutError, h1.ClientError) as e:  # (nothing went to the client: retried elsewhere)
-                why = "silent for longer than stream_idle_timeout" if isinstance(e, TimeoutError) else type(e).__name__
+            except (TimeoutError, h1.ClientError) as broke:  # (nothing went to the client: retried elsewhere)
+                why = (
+                    "silent for longer than stream_idle_timeout"
+                    if isinstance(broke, TimeoutError)
+                    else type(broke).__name__
+                )
                 raise RetryableFailure(f"the stream of a whole answer broke: {why}") from None
         if not req.stream or resp.status != 200:
             if data is None:  # larger than the router holds (relays/whole.py)
