@@ -293,11 +293,11 @@ class Proxy:
             try:
                 limits = (self.config.max_response_bytes, self.config.max_record_bytes)
                 return await assembled.relay(ex, req, ctx, ep, resp, first, headers, self.resumer, limits, translating)
-            except (TimeoutError, h1.ClientError) as broke:  # (nothing went to the client: retried elsewhere)
+            except (TimeoutError, h1.ClientError) as failure:  # (nothing went to the client: retried elsewhere)
                 why = (
                     "silent for longer than stream_idle_timeout"
-                    if isinstance(broke, TimeoutError)
-                    else type(broke).__name__
+                    if isinstance(failure, TimeoutError)
+                    else type(failure).__name__
                 )
                 raise RetryableFailure(f"the stream of a whole answer broke: {why}") from None
         if not req.stream or resp.status != 200:
