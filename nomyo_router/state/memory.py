@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..domain import Endpoint
-from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
-from .fair import Fair, FairClock
+from .base import Ask, Changes, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
+from .fair import FairClock
 
 
 class _Waiter:
@@ -52,20 +52,11 @@ class MemoryStore(StateStore):
         self._in_flight[ep.name] = self._in_flight.get(ep.name, 0) + 1
         return True
 
-    async def acquire(
-        self,
-        model: str,
-        candidates: Sequence[Endpoint],
-        choose: Choose,
-        timeout: float,
-        order: int | None = None,
-        pin: str | None = None,
-        fair: Fair | None = None,
-        owner: object = None,
-    ) -> Lease:
+    async def acquire(self, ask: Ask) -> Lease:
+        model, candidates, order, pin, owner = ask.model, ask.candidates, ask.order, ask.pin, ask.owner
         free = [e for e in candidates if self._free(e)]
         while free:
-            ep = free[0] if len(free) == 1 else choose(free)
+            ep = free[0] if len(free) == 1 else ask.choose(free)
             if self._take(ep, owner):
                 if pin is not None:
                     self._pin(pin, ep.name)
@@ -81,7 +72,7 @@ class MemoryStore(StateStore):
         fut: asyncio.Future[Endpoint | None] = asyncio.get_running_loop().create_future()  # None: see `rehome`
         share = None
         if order is None:  # its place: by priority, then its key's fair share (fair.py)
-            order, *rest = self._fair.order(fair)
+            order, *rest = self._fair.order(ask.fair)
             share = tuple(rest)
         waiter = _Waiter(order, frozenset(e.name for e in candidates), fut, owner, share)  # type: ignore[arg-type]
         queue = self._queues.setdefault(model, deque())
@@ -94,7 +85,7 @@ class MemoryStore(StateStore):
             queue.append(waiter)
         self._queued += 1
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(ask.timeout):
                 got = await fut
         except BaseException as exc:
             if fut.done() and not fut.cancelled():

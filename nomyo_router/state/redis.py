@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 
 from ..config import RouterConfig
 from ..domain import Endpoint
-from .base import Changes, Choose, Lease, QueueTimeout, Rehome, StateStore
+from .base import Ask, Changes, Choose, Lease, QueueTimeout, Rehome, StateStore
 from .fair import Fair
 from .limits import Limits, Verdict
 from .memory import MemoryStore
@@ -174,19 +174,10 @@ class RedisStore(StateStore):
         task.add_done_callback(self._tasks.discard)
 
     # ---- slots ------------------------------------------------------------------
-    async def acquire(
-        self,
-        model: str,
-        candidates: Sequence[Endpoint],
-        choose: Choose,
-        timeout: float,
-        order: int | None = None,
-        pin: str | None = None,
-        fair: Fair | None = None,
-    ) -> Lease:
-        lease = await self._acquire(model, candidates, choose, timeout, order, fair)
-        if pin is not None:
-            await self.set_pin(pin, lease.endpoint.name)  # awaited: the next turn will see it
+    async def acquire(self, ask: Ask) -> Lease:
+        lease = await self._acquire(ask.model, ask.candidates, ask.choose, ask.timeout, ask.order, ask.fair)
+        if ask.pin is not None:
+            await self.set_pin(ask.pin, lease.endpoint.name)  # awaited: the next turn will see it
         return lease
 
     async def _acquire(
@@ -226,7 +217,9 @@ class RedisStore(StateStore):
     ) -> Lease | None:
         """The local queue while Redis is away; None if Redis answers again first (the
         request then queues there, so that one queue orders everyone again)."""
-        task = asyncio.ensure_future(self.local.acquire(model, candidates, choose, timeout, fair=fair))
+        task = asyncio.ensure_future(
+            self.local.acquire(Ask(model=model, candidates=candidates, choose=choose, timeout=timeout, fair=fair))
+        )
         back = asyncio.ensure_future(self._back.wait())
         try:
             await asyncio.wait((task, back), return_when=asyncio.FIRST_COMPLETED)
