@@ -2,12 +2,13 @@
 # `make docs` builds the documentation site into site/ (make test builds it too).
 # `make lint` runs the linters (make test runs them first).
 # `make compiled` builds the router with its request path compiled (mypyc) into .venv-compiled.
+# `make pip-build` installs the router as `pip install .` gives it (no editable install) into .venv-pip.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium bench compiled clean
+.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium bench compiled pip-build clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -79,8 +80,17 @@ compiled: $(BIN)/python
 	.venv-compiled/bin/pip install -q '.[test,lint,kv-events,tracing]'  # (mypyc is mypy's: it type-checks the whole package)
 	NOMYO_ROUTER_COMPILE=1 .venv-compiled/bin/pip install -q --no-build-isolation --force-reinstall --no-deps .
 
+# the router as a user installs it (`pip install .`: a copy of the tree, not the editable
+# install of .venv), in its own virtualenv; bench/peers.py measures it when run as
+# `.venv-pip/bin/python bench/peers.py ...` (it starts the `nomyo-router` beside its interpreter)
+pip-build: $(BIN)/python
+	test -x .venv-pip/bin/python || $(PY) -m venv .venv-pip
+	.venv-pip/bin/pip install -q --upgrade pip
+	.venv-pip/bin/pip install -q .
+	.venv-pip/bin/pip install -q --force-reinstall --no-deps .  # (this tree's code even when the version did not change)
+
 bench: setup wrk
 	$(BIN)/python bench/overhead.py --floor
 
 clean:
-	rm -rf $(VENV) .venv-compiled build *.egg-info .pytest_cache site
+	rm -rf $(VENV) .venv-compiled .venv-pip build *.egg-info .pytest_cache site
