@@ -53,15 +53,16 @@ class MemoryStore(StateStore):
         return True
 
     async def acquire(self, ask: Ask) -> Lease:
-        model, candidates, order, pin, owner = ask.model, ask.candidates, ask.order, ask.pin, ask.owner
+        candidates, owner = ask.candidates, ask.owner
         free = [e for e in candidates if self._free(e)]
         while free:
             ep = free[0] if len(free) == 1 else ask.choose(free)
             if self._take(ep, owner):
-                if pin is not None:
-                    self._pin(pin, ep.name)
+                if ask.pin is not None:
+                    self._pin(ask.pin, ep.name)
                 return Lease(self, ep, token=owner)
             free.remove(ep)
+        model, order, pin = ask.model, ask.order, ask.pin  # (waiting: read only now)
         if all(e.name in self._unhealthy for e in candidates):
             raise NoEndpoint(model)
         if self._queued + self.held_aside >= self.max_queue:
