@@ -192,7 +192,7 @@ def main() -> None:
     print(
         f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs, "
         + ("one process per peer across runs" if args.warm else "every peer started afresh for each run")
-        + "; "
+        + f"; the router with {args.slots or 'its default of 2'} slots for the mock; "
         + ("peers pinned to core 0, mock+wrk to core 1" if pin else "not pinned")
     )
     print("| scenario | " + " | ".join(names) + " |")
