@@ -9,7 +9,8 @@ compiled`), started with nothing but a plain config (`spawn.plain_config`: the m
 `--slots` for it) and its port, and every peer, the router included, started afresh for each
 run: no run is served by a process that an earlier run warmed (`--warm` keeps one process per
 peer across the runs, the method of the figures before; Olla is restarted after every run
-either way).
+either way). `--also .venv-compiled/bin/nomyo-router` measures a second build in the same
+interleaved run, as "nomyo-router (also)", with its ratios to the first.
 
 Builds or installs the peers it can, into ~/.cache/nomyo-router/peers (reused next time):
   * Olla (Go): `go install github.com/thushan/olla@latest`; when the module proxy does not
@@ -77,6 +78,28 @@ def median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+def print_ratios(
+    table: dict[str, dict[str, dict[str, float]]],
+    added: dict[str, dict[str, float]],
+    labels: list[str],
+    me: str,
+    other: str,
+) -> None:
+    """`me` over `other` in every scenario: req/s, CPU per request and added p50 at c=1."""
+    for label in labels:
+        theirs = table[label][other]["rps"]
+        if theirs:
+            print(f"{me} / {other} at {label}: {table[label][me]['rps'] / theirs:.2f}x req/s")
+        else:
+            print(f"{me} / {other} at {label}: {other} answered nothing with 2xx")
+    for label in labels:
+        mine, theirs = table[label][me]["cpu_us_per_req"], table[label][other]["cpu_us_per_req"]
+        print(f"{me} / {other} at {label}: {mine / theirs:.2f}x CPU/request ({mine:.0f} / {theirs:.0f} µs)")
+    for label, by_name in added.items():
+        mine, theirs = by_name[me], by_name[other]
+        print(f"{me} / {other} at {label}: {mine / theirs:.2f}x added p50 (+{mine:.0f} / +{theirs:.0f} µs)")
+
+
 def added_p50(cell: dict[str, dict[str, float]], names: list[str]) -> dict[str, float]:
     """Each peer's median p50 over the direct mock's in one scenario, in µs."""
     return {n: (cell[n]["p50_ms"] - cell["direct"]["p50_ms"]) * 1000 for n in names}
@@ -108,6 +131,13 @@ def main() -> None:
         type=int,
         default=4096,
         help="the router's max_concurrent for the mock (0: its default of 2; beyond them requests queue, by design)",
+    )
+    p.add_argument(
+        "--also",
+        default=None,
+        metavar="NOMYO_ROUTER",
+        help="another build's nomyo-router command (e.g. .venv-compiled/bin/nomyo-router), measured in the same "
+        "interleaved run as 'nomyo-router (also)'",
     )
     p.add_argument("--warm", action="store_true", help="one process per peer across all runs (Olla still restarted)")
     p.add_argument("--json", default=None)
@@ -147,6 +177,9 @@ def main() -> None:
         peers: list[Peer] = []
         if "nomyo" in wanted:
             peers.append(stack.enter_context(run_nomyo(mock, core, slots=args.slots or None)))
+            if args.also:
+                also = run_nomyo(mock, core, slots=args.slots or None, exe=args.also, name="nomyo-router (also)")
+                peers.append(stack.enter_context(also))
         if "floor" in wanted:
             peers.append(stack.enter_context(run_floor(mock, core)))
         if olla:
@@ -214,19 +247,11 @@ def main() -> None:
     for label, by_name in added.items():
         print(f"| added p50 at {label} | – | " + " | ".join(f"+{by_name[n]:.0f} µs" for n in names[1:]) + " |")
     print("| idle RSS | – | " + " | ".join(f"{idle[n]:.1f} MB" for n in names[1:]) + " |")
-    if "olla" in names and "nomyo-router" in names:
-        for label, *_ in scenarios:
-            olla = table[label]["olla"]["rps"]
-            if olla:
-                print(f"nomyo-router / olla at {label}: {table[label]['nomyo-router']['rps'] / olla:.2f}x req/s")
-            else:
-                print(f"nomyo-router / olla at {label}: olla answered nothing with 2xx")
-        for label, *_ in scenarios:
-            mine, theirs = table[label]["nomyo-router"]["cpu_us_per_req"], table[label]["olla"]["cpu_us_per_req"]
-            print(f"nomyo-router / olla at {label}: {mine / theirs:.2f}x CPU/request ({mine:.0f} / {theirs:.0f} µs)")
-        for label, by_name in added.items():
-            mine, theirs = by_name["nomyo-router"], by_name["olla"]
-            print(f"nomyo-router / olla at {label}: {mine / theirs:.2f}x added p50 (+{mine:.0f} / +{theirs:.0f} µs)")
+    for me in (n for n in names if n.startswith("nomyo-router")):
+        if "olla" in names:
+            print_ratios(table, added, [label for label, *_ in scenarios], me, "olla")
+    if "nomyo-router (also)" in names:
+        print_ratios(table, added, [label for label, *_ in scenarios], "nomyo-router (also)", "nomyo-router")
     if scaled:
         print(
             f"\nworker scaling, c=32 non-stream (bench/scaling.py: every worker on core {core}; "

@@ -44,12 +44,12 @@ def _served(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     wait_http(url, timeout, proc, body)
 
 
-def cli_argv(config_path: str, port: int, workers: int = 1) -> list[str]:
-    """`nomyo-router` as its users start it: the console script installed beside this
-    interpreter (so `.venv-pip/bin/python bench/peers.py` measures what `pip install .` gives,
-    `.venv-compiled/bin/python ...` the compiled build), with no option but the config, the
-    port and the workers (the default log level, info, included)."""
-    exe = os.path.join(os.path.dirname(sys.executable), "nomyo-router")
+def cli_argv(config_path: str, port: int, workers: int = 1, exe: str | None = None) -> list[str]:
+    """`nomyo-router` as its users start it: the console script `exe`, by default the one
+    installed beside this interpreter (so `.venv-pip/bin/python bench/peers.py` measures what
+    `pip install .` gives, `.venv-compiled/bin/python ...` the compiled build), with no option
+    but the config, the port and the workers (the default log level, info, included)."""
+    exe = exe or os.path.join(os.path.dirname(sys.executable), "nomyo-router")
     if not os.path.exists(exe):
         raise SystemExit(f"{exe} not found: install the router into this interpreter's environment (pip install .)")
     return [exe, "--config", config_path, "--port", str(port), "--workers", str(workers)]
@@ -67,11 +67,17 @@ def plain_config(mock: str, slots: int | None) -> dict[str, object]:
 
 @contextmanager
 def run_nomyo(
-    mock: str, core: int | None, workers: int = 1, shared: bool = False, slots: int | None = 4096
+    mock: str,
+    core: int | None,
+    workers: int = 1,
+    shared: bool = False,
+    slots: int | None = 4096,
+    exe: str | None = None,
+    name: str = "nomyo-router",
 ) -> Iterator[Peer]:
-    """The router from its CLI with a plain config (`plain_config`), pinned to `core`; the
-    peer's `restart` starts a fresh one. `shared`: one worker exactly as each of N (the
-    shared store, multiprocess metrics)."""
+    """The router from its CLI (`exe`: see `cli_argv`) with a plain config (`plain_config`),
+    pinned to `core`; the peer's `restart` starts a fresh one. `shared`: one worker exactly as
+    each of N (the shared store, multiprocess metrics)."""
     config = plain_config(mock, slots)
     if shared:
         config["state"] = "shared"
@@ -85,13 +91,13 @@ def run_nomyo(
         if procs:
             stop_group(procs.pop())
         port = free_port()
-        proc = _spawn(cli_argv(path, port, workers), core, env=env)
+        proc = _spawn(cli_argv(path, port, workers, exe), core, env=env)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", 30, proc)
         _served(url + PATH, proc)
         if peer is None:
-            return Peer("nomyo-router", url, proc.pid, restart=start)
+            return Peer(name, url, proc.pid, restart=start)
         peer.url, peer.pid = url, proc.pid
         return peer
 
