@@ -50,12 +50,14 @@ demo: setup
 # Dockerfile ships (make compiled). The compiled build is made while the suite runs, at the
 # lowest priority so that it takes only the CPU the suite leaves (and without debug
 # information, which does not change the machine code and is a large part of the compile).
-# (through a variable: a recipe line naming $(MAKE) itself would run even under `make -n`)
+# `make test TESTS=test/test_x.py` runs those files instead of the whole suite (the compiled
+# build's tests still run). (The compile is named through a variable: a recipe line naming
+# $(MAKE) itself would run even under `make -n`.)
 BUILD_COMPILED = nice -n 19 env CFLAGS=-g0 $(MAKE) --no-print-directory compiled
 test: setup-test lint docs redis chromium
 	@mkdir -p build
 	@$(BUILD_COMPILED) > build/compiled.log 2>&1 & compiling=$$!; \
-	  $(BIN)/python -m pytest -q; suite=$$?; \
+	  $(BIN)/python -m pytest -q $(TESTS); suite=$$?; \
 	  if ! wait $$compiling; then tail -n 30 build/compiled.log; echo "make compiled failed (build/compiled.log)"; exit 1; fi; \
 	  exit $$suite
 	$(MAKE) --no-print-directory test-compiled-only
