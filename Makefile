@@ -1,13 +1,15 @@
 # The two commands: `make demo` (the main job) and `make test`. Both set up what is missing.
+# `make test` runs the suite, then the request path's tests against the compiled build.
 # `make docs` builds the documentation site into site/ (make test builds it too).
 # `make lint` runs the linters (make test runs them first).
 # `make compiled` builds the router with its request path compiled (mypyc) into .venv-compiled.
+# `make pip-build` installs the router as `pip install .` gives it (no editable install) into .venv-pip.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium compose bench compiled sanitize clean
+.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium compose bench compiled pip-build test-compiled test-compiled-only sanitize clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,8 +52,48 @@ wrk:
 demo: setup
 	$(BIN)/python loadtest.py --mock-backend --ramp $(RAMP)
 
-test: setup-test lint docs redis chromium compose sanitize
-	$(BIN)/python -m pytest -q
+# The suite, then the request path's tests again against the compiled build, the one the
+# Dockerfile ships (make compiled). The compiled build is made while the suite runs, at the
+# lowest priority so that it takes only the CPU the suite leaves (and without debug
+# information, which does not change the machine code and is a large part of the compile).
+# `make test TESTS=test/test_x.py` runs those files instead of the whole suite (the compiled
+# build's tests still run). The sanitizers' build of the C relay and its fuzz (make sanitize)
+# run first, while the compile goes on. (The compile and the sanitizer run are named through
+# variables: a recipe line naming $(MAKE) itself would run even under `make -n`.)
+BUILD_COMPILED = nice -n 19 env CFLAGS=-g0 $(MAKE) --no-print-directory compiled
+SANITIZE_RUN = $(MAKE) --no-print-directory sanitize
+test: setup-test lint docs redis chromium compose
+	@mkdir -p build
+	@$(BUILD_COMPILED) > build/compiled.log 2>&1 & compiling=$$!; \
+	  $(SANITIZE_RUN) && $(BIN)/python -m pytest -q $(TESTS); suite=$$?; \
+	  if ! wait $$compiling; then tail -n 30 build/compiled.log; echo "make compiled failed (build/compiled.log)"; exit 1; fi; \
+	  exit $$suite
+	$(MAKE) --no-print-directory test-compiled-only
+
+# The request path's tests: those that drive the modules setup.py compiles (HOT_PATH: the app,
+# request parsing and body keys, access, the exchange, the proxy and the whole relay, the
+# scheduler, affinity, the prefix index, the memory store and the workers' host store, the
+# upstream client, metrics, tracing, the idle spin) through real sockets, plus the relays
+# around them. Left to the pure-Python run only: the rest of the suite, and of the request
+# path's files the three slowest that test processes rather than compiled code (workers
+# sharing state, fair queues across instances, connection limits of the uncompiled protocol).
+COMPILED_TESTS := test/test_router_routes.py test/test_router_scheduling.py test/test_router_failures.py \
+  test/test_exchange.py test/test_h1.py test/test_whole_write.py test/test_relay.py test/test_native_relay.py \
+  test/test_access.py test/test_body_keys.py test/test_body_keys_parse.py test/test_fuzz.py \
+  test/test_affinity.py test/test_context_routing.py test/test_cache_routing.py test/test_slot_table.py \
+  test/test_idle_spin.py test/test_metrics.py test/test_latency_metrics.py test/test_tracing.py \
+  test/test_client_faults.py test/test_backend_errors.py test/test_slow_reader.py test/test_compiled_build.py
+
+# those tests against the installed compiled build: the interpreter of .venv-compiled with -P
+# (not the current directory) and a PYTHONPATH that holds only `test` (a link to this tree's),
+# so that nomyo_router, mock and loadtest are the installed ones; NOMYO_ROUTER_EXPECT_COMPILED
+# makes the run stop if the pure-Python router were imported instead
+test-compiled: compiled test-compiled-only
+
+test-compiled-only:
+	mkdir -p build/compiled-suite && ln -sfn ../../test build/compiled-suite/test
+	PYTHONPATH=build/compiled-suite NOMYO_ROUTER_EXPECT_COMPILED=1 \
+	  .venv-compiled/bin/python -P -m pytest -q -p no:cacheprovider --import-mode=append $(COMPILED_TESTS)
 
 # the CLI reference is generated from the programs' --help first; --strict fails on any
 # broken link or anchor (never add -q: it hides the warnings strict mode counts)
@@ -84,6 +126,15 @@ compiled: $(BIN)/python
 	.venv-compiled/bin/pip install -q --upgrade pip setuptools wheel
 	.venv-compiled/bin/pip install -q '.[test,lint,kv-events,tracing]'  # (mypyc is mypy's: it type-checks the whole package)
 	NOMYO_ROUTER_COMPILE=1 .venv-compiled/bin/pip install -q --no-build-isolation --force-reinstall --no-deps .
+
+# the router as a user installs it (`pip install .`: a copy of the tree, not the editable
+# install of .venv), in its own virtualenv; bench/peers.py measures it when run as
+# `.venv-pip/bin/python bench/peers.py ...` (it starts the `nomyo-router` beside its interpreter)
+pip-build: $(BIN)/python
+	test -x .venv-pip/bin/python || $(PY) -m venv .venv-pip
+	.venv-pip/bin/pip install -q --upgrade pip
+	.venv-pip/bin/pip install -q .
+	.venv-pip/bin/pip install -q --force-reinstall --no-deps .  # (this tree's code even when the version did not change)
 
 bench: setup wrk
 	$(BIN)/python bench/overhead.py --floor

@@ -2,6 +2,16 @@
 
     python bench/peers.py [--seconds 4] [--reps 3] [--conc 1,8,32] [--only nomyo,floor,olla,vllm-router]
 
+It measures the router an outside user would: the `nomyo-router` command installed beside the
+interpreter that runs this script (`.venv-pip/bin/python bench/peers.py`: the build `pip
+install .` gives, `make pip-build`; `.venv-compiled/bin/python`: the compiled one, `make
+compiled`), started with nothing but a plain config (`spawn.plain_config`: the mock's URL and
+`--slots` for it) and its port, and every peer, the router included, started afresh for each
+run: no run is served by a process that an earlier run warmed (`--warm` keeps one process per
+peer across the runs, the method of the figures before; Olla is restarted after every run
+either way). `--also .venv-compiled/bin/nomyo-router` measures a second build in the same
+interleaved run, as "nomyo-router (also)", with its ratios to the first.
+
 Builds or installs the peers it can, into ~/.cache/nomyo-router/peers (reused next time):
   * Olla (Go): `go install github.com/thushan/olla@latest`; when the module proxy does not
     serve it, `--olla-src DIR` builds a checkout with `go build`, `--olla-bin PATH` takes a binary;
@@ -68,6 +78,33 @@ def median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+def print_ratios(
+    table: dict[str, dict[str, dict[str, float]]],
+    added: dict[str, dict[str, float]],
+    labels: list[str],
+    me: str,
+    other: str,
+) -> None:
+    """`me` over `other` in every scenario: req/s, CPU per request and added p50 at c=1."""
+    for label in labels:
+        theirs = table[label][other]["rps"]
+        if theirs:
+            print(f"{me} / {other} at {label}: {table[label][me]['rps'] / theirs:.2f}x req/s")
+        else:
+            print(f"{me} / {other} at {label}: {other} answered nothing with 2xx")
+    for label in labels:
+        mine, theirs = table[label][me]["cpu_us_per_req"], table[label][other]["cpu_us_per_req"]
+        print(f"{me} / {other} at {label}: {mine / theirs:.2f}x CPU/request ({mine:.0f} / {theirs:.0f} µs)")
+    for label, by_name in added.items():
+        mine, theirs = by_name[me], by_name[other]
+        print(f"{me} / {other} at {label}: {mine / theirs:.2f}x added p50 (+{mine:.0f} / +{theirs:.0f} µs)")
+
+
+def added_p50(cell: dict[str, dict[str, float]], names: list[str]) -> dict[str, float]:
+    """Each peer's median p50 over the direct mock's in one scenario, in µs."""
+    return {n: (cell[n]["p50_ms"] - cell["direct"]["p50_ms"]) * 1000 for n in names}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=4.0, help="length of one wrk run")
@@ -89,6 +126,20 @@ def main() -> None:
         default=5,
         help="alternated pairs of runs behind the scaling figure (bench/scaling.py's --reps)",
     )
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=4096,
+        help="the router's max_concurrent for the mock (0: its default of 2; beyond them requests queue, by design)",
+    )
+    p.add_argument(
+        "--also",
+        default=None,
+        metavar="NOMYO_ROUTER",
+        help="another build's nomyo-router command (e.g. .venv-compiled/bin/nomyo-router), measured in the same "
+        "interleaved run as 'nomyo-router (also)'",
+    )
+    p.add_argument("--warm", action="store_true", help="one process per peer across all runs (Olla still restarted)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if shutil.which("wrk") is None:
@@ -125,7 +176,10 @@ def main() -> None:
         mock = stack.enter_context(mock_process(mock_cfg)).url
         peers: list[Peer] = []
         if "nomyo" in wanted:
-            peers.append(stack.enter_context(run_nomyo(mock, core)))
+            peers.append(stack.enter_context(run_nomyo(mock, core, slots=args.slots or None)))
+            if args.also:
+                also = run_nomyo(mock, core, slots=args.slots or None, exe=args.also, name="nomyo-router (also)")
+                peers.append(stack.enter_context(also))
         if "floor" in wanted:
             peers.append(stack.enter_context(run_floor(mock, core)))
         if olla:
@@ -154,8 +208,8 @@ def main() -> None:
                     name = peer.name if peer else "direct"
                     r = measure(peer, mock, body, conc, args.seconds, route)
                     results.setdefault((name, label), []).append(r)
-                    if peer is not None and peer.restart is not None:
-                        peer.restart(peer)
+                    if peer is not None and peer.restart is not None and not (args.warm and peer.name != "olla"):
+                        peer.restart(peer)  # the next run meets a fresh process, as in a harness of its own
                     log(
                         f"rep {rep + 1}/{args.reps} {label:14} {name:13} {r['rps']:8.0f} req/s p50 "
                         f"{r['p50_ms']:7.3f} ms cpu {r['cpu_us_per_req']:6.0f} us/req"
@@ -169,7 +223,9 @@ def main() -> None:
         table.setdefault(label, {})[name] = {k: median(rows, k) for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")}
         table[label][name]["non2xx"] = sum(r["non2xx"] for r in rows)
     print(
-        f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs; "
+        f"\nmedians of {args.reps} x {args.seconds:g}s wrk runs, "
+        + ("one process per peer across runs" if args.warm else "every peer started afresh for each run")
+        + f"; the router with {args.slots or 'its default of 2'} slots for the mock; "
         + ("peers pinned to core 0, mock+wrk to core 1" if pin else "not pinned")
     )
     print("| scenario | " + " | ".join(names) + " |")
@@ -187,21 +243,15 @@ def main() -> None:
             if m["non2xx"]:
                 cells[-1] += f" [{m['non2xx']:.0f} non-2xx]"
         print(f"| {label} | " + " | ".join(cells) + " |")
-    if "c=1" in table:
-        base = table["c=1"]["direct"]["p50_ms"]
-        print(
-            "| added p50 at c=1 | – | "
-            + " | ".join(f"+{(table['c=1'][n]['p50_ms'] - base) * 1000:.0f} µs" for n in names[1:])
-            + " |"
-        )
+    added = {label: added_p50(table[label], names[1:]) for label, _, conc, _ in scenarios if conc == 1}
+    for label, by_name in added.items():
+        print(f"| added p50 at {label} | – | " + " | ".join(f"+{by_name[n]:.0f} µs" for n in names[1:]) + " |")
     print("| idle RSS | – | " + " | ".join(f"{idle[n]:.1f} MB" for n in names[1:]) + " |")
-    if "olla" in names and "nomyo-router" in names:
-        for label, *_ in scenarios:
-            olla = table[label]["olla"]["rps"]
-            if olla:
-                print(f"nomyo-router / olla at {label}: {table[label]['nomyo-router']['rps'] / olla:.2f}x req/s")
-            else:
-                print(f"nomyo-router / olla at {label}: olla answered nothing with 2xx")
+    for me in (n for n in names if n.startswith("nomyo-router")):
+        if "olla" in names:
+            print_ratios(table, added, [label for label, *_ in scenarios], me, "olla")
+    if "nomyo-router (also)" in names:
+        print_ratios(table, added, [label for label, *_ in scenarios], "nomyo-router (also)", "nomyo-router")
     if scaled:
         print(
             f"\nworker scaling, c=32 non-stream (bench/scaling.py: every worker on core {core}; "
@@ -213,6 +263,8 @@ def main() -> None:
             json.dump(
                 {
                     "pinned": pin,
+                    "fresh_per_run": not args.warm,
+                    "slots": args.slots,
                     "reps": args.reps,
                     "seconds": args.seconds,
                     "idle_rss_mb": idle,

@@ -31,7 +31,7 @@ from mock import MockConfig
 from nomyo_router.config import parse_config
 from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import LeastBusy, picker
-from nomyo_router.state import MemoryStore, SharedStore
+from nomyo_router.state import Ask, MemoryStore, SharedStore
 from nomyo_router.state.redis import RedisStore
 
 BODY = json.dumps({"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
@@ -54,11 +54,11 @@ async def op_cost(store, ep: Endpoint, n: int) -> tuple[float, float]:
     """(µs per acquire+release, µs per find_pin+set_pin)."""
     choose = lambda free: free[0]  # noqa: E731
     for _ in range(50):  # warm up connections
-        (await store.acquire("m:latest", [ep], choose, 5.0)).release()
+        (await store.acquire(Ask(model="m:latest", candidates=[ep], choose=choose, timeout=5.0))).release()
     await asyncio.sleep(0.05)
     t0 = time.perf_counter()
     for _ in range(n):
-        lease = await store.acquire("m:latest", [ep], choose, 5.0)
+        lease = await store.acquire(Ask(model="m:latest", candidates=[ep], choose=choose, timeout=5.0))
         lease.release()
         await asyncio.sleep(0)  # let a background release run, as a request would
     slot = (time.perf_counter() - t0) / n * 1e6
@@ -74,7 +74,7 @@ HOST = """
 import asyncio, sys
 from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import LeastBusy, picker
-from nomyo_router.state import SharedStore
+from nomyo_router.state import Ask, SharedStore
 async def main():
     s = SharedStore(sys.argv[1], [Endpoint(name="e", url="http://127.0.0.1:1", slots=1)], 1000, 600, 1000,
                     picker(LeastBusy()))
@@ -96,12 +96,12 @@ async def waits_cost(n: int) -> None:
         worker = SharedStore(base, [ep], 1000, 600, 1000, picker(LeastBusy()))
         await worker.start()
         choose = lambda free: free[0]  # noqa: E731
-        lease = await worker.acquire("m", [ep], choose, 5.0)
+        lease = await worker.acquire(Ask(model="m", candidates=[ep], choose=choose, timeout=5.0))
 
         async def other() -> None:
             nonlocal lease
             for _ in range(n):
-                nxt = asyncio.create_task(worker.acquire("m", [ep], choose, 5.0))
+                nxt = asyncio.create_task(worker.acquire(Ask(model="m", candidates=[ep], choose=choose, timeout=5.0)))
                 await asyncio.sleep(0)  # it finds the slot taken and asks the host
                 lease.release()
                 lease = await nxt

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from mock import run_mock
@@ -7,12 +9,27 @@ from mock import run_mock
 FAST = dict(ttft_ms=0.0, tok_ms=0.0, tokens=8)
 
 
+def _compiled() -> bool:
+    """Whether the router imported is the compiled build (its modules are extension modules)."""
+    import nomyo_router.app
+
+    return nomyo_router.app.__file__ is None or not nomyo_router.app.__file__.endswith(".py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`make test` runs the request path's tests a second time against the compiled build and
+    says so with NOMYO_ROUTER_EXPECT_COMPILED=1: a run that would import the source tree's
+    pure-Python router instead (a PYTHONPATH that puts the tree first) stops here."""
+    if os.environ.get("NOMYO_ROUTER_EXPECT_COMPILED") == "1" and not _compiled():
+        import nomyo_router.app
+
+        raise pytest.UsageError(f"the compiled build was expected, but {nomyo_router.app.__file__} was imported")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under the compiled build (setup.py's HOT_PATH compiled by mypyc), a test that replaces
     one of the router's own functions cannot: it is skipped, the rest runs as it is."""
-    import nomyo_router.app
-
-    if nomyo_router.app.__file__ is not None and nomyo_router.app.__file__.endswith(".py"):
+    if not _compiled():
         return
     skip = pytest.mark.skip(reason="replaces a function of a compiled module (the compiled build)")
     for item in items:

@@ -14,7 +14,7 @@ from nomyo_router.config import ConfigError, parse_config
 from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import CacheAware, RouteContext, SGLangCacheAware, make_policy, picker
 from nomyo_router.routing.prefix_index import BLOCK_CHARS, BLOCK_TOKENS, PrefixIndex, prompt_keys, request_prompt
-from nomyo_router.state import MemoryStore, SharedStore
+from nomyo_router.state import Ask, MemoryStore, SharedStore
 from test.conftest import FAST
 from test.helpers import endpoints, run_router
 
@@ -183,8 +183,12 @@ async def test_workers_share_the_index_through_the_shared_store(tmp_path):
             await asyncio.sleep(0.01)
         assert pol_b.index.match(ctx.prompt.keys, ["e0", "e1"]) == {"e0": 0, "e1": len(ctx.prompt.keys)}
         # the host tells each grant's load over all workers
-        lease = await a.acquire("llama3:latest", endpoints_, lambda free: free[0], 1.0)
-        lease2 = await b.acquire("llama3:latest", endpoints_[:1], lambda free: free[0], 1.0)
+        lease = await a.acquire(
+            Ask(model="llama3:latest", candidates=endpoints_, choose=lambda free: free[0], timeout=1.0)
+        )
+        lease2 = await b.acquire(
+            Ask(model="llama3:latest", candidates=endpoints_[:1], choose=lambda free: free[0], timeout=1.0)
+        )
         assert b.in_flight(endpoints_[0]) == (2 if lease.endpoint is endpoints_[0] else 1)
         lease.release()
         lease2.release()

@@ -11,7 +11,7 @@ import aiohttp
 
 from mock import MockConfig, MockProcess, run_mock
 from nomyo_router.domain import Endpoint
-from nomyo_router.state import MemoryStore
+from nomyo_router.state import Ask, MemoryStore
 from nomyo_router.state.fair import spec
 from test.helpers import run_router
 from test.router_proc import router_workers
@@ -32,11 +32,11 @@ def keys(**extra: dict[str, Any]) -> list[dict[str, Any]]:
 async def _grants(store: MemoryStore, ep: Endpoint, arrivals: list[tuple[str, Any]]) -> list[str]:
     """Hold the one slot, queue `arrivals` (name, fair spec) in order, then free the slot again
     and again: the names in the order they were handed it."""
-    held = await store.acquire("m", [ep], lambda free: free[0], 5)
+    held = await store.acquire(Ask(model="m", candidates=[ep], choose=lambda free: free[0], timeout=5))
     got: list[str] = []
 
     async def wait(name: str, fair: Any) -> None:
-        lease = await store.acquire("m", [ep], lambda free: free[0], 5, fair=fair)
+        lease = await store.acquire(Ask(model="m", candidates=[ep], choose=lambda free: free[0], timeout=5, fair=fair))
         got.append(name)
         await asyncio.sleep(0)
         lease.release()
@@ -71,9 +71,12 @@ async def test_no_keys_is_fifo_and_a_cancelled_request_is_not_charged():
     store, ep = MemoryStore(1000), Endpoint("e", "http://x", 1)
     got = await _grants(store, ep, [(str(i), None) for i in range(10)])
     assert got == [str(i) for i in range(10)]
-    held = await store.acquire("m", [ep], lambda free: free[0], 5)
+    held = await store.acquire(Ask(model="m", candidates=[ep], choose=lambda free: free[0], timeout=5))
     a = spec("a", 0, 1.0)
-    gone = [asyncio.create_task(store.acquire("m", [ep], lambda f: f[0], 5, fair=a)) for _ in range(5)]
+    gone = [
+        asyncio.create_task(store.acquire(Ask(model="m", candidates=[ep], choose=lambda f: f[0], timeout=5, fair=a)))
+        for _ in range(5)
+    ]
     await asyncio.sleep(0)
     for t in gone:  # five of a's requests leave the queue without a slot
         t.cancel()

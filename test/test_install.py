@@ -36,6 +36,7 @@ def wheel(tmp_path_factory) -> Path:
         ignore=shutil.ignore_patterns(
             ".git",
             ".venv",
+            ".venv-*",  # (the compiled build's and the pip build's: make compiled, make pip-build)
             ".hypothesis",
             ".pytest_cache",
             "__pycache__",

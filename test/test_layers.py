@@ -131,3 +131,40 @@ def test_no_module_imports_itself_back_at_run_time():
         }
         found = _cycle(graph)
         assert found is None, f"{tree}: import cycle " + " -> ".join(found or [])
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+LAYERS_MARK = "<!-- layers: kept equal to LAYERS in test/test_layers.py -->"
+
+
+def _page_layers(page: str) -> list[set[str]]:
+    """The layer list docs/architecture.md shows: the indented block after the mark, a layer a
+    line, its names before the first run of two spaces."""
+    assert LAYERS_MARK in page, f"docs/architecture.md lost its layer list's mark {LAYERS_MARK!r}"
+    lines = page.split(LAYERS_MARK, 1)[1].lstrip("\n").splitlines()
+    block = []
+    for line in lines:
+        if not line.startswith("    "):
+            break
+        names = line.strip().split("  ", 1)[0]
+        block.append({n.strip() for n in names.split(",")})
+    return block
+
+
+def test_architecture_page_shows_these_layers_and_every_package():
+    """The page a newcomer reads first says what the code does: its layer list is this file's
+    LAYERS, and its table of packages names every package and top-level module of
+    nomyo_router (and none that is gone)."""
+    page = ARCHITECTURE.read_text()
+    wanted = [names - {"__init__"} for names in LAYERS]
+    shown = _page_layers(page)
+    assert shown == wanted, f"docs/architecture.md's layers {shown} differ from test_layers.LAYERS {wanted}"
+    package = ROOT / "nomyo_router"
+    present = {
+        f"nomyo_router/{p.name}/" if p.is_dir() else f"nomyo_router/{p.name}"
+        for p in package.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")
+    }
+    rows = {line.split("`", 2)[1] for line in page.splitlines() if line.startswith("| `nomyo_router/")}
+    assert not present - rows, f"docs/architecture.md's table of packages lacks {sorted(present - rows)}"
+    assert not rows - present, f"docs/architecture.md's table of packages names what is gone: {sorted(rows - present)}"

@@ -10,7 +10,7 @@ import sys
 
 from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import LeastBusy, picker
-from nomyo_router.state import QueueTimeout, SharedStore
+from nomyo_router.state import Ask, QueueTimeout, SharedStore
 from nomyo_router.state.slots import SlotTable
 
 EP = Endpoint(name="one", url="http://127.0.0.1:9", slots=2)
@@ -30,16 +30,16 @@ async def two_workers(tmp_path) -> tuple[SharedStore, SharedStore]:
 async def test_free_slots_are_taken_in_the_table_and_limits_hold_across_workers(tmp_path):
     host, worker = await two_workers(tmp_path)
     try:
-        a = await worker.acquire("m", [EP], first, 1.0)
-        b = await host.acquire("m", [EP], first, 1.0)
+        a = await worker.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=1.0))
+        b = await host.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=1.0))
         assert worker.in_flight(EP) == host.in_flight(EP) == 2
-        with_timeout = asyncio.create_task(worker.acquire("m", [EP], first, 0.2))
+        with_timeout = asyncio.create_task(worker.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=0.2)))
         try:
             await with_timeout
             raise AssertionError("a third slot was granted on a 2-slot endpoint")
         except QueueTimeout:
             pass
-        waiter = asyncio.create_task(worker.acquire("m", [EP], first, 5.0))
+        waiter = asyncio.create_task(worker.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=5.0)))
         await asyncio.sleep(0.05)
         assert not waiter.done()
         b.release()  # given back in the host's row: the worker's waiter gets it
@@ -56,11 +56,11 @@ async def test_free_slots_are_taken_in_the_table_and_limits_hold_across_workers(
 async def test_a_new_request_does_not_pass_one_that_waits(tmp_path):
     host, worker = await two_workers(tmp_path)
     try:
-        held = [await host.acquire("m", [EP], first, 1.0) for _ in range(2)]
+        held = [await host.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=1.0)) for _ in range(2)]
         order: list[str] = []
 
         async def take(store: SharedStore, name: str) -> None:
-            lease = await store.acquire("m", [EP], first, 5.0)
+            lease = await store.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=5.0))
             order.append(name)
             await asyncio.sleep(0.05)
             lease.release()
@@ -115,7 +115,7 @@ async def test_slots_of_a_dead_process_come_back(tmp_path):
 async def test_pins_and_usage_are_shared_without_messages(tmp_path):
     host, worker = await two_workers(tmp_path)
     try:
-        lease = await worker.acquire("m", [EP], first, 1.0, pin="turn-1")
+        lease = await worker.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=1.0, pin="turn-1"))
         lease.release()
         await asyncio.sleep(0)  # a loop turn's pins are written together at its end
         assert await host.find_pin(["nope", "turn-1"]) == ("turn-1", "one")
@@ -153,12 +153,12 @@ async def test_a_slot_given_back_before_its_wake_up_arrives_goes_to_the_waiter(t
     reaches the host in between must not take it past the request already waiting."""
     host, worker = await two_workers(tmp_path)
     try:
-        held = [await worker.acquire("m", [EP], first, 1.0) for _ in range(2)]
-        waiter = asyncio.create_task(worker.acquire("m", [EP], first, 5.0))
+        held = [await worker.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=1.0)) for _ in range(2)]
+        waiter = asyncio.create_task(worker.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=5.0)))
         await asyncio.sleep(0.05)  # it waits at the host
         worker._table.give_back("one")  # the slot is free in the table; the poke is not sent yet
         held[0]._released = True
-        late = asyncio.create_task(host.acquire("m", [EP], first, 5.0))
+        late = asyncio.create_task(host.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=5.0)))
         done, _ = await asyncio.wait({waiter, late}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
         assert done == {waiter}
         (await waiter).release()  # hands the slot on to the late one

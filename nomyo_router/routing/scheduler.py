@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..domain import Endpoint
-from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
-from ..state.base import Choose
+from ..state import Ask, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from ..state.fair import BATCH, Fair
 from .policies import Policy, RouteContext
 
@@ -115,9 +114,7 @@ class Scheduler:
                 if pinned is not None and pinned in candidates and store.is_healthy(pinned):
                     try:
                         wait = self.affinity_wait if keys.certain else 0.0
-                        lease = await store.acquire(
-                            ctx.model, [pinned], self._chooser(ctx), wait, order, keys.register, fair=self._fair(ctx)
-                        )
+                        lease = await store.acquire(self._ask(ctx, [pinned], wait, order, keys.register))
                         outcome = "hit"
                         if self._routed is not None and ctx.prompt is not None:
                             self._routed(ctx, lease.endpoint)
@@ -154,9 +151,7 @@ class Scheduler:
             if left <= 0:
                 raise QueueTimeout(ctx.model, signal.order)
             try:
-                lease = await self.store.acquire(
-                    ctx.model, candidates, self._chooser(ctx), left, signal.order, pin, fair=self._fair(ctx)
-                )
+                lease = await self.store.acquire(self._ask(ctx, candidates, left, signal.order, pin))
                 break
             except Rehome as e:  # changed again meanwhile
                 signal = e
@@ -172,12 +167,23 @@ class Scheduler:
             return None
         return self.fair.get(ctx.client) or (BATCH if ctx.client == BATCH[0] else None)
 
-    def _chooser(self, ctx: RouteContext) -> Choose:
+    def _ask(
+        self, ctx: RouteContext, candidates: Sequence[Endpoint], timeout: float, order: int | None, pin: str | None
+    ) -> Ask:
+        """What the store is asked for `ctx`: a slot on one of `candidates`, the policy choosing."""
         policy, in_flight = self.policy, self.store.in_flight
-        return lambda free: policy.choose(ctx, free, in_flight)
+        return Ask(
+            model=ctx.model,
+            candidates=candidates,
+            choose=lambda free: policy.choose(ctx, free, in_flight),
+            timeout=timeout,
+            order=order,
+            pin=pin,
+            fair=self._fair(ctx),
+        )
 
     async def _place(self, ctx: RouteContext, candidates: list[Endpoint], order: int | None, pin: str | None) -> Lease:
-        store, choose = self.store, self._chooser(ctx)
+        store = self.store
         lease = None
         if self._pick is not None and len(candidates) > 1:
             healthy = [e for e in candidates if store.is_healthy(e)]
@@ -189,9 +195,7 @@ class Scheduler:
                 for t in targets:
                     waiting[t.name] = waiting.get(t.name, 0.0) + share
                 try:
-                    lease = await store.acquire(
-                        ctx.model, targets, choose, min(wait, self.queue_timeout), order, pin, fair=self._fair(ctx)
-                    )
+                    lease = await store.acquire(self._ask(ctx, targets, min(wait, self.queue_timeout), order, pin))
                 except QueueTimeout as e:
                     order = e.order  # waited for it in vain: keep the place for the common queue
                 except (QueueFull, NoEndpoint):
@@ -200,9 +204,7 @@ class Scheduler:
                     for t in targets:
                         waiting[t.name] -= share  # (added above)
         if lease is None:
-            lease = await store.acquire(
-                ctx.model, candidates, choose, self.queue_timeout, order, pin, fair=self._fair(ctx)
-            )
+            lease = await store.acquire(self._ask(ctx, candidates, self.queue_timeout, order, pin))
         if self._routed is not None and ctx.prompt is not None:
             self._routed(ctx, lease.endpoint)
         return lease

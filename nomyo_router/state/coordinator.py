@@ -47,8 +47,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..domain import Endpoint
-from .base import Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
-from .fair import Fair
+from .base import Ask, Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
 from .limits import BudgetSource, Limiter, Limits
 from .memory import MemoryStore
 from .pins import PinTable
@@ -90,23 +89,13 @@ class TableStore(MemoryStore):
     def _free(self, ep: Endpoint) -> bool:
         return ep.name not in self._unhealthy and self.table.in_flight(ep.name) < self.table.limit(ep.slots)
 
-    async def acquire(
-        self,
-        model: str,
-        candidates: Sequence[Endpoint],
-        choose: Choose,
-        timeout: float,
-        order: int | None = None,
-        pin: str | None = None,
-        fair: Fair | None = None,
-        owner: object = None,
-    ) -> Lease:
+    async def acquire(self, ask: Ask) -> Lease:
         # A worker gives slots back in the table and only then tells us: a slot may be free
         # here while requests wait for it. Those waited first, so they get it first.
         if self._queued:
-            for ep in candidates:
+            for ep in ask.candidates:
                 self._dispatch(ep)
-        return await super().acquire(model, candidates, choose, timeout, order, pin, fair, owner)
+        return await super().acquire(ask)
 
     def _take(self, ep: Endpoint, owner: object = None) -> bool:
         return self.table.try_take(ep.name, ep.slots, owner)  # type: ignore[arg-type]
@@ -177,16 +166,17 @@ class Coordinator:
             rid = msg["id"]
             cands = [self.endpoints[n] for n in msg["cands"] if n in self.endpoints]
             try:
-                lease = await store.acquire(
-                    msg["model"],
-                    cands,
-                    self.choose_for(msg["model"]),
-                    msg["timeout"],
-                    msg.get("order"),
-                    msg.get("pin"),
-                    tuple(msg["fair"]) if msg.get("fair") else None,
-                    who[0],
+                ask = Ask(
+                    model=msg["model"],
+                    candidates=cands,
+                    choose=self.choose_for(msg["model"]),
+                    timeout=msg["timeout"],
+                    order=msg.get("order"),
+                    pin=msg.get("pin"),
+                    fair=tuple(msg["fair"]) if msg.get("fair") else None,
+                    owner=who[0],
                 )
+                lease = await store.acquire(ask)
             except QueueTimeout as waited:
                 send({"id": rid, "err": "timeout", "order": waited.order})
             except QueueFull:

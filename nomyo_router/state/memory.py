@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..domain import Endpoint
-from .base import Changes, Choose, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
-from .fair import Fair, FairClock
+from .base import Ask, Changes, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
+from .fair import FairClock
 from .limits import BudgetSource
 
 
@@ -60,25 +60,17 @@ class MemoryStore(StateStore):
         self._in_flight[ep.name] = self._in_flight.get(ep.name, 0) + 1
         return True
 
-    async def acquire(
-        self,
-        model: str,
-        candidates: Sequence[Endpoint],
-        choose: Choose,
-        timeout: float,
-        order: int | None = None,
-        pin: str | None = None,
-        fair: Fair | None = None,
-        owner: object = None,
-    ) -> Lease:
+    async def acquire(self, ask: Ask) -> Lease:
+        candidates, owner = ask.candidates, ask.owner
         free = [e for e in candidates if self._free(e)]
         while free:
-            ep = free[0] if len(free) == 1 else choose(free)
+            ep = free[0] if len(free) == 1 else ask.choose(free)
             if self._take(ep, owner):
-                if pin is not None:
-                    self._pin(pin, ep.name)
+                if ask.pin is not None:
+                    self._pin(ask.pin, ep.name)
                 return Lease(self, ep, token=owner)
             free.remove(ep)
+        model, order, pin = ask.model, ask.order, ask.pin  # (waiting: read only now)
         if all(e.name in self._unhealthy for e in candidates):
             raise NoEndpoint(model)
         if self._queued + self.held_aside >= self.max_queue:
@@ -89,7 +81,7 @@ class MemoryStore(StateStore):
         fut: asyncio.Future[Endpoint | None] = asyncio.get_running_loop().create_future()  # None: see `rehome`
         share = None
         if order is None:  # its place: by priority, then its key's fair share (fair.py)
-            order, *rest = self._fair.order(fair)
+            order, *rest = self._fair.order(ask.fair)
             share = tuple(rest)
         waiter = _Waiter(order, frozenset(e.name for e in candidates), fut, owner, share)  # type: ignore[arg-type]
         queue = self._queues.setdefault(model, deque())
@@ -102,7 +94,7 @@ class MemoryStore(StateStore):
             queue.append(waiter)
         self._queued += 1
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(ask.timeout):
                 got = await fut
         except BaseException as exc:
             if fut.done() and not fut.cancelled():

@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 
 from ..config import SUPERVISOR_ENV, RouterConfig
 from ..domain import Endpoint
-from .base import Changes, Choose, Lease, StateStore
+from .base import Ask, Changes, Choose, Lease, StateStore
 from .fair import Fair
 from .limits import Limits, Verdict
 from .redis_check import RedisMisconfigured, misconfiguration
@@ -193,19 +193,10 @@ class RedisStore(StateStore):
         task.add_done_callback(self._tasks.discard)
 
     # ---- slots ------------------------------------------------------------------
-    async def acquire(
-        self,
-        model: str,
-        candidates: Sequence[Endpoint],
-        choose: Choose,
-        timeout: float,
-        order: int | None = None,
-        pin: str | None = None,
-        fair: Fair | None = None,
-    ) -> Lease:
-        lease = await self._acquire(model, candidates, choose, timeout, order, fair)
-        if pin is not None:
-            await self.set_pin(pin, lease.endpoint.name)  # awaited: the next turn will see it
+    async def acquire(self, ask: Ask) -> Lease:
+        lease = await self._acquire(ask.model, ask.candidates, ask.choose, ask.timeout, ask.order, ask.fair)
+        if ask.pin is not None:
+            await self.set_pin(ask.pin, lease.endpoint.name)  # awaited: the next turn will see it
         return lease
 
     async def _acquire(

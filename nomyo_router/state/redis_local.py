@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Sequence
 
 from ..domain import Endpoint
-from .base import Choose, Lease, QueueTimeout, Rehome
+from .base import Ask, Choose, Lease, QueueTimeout, Rehome
 from .fair import Fair
 from .memory import MemoryStore
 from .shared import SharedStore
@@ -78,7 +78,9 @@ async def wait_locally(
     fair: Fair | None,
 ) -> Lease | None:
     """A slot from `local`, or None if Redis answers again first (`back` is set)."""
-    task = asyncio.ensure_future(local.acquire(model, candidates, choose, timeout, fair=fair))
+    task = asyncio.ensure_future(
+        local.acquire(Ask(model=model, candidates=candidates, choose=choose, timeout=timeout, fair=fair))
+    )
     came_back = asyncio.ensure_future(back.wait())
     try:
         await asyncio.wait((task, came_back), return_when=asyncio.FIRST_COMPLETED)

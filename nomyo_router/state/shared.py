@@ -19,7 +19,7 @@ from typing import Any
 
 from ..domain import Endpoint
 from . import private
-from .base import Changes, Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
+from .base import Ask, Changes, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
 from .coordinator import Coordinator, TableStore
 from .fair import Fair
 from .limits import BudgetSource
@@ -183,16 +183,8 @@ class SharedStore(SharedLimits):
         finally:
             self._replies.pop(rid, None)
 
-    async def acquire(
-        self,
-        model: str,
-        candidates: Sequence[Endpoint],
-        choose: Choose,
-        timeout: float,
-        order: int | None = None,
-        pin: str | None = None,
-        fair: Fair | None = None,
-    ) -> Lease:
+    async def acquire(self, ask: Ask) -> Lease:
+        model, candidates, pin = ask.model, ask.candidates, ask.pin
         table = self._table
         unhealthy = self._unhealthy
         if len(candidates) == 1:  # (the common case: straight to the locked check)
@@ -210,7 +202,7 @@ class SharedStore(SharedLimits):
                 and table.in_flight(e.name) < table.limit(e.slots)
             ]
             while free:
-                ep = free[0] if len(free) == 1 else choose(free)
+                ep = free[0] if len(free) == 1 else ask.choose(free)
                 if table.try_take(ep.name, ep.slots, fast=True):
                     if pin is not None:
                         self._pin_soon(pin, ep.name)
@@ -219,7 +211,7 @@ class SharedStore(SharedLimits):
         await self._connected.wait()
         table.wait_begin()  # counted before the host looks, so no release can miss us
         try:
-            reply = await self._wait(model, candidates, timeout, order, pin, fair)
+            reply = await self._wait(model, candidates, ask.timeout, ask.order, pin, ask.fair)
         finally:
             table.wait_end()
         err = reply.get("err")

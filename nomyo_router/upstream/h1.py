@@ -3,8 +3,9 @@ Protocols, `httptools` for parsing, bodies read as they arrive.
 
 Why not aiohttp (it stays only for model management, imported when first used): per
 request, aiohttp's client builds a request object, `request_info`, a multidict of headers, a
-stream reader with its own buffering, timer contexts and several tasks' worth of state; it
-was ~40% of a worker's CPU on short requests and most of the ~50 KB each open stream held.
+stream reader with its own buffering, timer contexts and several tasks' worth of state:
+py-spy put ~60% of a worker's CPU on short requests in it and uvicorn's HTTP handling together
+(docs/benchmarks.md), and it was most of the ~50 KB each open stream held.
 This client writes each request as one pre-built head plus the body, parses the answer with
 httptools into a list of chunks, and wakes one future per read.
 
