@@ -21,6 +21,40 @@ from nomyo_router.app import RouterApp
 from nomyo_router.config import RouterConfig, parse_config
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopped without its fixed pauses: uvicorn looks at `should_exit` every
+    0.1 s and, stopping, waits 0.1 s after asking the connections to close before it waits for
+    them to be closed: 0.2 s of each test's teardown, with hundreds of routers in a run. The
+    same steps and the same conditions waited for (no connection, no task left), looked at
+    every 5 ms. `stop()` asks it to stop."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self.should_exit = True
+        self._stop.set()
+
+    async def main_loop(self) -> None:
+        counter = 0
+        while not await self.on_tick(counter):  # (the Date header, once a second)
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.1)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        while self.server_state.connections or self.server_state.tasks:
+            await asyncio.sleep(0.005)
+        for server in self.servers:
+            await server.wait_closed()
+        await self.lifespan.shutdown()
+
+
 class RunningRouter:
     def __init__(self, app: RouterApp, url: str) -> None:
         self.app = app
@@ -45,7 +79,7 @@ async def run_router(
         config = parse_config({"usage_db": fresh_usage_db(), **config})
     app = RouterApp(config)
     port = free_port()
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             app,
             host="127.0.0.1",
@@ -70,7 +104,7 @@ async def run_router(
     try:
         yield RunningRouter(app, f"{'https' if tls else 'http'}://127.0.0.1:{port}")
     finally:
-        server.should_exit = True
+        server.stop()
         await asyncio.wait_for(task, 10)
 
 

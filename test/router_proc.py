@@ -40,4 +40,4 @@ async def ready(url: str, timeout: float = 30.0) -> None:
                 pass
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"{url} not ready")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.02)

@@ -41,12 +41,17 @@ KEYS = st.sampled_from(
 ) | st.text(max_size=6)
 
 
+ESCAPE = st.booleans()  # (strategies made once: a new one per draw is validated each time)
+WHITESPACE = st.sampled_from(["", " ", "\n", " \t", "\r\n  "])
+ASCII_ONLY = st.booleans()
+
+
 def escaped(key: str, draw: Any) -> str:
     """`key` as JSON text, each character written plainly or as \\uXXXX at random."""
     out = []
     for ch in key:
         plain = json.dumps(ch, ensure_ascii=False)[1:-1]
-        out.append(draw(st.sampled_from([plain, f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else plain])))
+        out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 and draw(ESCAPE) else plain)
     return '"' + "".join(out) + '"'
 
 
@@ -55,10 +60,10 @@ def bodies(draw: Any) -> tuple[str, list[str]]:
     """A JSON object's text with random keys (repeats and case variants likely), random
     escaping of the keys, random whitespace; and its keys in order."""
     keys = draw(st.lists(KEYS, max_size=5))
-    ws = st.sampled_from(["", " ", "\n", " \t", "\r\n  "])
+    ws = WHITESPACE
     members = []
     for key in keys:
-        value = json.dumps(draw(JSON_VALUES), ensure_ascii=draw(st.booleans()))
+        value = json.dumps(draw(JSON_VALUES), ensure_ascii=draw(ASCII_ONLY))
         members.append(escaped(key, draw) + draw(ws) + ":" + draw(ws) + value)
     return draw(ws) + "{" + draw(ws) + ("," + draw(ws)).join(members) + draw(ws) + "}" + draw(ws), keys
 

@@ -121,6 +121,24 @@ async def test_a_worker_killed_is_not_waited_for(tmp_path):
     assert not stale(answers, True)
 
 
+async def subscribed(redis_url: str, count: int, within: float = 15.0) -> None:
+    """Until `count` subscribers listen to the routers' shared channel (`<prefix>:pub`)."""
+    import redis.asyncio as aioredis
+
+    admin = aioredis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + within
+        while True:
+            channels = await admin.pubsub_channels("*:pub")
+            listening = sum(n for _, n in await admin.pubsub_numsub(*channels)) if channels else 0
+            if listening >= count:
+                return
+            assert time.monotonic() < deadline, f"{listening} of {count} workers subscribed"
+            await asyncio.sleep(0.02)
+    finally:
+        await admin.aclose()
+
+
 async def test_the_same_through_redis(redis_url):
     """Workers that share state through Redis (as instances on several hosts would)."""
     with MockProcess(MockConfig(ttft_ms=0.0, tok_ms=0.0, tokens=1, parallel=64, models=["tiny"])) as m:
@@ -130,7 +148,7 @@ async def test_the_same_through_redis(redis_url):
             "state": redis_url,
         }
         with router_workers(cfg, WORKERS) as (url, _):
-            await asyncio.sleep(1.5)  # (each worker's Redis subscription starts in the background)
+            await subscribed(redis_url, WORKERS)  # (each one's subscription starts in the background)
             bad, total, workers = await copy_then_delete(url, "tiny", 3)
     assert len(workers) >= 2, workers
     assert bad == 0, f"{bad} stale answers of {total}"

@@ -16,6 +16,7 @@ from mock import MockConfig, MockProcess
 from nomyo_router.config import CONFIG_ENV, load_config
 from test.helpers import run_router
 from test.router_proc import router_workers
+from test.waits import until
 
 ADMIN = {"Authorization": "Bearer admin-key-123456"}
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}
@@ -79,7 +80,7 @@ async def test_sighup_under_streaming_load_drops_nothing(workers, tmp_path):
             path = proc.args[proc.args.index("--config") + 1]
             stop, log = asyncio.Event(), []
             clients = [asyncio.create_task(stream_until(url, stop, log)) for _ in range(32)]
-            await asyncio.sleep(1.0)  # (each client has made a few requests: both endpoints serve)
+            await until(lambda: {ep for _, ep, _ in log} >= {"a", "b"}, 10)  # (both endpoints serve)
             write(path, cfg(("b", b), ("c", c)))
             hup = time.monotonic()
             os.kill(proc.pid, signal.SIGHUP)
