@@ -35,6 +35,7 @@ HOT_PATH = [
     "nomyo_router/routing/scheduler.py",
     "nomyo_router/runtime/idle_spin.py",  # (armed twice per request by the protocol)
     "nomyo_router/state/coordinator.py",  # (its TableStore is a MemoryStore)
+    "nomyo_router/state/redis_local.py",  # (its ProcessTable is a MemoryStore: Redis state's fallback)
     "nomyo_router/state/memory.py",
     "nomyo_router/upstream/deadline.py",
     "nomyo_router/upstream/h1.py",
