@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..events import Events, RequestRecord
+from .reasons import reason_of
 
 if TYPE_CHECKING:
     from ..domain import Endpoint
@@ -51,48 +52,6 @@ RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 # backends serve and the config, never from what a client wrote (each new label is a
 # series kept forever; a client could otherwise grow /metrics without bound).
 UNKNOWN_MODEL = "(unknown)"
-
-# Why a request was not served, as the `reason` label of nomyo_router_requests_total: a small
-# fixed set, so a refusal at the door (a wrong key, a limit, a bad body) is counted like a
-# proxied request, by cause. "" for a request that was served.
-REASONS_BY_CODE = {
-    "forbidden_model": "forbidden_model",
-    "rate_limit_exceeded": "rate_limited",
-    "insufficient_quota": "budget",
-    "queue_full": "queue_full",
-    "queue_timeout": "queue_timeout",
-    "overloaded": "overloaded",
-    "router_overloaded": "overloaded",
-    "no_healthy_endpoint": "no_endpoint",
-    "out_of_descriptors": "descriptors",
-    "request_too_large": "too_large",
-    "client_gone": "client_gone",
-}
-REASONS_BY_STATUS = {
-    400: "bad_request",
-    401: "auth",
-    403: "forbidden",
-    404: "not_found",
-    405: "not_found",
-    408: "timeout",
-    413: "too_large",
-    421: "host",
-    429: "rate_limited",
-    499: "client_gone",
-    500: "internal",
-}
-
-
-def reason_of(status: int, error: str | None) -> str:
-    """The `reason` label of a request that ended with `status` and error code `error`."""
-    if error is None and status < 400:
-        return ""
-    reason = REASONS_BY_CODE.get(error or "") or REASONS_BY_STATUS.get(status)
-    if reason is not None:
-        return reason
-    if status < 400:
-        return "cut"  # (its head went out, then the answer broke)
-    return "upstream" if status >= 500 else "bad_request"
 
 
 def multiprocess_dir() -> str | None:
