@@ -5,6 +5,7 @@ told apart by the `X-Router-Endpoint` header (the router passes backend answers 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -88,10 +89,11 @@ raw_bodies = (
 )
 
 
-@pytest.fixture(scope="module")
-def router() -> Iterator[tuple[str, int, Any]]:
-    """A router over two mocks (one declared OpenAI-type, so translation is fuzzed too),
-    running in its own thread and event loop while hypothesis drives it synchronously."""
+@contextlib.contextmanager
+def router_over_two_mocks(extra: dict[str, Any]) -> Iterator[tuple[str, int, Any]]:
+    """(host, port, running router) of a router over two mocks (one declared OpenAI-type, so
+    translation is fuzzed too) with `extra` config, in its own thread and event loop while
+    hypothesis drives it synchronously."""
     box: dict[str, Any] = {}
     ready = threading.Event()
 
@@ -101,7 +103,7 @@ def router() -> Iterator[tuple[str, int, Any]]:
                 {"url": a.url, "name": "a", "max_concurrent": 4},
                 {"url": b.url, "name": "b", "type": "openai", "max_concurrent": 4},
             ]
-            async with run_router({"endpoints": eps, "queue_timeout": 5}) as r:
+            async with run_router({"endpoints": eps, "queue_timeout": 5, **extra}) as r:
                 box["r"], box["loop"], box["stop"] = r, asyncio.get_running_loop(), asyncio.Event()
                 ready.set()
                 await box["stop"].wait()
@@ -109,10 +111,17 @@ def router() -> Iterator[tuple[str, int, Any]]:
     thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
     thread.start()
     assert ready.wait(30), "router did not start"
-    port = int(box["r"].url.rsplit(":", 1)[1])
-    yield "127.0.0.1", port, box["r"]
-    box["loop"].call_soon_threadsafe(box["stop"].set)
-    thread.join(15)
+    try:
+        yield "127.0.0.1", int(box["r"].url.rsplit(":", 1)[1]), box["r"]
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(15)
+
+
+@pytest.fixture(scope="module")
+def router() -> Iterator[tuple[str, int, Any]]:
+    with router_over_two_mocks({}) as running:
+        yield running
 
 
 def _call(host: str, port: int, method: str, path: str, data: bytes | None, ctype: str) -> tuple[int, bool]:

@@ -5,11 +5,9 @@ carries `X-Router-Endpoint`), and no slot or queue place is left behind."""
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import os
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +17,7 @@ from hypothesis import strategies as st
 
 from mock import run_mock
 from test.conftest import FAST
-from test.helpers import run_router
-from test.test_fuzz import message, values
+from test.test_fuzz import message, router_over_two_mocks, values
 
 ROUTES = ["/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions", "/v1/messages"]
 # content parts, well formed or not: text of any type, images, unknown types
@@ -70,36 +67,15 @@ body = cacheable | st.fixed_dictionaries(
 
 @pytest.fixture(scope="module")
 def router() -> Iterator[tuple[str, int]]:
-    """A router with every body-reading path on (ensembles, trim, the cache, context routing),
-    over two mocks, in its own thread while hypothesis drives it synchronously."""
-    box: dict[str, Any] = {}
-    ready = threading.Event()
-
-    async def main() -> None:
-        async with run_mock(**FAST) as a, run_mock(**FAST, models=["gpt-mock"]) as b:
-            eps = [
-                {"url": a.url, "name": "a", "max_concurrent": 4},
-                {"url": b.url, "name": "b", "type": "openai", "max_concurrent": 4},
-            ]
-            config = {
-                "endpoints": eps,
-                "queue_timeout": 5,
-                "context_overflow": "trim",
-                "context_routing": "reject",
-                "cache": {"enabled": True, "similarity": 0.9, "embed_model": "llama3"},  # (semantic mode)
-                "moe": {"samples": 2},
-            }
-            async with run_router(config) as r:
-                box["r"], box["loop"], box["stop"] = r, asyncio.get_running_loop(), asyncio.Event()
-                ready.set()
-                await box["stop"].wait()
-
-    thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
-    thread.start()
-    assert ready.wait(30), "router did not start"
-    yield "127.0.0.1", int(box["r"].url.rsplit(":", 1)[1])
-    box["loop"].call_soon_threadsafe(box["stop"].set)
-    thread.join(15)
+    """A router with every body-reading path on (ensembles, trim, the cache, context routing)."""
+    config = {
+        "context_overflow": "trim",
+        "context_routing": "reject",
+        "cache": {"enabled": True, "similarity": 0.9, "embed_model": "llama3"},  # (semantic mode)
+        "moe": {"samples": 2},
+    }
+    with router_over_two_mocks(config) as (host, port, _):
+        yield host, port
 
 
 EXAMPLES = int(os.environ.get("NOMYO_FUZZ_EXAMPLES", "0")) or None
