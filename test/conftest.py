@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -18,6 +20,15 @@ def _compiled() -> bool:
     return nomyo_router.app.__file__ is None or not nomyo_router.app.__file__.endswith(".py")
 
 
+# Tests put a multi-worker router's private directory under tmp_path, and its Unix socket's
+# path must fit in 107 bytes: pytest's own base (/tmp/pytest-of-USER/pytest-N, with pytest-xdist's
+# popen-gwN below it) leaves too little room for it. A run names a short base of its own
+# (/tmp/nrt-XXXXXXXX; each xdist worker gets its own below it), removed when the run passed
+# (kept to look into when it failed, as pytest keeps its own).
+_SHORT_BASETEMP: list[str | None] = [None]
+_PASSED: list[bool] = [False]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """`make test` runs the request path's tests a second time against the compiled build and
     says so with NOMYO_ROUTER_EXPECT_COMPILED=1: a run that would import the source tree's
@@ -26,6 +37,13 @@ def pytest_configure(config: pytest.Config) -> None:
         import nomyo_router.app
 
         raise pytest.UsageError(f"the compiled build was expected, but {nomyo_router.app.__file__} was imported")
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = _SHORT_BASETEMP[0] = tempfile.mkdtemp(prefix="nrt-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SHORT_BASETEMP[0] is not None and _PASSED[0]:
+        shutil.rmtree(_SHORT_BASETEMP[0], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -66,7 +84,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _PREBUILDS[-1].start()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _PASSED[0] = exitstatus == 0
     for thread in _PREBUILDS:  # (a run that stopped early: no half-written binary left behind)
         thread.join()
 
