@@ -60,12 +60,16 @@ demo: setup
 # build's tests still run). The sanitizers' build of the C relay and its fuzz (make sanitize)
 # run first, while the compile goes on. (The compile and the sanitizer run are named through
 # variables: a recipe line naming $(MAKE) itself would run even under `make -n`.)
+# The suite runs in TEST_JOBS processes (pytest-xdist): most tests wait (on sockets, timers,
+# child processes) far more than they compute, so 4 of them on 2 cores take about a third of
+# one's time and leave the compile a share of the CPU. `make test TEST_JOBS=0` runs in one.
+TEST_JOBS ?= 4
 BUILD_COMPILED = nice -n 19 env CFLAGS=-g0 $(MAKE) --no-print-directory compiled
 SANITIZE_RUN = $(MAKE) --no-print-directory sanitize
 test: setup-test lint docs redis chromium compose
 	@mkdir -p build
 	@$(BUILD_COMPILED) > build/compiled.log 2>&1 & compiling=$$!; \
-	  $(SANITIZE_RUN) && $(BIN)/python -m pytest -q $(TESTS); suite=$$?; \
+	  $(SANITIZE_RUN) && $(BIN)/python -m pytest -q -n $(TEST_JOBS) $(TESTS); suite=$$?; \
 	  if ! wait $$compiling; then tail -n 30 build/compiled.log; echo "make compiled failed (build/compiled.log)"; exit 1; fi; \
 	  exit $$suite
 	$(MAKE) --no-print-directory test-compiled-only
@@ -90,10 +94,12 @@ COMPILED_TESTS := test/test_router_routes.py test/test_router_scheduling.py test
 # makes the run stop if the pure-Python router were imported instead
 test-compiled: compiled test-compiled-only
 
+# (pytest-xdist's workers take the sys.path of this process, and each checks that it imported
+# the compiled build too)
 test-compiled-only:
 	mkdir -p build/compiled-suite && ln -sfn ../../test build/compiled-suite/test
 	PYTHONPATH=build/compiled-suite NOMYO_ROUTER_EXPECT_COMPILED=1 \
-	  .venv-compiled/bin/python -P -m pytest -q -p no:cacheprovider --import-mode=append $(COMPILED_TESTS)
+	  .venv-compiled/bin/python -P -m pytest -q -p no:cacheprovider --import-mode=append -n $(TEST_JOBS) $(COMPILED_TESTS)
 
 # the CLI reference is generated from the programs' --help first; --strict fails on any
 # broken link or anchor (never add -q: it hides the warnings strict mode counts)
