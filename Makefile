@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RAMP ?= 8,32,64,128
 
-.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium compose bench compiled pip-build test-compiled test-compiled-only sanitize clean
+.PHONY: demo test docs lint lint-deploy lint-py setup setup-test setup-docs setup-lint redis wrk chromium compose bench compiled pip-build test-compiled test-compiled-only sanitize sanitize-run clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,23 +53,26 @@ demo: setup
 	$(BIN)/python loadtest.py --mock-backend --ramp $(RAMP)
 
 # The suite, then the request path's tests again against the compiled build, the one the
-# Dockerfile ships (make compiled). The compiled build is made while the suite runs, at the
-# lowest priority so that it takes only the CPU the suite leaves (and without debug
-# information, which does not change the machine code and is a large part of the compile).
-# `make test TESTS=test/test_x.py` runs those files instead of the whole suite (the compiled
-# build's tests still run). The sanitizers' build of the C relay and its fuzz (make sanitize)
-# run first, while the compile goes on. (The compile and the sanitizer run are named through
-# variables: a recipe line naming $(MAKE) itself would run even under `make -n`.)
+# Dockerfile ships (make compiled). The compiled build is made from the start, beside the
+# linters, the docs, the sanitizers' run and the suite, at the lowest priority so that it takes
+# only the CPU they leave (and without debug information, which does not change the machine
+# code and is a large part of the compile; with a mypy cache of its own, as mypyc checks with
+# other options than `make lint`'s mypy). `make test TESTS=test/test_x.py` runs those files
+# instead of the whole suite (the compiled build's tests still run). The sanitizers' build of
+# the C relay and its fuzz (make sanitize) run before the suite. (The compile, the checks and
+# the sanitizer run are named through variables: a recipe line naming $(MAKE) itself would run
+# even under `make -n`.)
 # The suite runs in TEST_JOBS processes (pytest-xdist): most tests wait (on sockets, timers,
 # child processes) far more than they compute, so 4 of them on 2 cores take about a third of
 # one's time and leave the compile a share of the CPU. `make test TEST_JOBS=0` runs in one.
 TEST_JOBS ?= 4
-BUILD_COMPILED = nice -n 19 env CFLAGS=-g0 $(MAKE) --no-print-directory compiled
-SANITIZE_RUN = $(MAKE) --no-print-directory sanitize
-test: setup-test lint docs redis chromium compose
+BUILD_COMPILED = nice -n 19 env CFLAGS=-g0 MYPY_CACHE_DIR=$(CURDIR)/build/mypyc-cache $(MAKE) --no-print-directory compiled
+CHECKS = $(MAKE) --no-print-directory lint docs redis chromium compose
+SANITIZE_RUN = $(MAKE) --no-print-directory sanitize-run
+test: setup-test
 	@mkdir -p build
 	@$(BUILD_COMPILED) > build/compiled.log 2>&1 & compiling=$$!; \
-	  $(SANITIZE_RUN) && $(BIN)/python -m pytest -q -n $(TEST_JOBS) $(TESTS); suite=$$?; \
+	  $(CHECKS) && $(SANITIZE_RUN) && $(BIN)/python -m pytest -q -n $(TEST_JOBS) $(TESTS); suite=$$?; \
 	  if ! wait $$compiling; then tail -n 30 build/compiled.log; echo "make compiled failed (build/compiled.log)"; exit 1; fi; \
 	  exit $$suite
 	$(MAKE) --no-print-directory test-compiled-only
@@ -155,7 +158,9 @@ clean:
 # needs the pump to take a stream over before a 4 KiB client buffer fills, which the slower
 # sanitized process seldom does; the fuzz's small-buffer cases drive that path instead.)
 SANITIZE := build/sanitize
-sanitize: setup-test
+sanitize: setup-test sanitize-run
+
+sanitize-run:
 	rm -rf $(SANITIZE) && mkdir -p $(SANITIZE)
 	cp -r nomyo_router $(SANITIZE)/ && rm -f $(SANITIZE)/nomyo_router/upstream/_pump*.so
 	gcc -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \

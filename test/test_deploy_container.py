@@ -92,7 +92,11 @@ def test_make_lint_covers_the_deploy_files(tmp_path):
     file under deploy/ and examples/ (the compose file among them) and mkdocs.yml, passes as
     the files are, refuses a broken one, and leaves Helm's templates to `helm template`."""
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^test:.*\blint\b", makefile, re.M), "make test must run make lint"
+    # (its recipe runs the checks, lint first, through a sub-make named CHECKS, before the suite)
+    test_recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    checks = re.search(r"^CHECKS = (.*)$", makefile, re.M)
+    assert checks and re.match(r"\$\(MAKE\)(?: -\S+)* lint\b", checks.group(1)), "make test must run make lint"
+    assert re.search(r"\$\(CHECKS\) && .*pytest", test_recipe), "make test must run make lint before the suite"
     assert re.search(r"^lint:.*\blint-deploy\b", makefile, re.M)
     recipe = re.search(r"^lint-deploy:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
     assert "hadolint Dockerfile" in recipe
