@@ -14,7 +14,7 @@ import pytest
 from nomyo_router import task_stop as background
 from nomyo_router.cache import service
 from nomyo_router.cache.service import ResponseCache
-from nomyo_router.cache.stores import MemoryStore
+from nomyo_router.cache.stores import MemoryAnswerStore
 from nomyo_router.config import CacheConfig
 from nomyo_router.events import Events
 
@@ -48,7 +48,7 @@ async def test_end_retrieves_what_the_task_raised() -> None:
     assert task.done() and isinstance(task.exception(), RuntimeError)
 
 
-class SwallowingStore(MemoryStore):
+class SwallowingStore(MemoryAnswerStore):
     """Adding the counters, cancelled while in flight, ends normally the first time."""
 
     def __init__(self) -> None:
