@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from nomyo_router.upstream import h1
+from nomyo_router import h1
 
 JSON = {"Content-Type": "application/json"}
 MAX_ANSWER = 64 * 1024 * 1024  # a whole answer (or a stream's line) longer than this: a protocol error
