@@ -8,14 +8,12 @@ import base64
 import json
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mock import http as web
-from mock.generation import BadRequest, read_json
-from mock.text import content_text, count_tokens, output_tokens
-
-if TYPE_CHECKING:
-    from mock.server import MockBackend
+from . import http as web
+from .generation import BadRequest, read_json
+from .route_group import Backend, Routes
+from .text import content_text, count_tokens, output_tokens
 
 # a 1x1 transparent PNG
 PNG = base64.b64encode(
@@ -26,10 +24,12 @@ PNG = base64.b64encode(
 ).decode()
 
 
-class Extra:
-    def __init__(self, backend: MockBackend) -> None:
+class NewerRoutes:
+    """The routes this module names, answered from the backend's config and counted in its `requests`."""
+
+    def __init__(self, backend: Backend) -> None:
         self.b = backend
-        self.routes = {
+        self.routes: Routes = {
             ("POST", "/v1/responses"): self.responses,
             ("GET", "/api/status"): self.status,
             ("POST", "/v1/rerank"): self.rerank,
