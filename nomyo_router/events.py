@@ -57,6 +57,9 @@ class RequestRecord:
     upstream_first_s: float | None = None  # the backend's time to its first stream chunk
     prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
     cache: str | None = None  # the response cache, for a request that opted in: hit | miss | bypass
+    # the relay that wrote the answer (set by it): passthrough | pump | resumed | translated | whole |
+    # large | assembled | cached | error; None: no answer was written (the client left first)
+    relay: str | None = None
     trace: Traced | None = None  # the request's trace (ops/tracing.py's Trace), only with tracing on
     batch: str | None = None  # the batch this request is a line of (the Batch API), else None
 
