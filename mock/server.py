@@ -16,11 +16,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mock.newer_routes import Extra
+
 from . import fidelity, formats
 from . import http as web  # Request, Response, StreamResponse
 from .capacity import QueueFull, Slots
 from .config import MockConfig
-from .extra import Extra
 from .generation import BadRequest, Generation, _parse_generation, read_json
 from .knobs import Knobs
 from .kvcache import PrefixCache

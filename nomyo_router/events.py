@@ -73,7 +73,7 @@ def settle(rec: RequestRecord, failed: bool) -> None:
     `failed`: the request path is ending with an exception (an `ApiError` has set its status
     already, so a bug or a cancellation): the server answers 500 if it still can. Without one,
     the path returned without answering, which it does only when the client left (a disconnect
-    cancels the work and is swallowed, app.py, api/asgi.py): 499. The path says which itself
+    cancels the work and is swallowed, app.py, server/asgi.py): 499. The path says which itself
     (`Exchange.finish`): `sys.exc_info()` in its `finally` would tell the same in Python, but
     not in the compiled build, where it can still show an exception handled earlier."""
     if failed:

@@ -3,7 +3,7 @@
 redis-py, on Python 3.11, sends commands through `asyncio.wait_for`, which drops a cancel
 that arrives with the reply. The response cache's counter flusher and the rate limits'
 refresher talk to Redis in a loop like the usage store's flusher did, and a shutdown that
-cancelled them once could wait for ever (nomyo_router/background.py)."""
+cancelled them once could wait for ever (nomyo_router/task_stop.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from nomyo_router import background
+from nomyo_router import task_stop as background
 from nomyo_router.cache import service
 from nomyo_router.cache.service import ResponseCache
 from nomyo_router.cache.stores import MemoryStore

@@ -20,7 +20,7 @@ import pytest
 from mock import run_mock
 from nomyo_router.events import Events, RequestRecord
 from nomyo_router.forward.exchange import Exchange
-from nomyo_router.upstream import native
+from nomyo_router.relay import pump as native
 from test.helpers import endpoints, run_router
 from test.test_access_log import access_lines, until
 from test.test_relay import RawClient

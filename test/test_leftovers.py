@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mock import MockConfig, MockProcess
-from nomyo_router.ops import leftovers
+from nomyo_router.ops import private_dir_cleanup as leftovers
 from test.process_tree import descendants, health, supervisor, wait_gone, write_config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -1,7 +1,7 @@
 """TLS on either side. An https backend: the upstream client speaks TLS (asyncio's `ssl`, the
 system's trust store: here SSL_CERT_FILE names a self-signed certificate), streams and whole
 answers come through unchanged. An https router: streams reach the client whole. Either
-way a stream stays on the Python relay — the compiled one (native.py) reads and writes
+way a stream stays on the Python relay — the compiled one (relay/pump.py) reads and writes
 sockets, which over TLS carry ciphertext."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from mock import run_mock
-from nomyo_router.upstream import native
+from nomyo_router.relay import pump as native
 from test.helpers import run_router
 
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}

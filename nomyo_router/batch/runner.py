@@ -39,7 +39,7 @@ from ..events import Events, RequestRecord
 from ..forward.exchange import Exchange, Handle
 from ..ops.log_limit import LimitedLog
 from ..state import StateStore
-from ..state.fair import BATCH
+from ..state.queue_order import BATCH
 from . import objects
 from .base import BatchStore, Line
 from .demand import Demand

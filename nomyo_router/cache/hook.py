@@ -8,7 +8,7 @@ the headers (bench/cache.py).
 
 The request's answer leaves through its exchange (forward/exchange.py); the cache reads it on
 its way out through a `send` of its own (`Exchange.via`), and answers a hit through the
-client's `send`. The exchange is seen here only as the `Way` below (the cache does not import
+client's `send`. The exchange is seen here only as the `ExchangeView` below (the cache does not import
 the request path, which imports the cache).
 """
 
@@ -18,16 +18,16 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
-from ..api.asgi import Scope, Send, header
 from ..api.requests import GenRequest
 from ..events import RequestRecord
+from ..server.asgi import Scope, Send, header
 from . import keys
 
 if TYPE_CHECKING:  # (made, and imported, only when the cache is on: runtime)
     from .service import ResponseCache
 
 
-class Way(Protocol):
+class ExchangeView(Protocol):
     """What the cache uses of a request's exchange."""
 
     @property
@@ -37,7 +37,7 @@ class Way(Protocol):
     def via(self, send: Send) -> Self: ...
 
 
-W = TypeVar("W", bound=Way)
+W = TypeVar("W", bound=ExchangeView)
 
 
 def handler(

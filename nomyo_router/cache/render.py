@@ -14,8 +14,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from ..api.asgi import Headers, Send
 from ..api.requests import GenRequest
+from ..server.asgi import Headers, Send
 from .answer import Answer, Choice
 
 NDJSON, SSE, JSON = b"application/x-ndjson", b"text/event-stream", b"application/json"

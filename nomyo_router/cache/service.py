@@ -20,15 +20,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..api.asgi import Headers, Send
 from ..api.requests import GenRequest
-from ..background import end
 from ..config import CacheConfig
 from ..events import Events, RequestRecord
 from ..ops.log_limit import LimitedLog
+from ..server.asgi import Headers, Send
+from ..task_stop import end
 from . import answer as answers
 from . import keys, render
-from .stores import Store
+from .stores import AnswerStore
 
 if TYPE_CHECKING:  # (numpy is imported only in semantic mode)
     from .semantic import Semantic
@@ -72,7 +72,7 @@ class Capture:
 
 
 class ResponseCache:
-    def __init__(self, cfg: CacheConfig, store: Store, events: Events, semantic: Semantic | None = None) -> None:
+    def __init__(self, cfg: CacheConfig, store: AnswerStore, events: Events, semantic: Semantic | None = None) -> None:
         self.cfg, self.store, self.events = cfg, store, events
         self.semantic = semantic  # in semantic mode, else None
         self.hits = self.misses = 0  # this process's, not yet added to the store's counters
@@ -87,7 +87,7 @@ class ResponseCache:
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            await end(task)  # (one cancel is not always enough: background.py)
+            await end(task)  # (one cancel is not always enough: task_stop.py)
         await self.flush()
         await self.store.close()
 

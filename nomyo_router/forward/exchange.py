@@ -25,16 +25,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from ..api.asgi import BodyTooLarge, ClientGone, Headers, Send, send_response
 from ..api.errors import ApiError, render
 from ..api.requests import GenRequest
 from ..events import Events, RequestRecord
-from ..upstream import error_record, token_counts
+from ..relay import error_record, token_counts
+from ..server.asgi import BodyTooLarge, ClientGone, Headers, Send, send_response
 
 if TYPE_CHECKING:
-    from ..api.body_budget import BodyBudget
+    from ..server.body_budget import BodyBudget
+    from ..server.direct_writer import DirectWriter
     from ..state import Lease
-    from ..upstream.direct_writer import DirectWriter
 
 _END = {"type": "http.response.body", "body": b""}
 
@@ -70,7 +70,7 @@ class Exchange:
         self.rec = rec
         self.t0 = t0
         self.lease: Lease | None = None
-        # its body's charge on the bytes held while queued (api/body_budget.py): given back
+        # its body's charge on the bytes held while queued (server/body_budget.py): given back
         # when it first holds a slot, or at `finish`
         self.queued: tuple[BodyBudget, int] | None = None
         self.quiet = False  # told at `finish` only when refused (`fail`): a listing, an operator's page

@@ -14,27 +14,28 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 
+from .. import h1
 from ..api import responses, route_types
-from ..api.asgi import Headers, Send
 from ..api.errors import ApiError, error_body
 from ..api.requests import GenRequest
+from ..backends.health import Health
 from ..config import RouterConfig
 from ..domain import Endpoint
 from ..events import Events, RequestRecord
+from ..h1.errors import ErrorRecord
+from ..relay import assemble, error_record, token_counts
+from ..relay.deadline import Deadlines
+from ..relay.resume import resumable
+from ..relay.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
 from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
+from ..server.asgi import Headers, Send
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from ..upstream import assemble, error_record, h1, token_counts
-from ..upstream.deadline import Deadlines
-from ..upstream.errors import ErrorRecord
-from ..upstream.health import Health
-from ..upstream.resume import resumable
-from ..upstream.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
 from . import sent_body
 from .exchange import Exchange
 from .relays import assembled, passthrough, whole
-from .relays.records import Resumer
+from .relays.resumable import Resumer
 
 log = logging.getLogger("nomyo_router.proxy")
 
@@ -145,7 +146,7 @@ class Proxy:
             ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
         only = route_types.ONLY_ON.get(req.path)  # a route some backend types do not serve: they are never tried
         tried = [] if only is None else route_types.others(self.scheduler.endpoints, only, req.key, req.path, req.model)
-        if req.pinned is not None:  # an ensemble's sample goes where it was sent (forward/moe.py)
+        if req.pinned is not None:  # an ensemble's sample goes where it was sent (forward/ensemble.py)
             tried += [ep.name for ep in self.scheduler.endpoints if ep.name not in req.pinned]
         last: RetryableFailure | None = None
         rec = ex.rec
@@ -209,7 +210,7 @@ class Proxy:
             body = last.body  # (an error object under a 200 is a 502: error_record.py)
             status, code = (502, ErrorRecord.code) if last.status == 200 else (last.status, "upstream_status")
             if req.api == "ollama" and last.content_type.startswith(b"application/json"):
-                from ..upstream.translate import error_message
+                from ..backends.translate import error_message
 
                 body = error_body("ollama", status, error_message(body))
             ex.note_error(code)

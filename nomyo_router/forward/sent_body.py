@@ -8,8 +8,8 @@ import json
 
 from ..api.requests import GenRequest
 from ..domain import Endpoint
-from ..upstream import assemble, token_counts
-from ..upstream.resume import resumable
+from ..relay import assemble, token_counts
+from ..relay.resume import resumable
 
 
 def plan(req: GenRequest, ep: Endpoint, strip: bool, streamed: bool) -> tuple[str, bytes, bool]:
@@ -18,7 +18,7 @@ def plan(req: GenRequest, ep: Endpoint, strip: bool, streamed: bool) -> tuple[st
     if ep.type == "openai" and req.api == "ollama":
         # (imported by the first request that needs it; names, not the module: a compiled
         # function's `from package import module` does not see the module)
-        from ..upstream.translate import OPENAI_PATH, request_to_openai
+        from ..backends.translate import OPENAI_PATH, request_to_openai
 
         body = request_to_openai(req.kind, req.body, ep.models[req.key], req.stream or streamed)
         return OPENAI_PATH[req.kind], body, True

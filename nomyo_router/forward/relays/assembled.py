@@ -1,7 +1,7 @@
 """A whole answer the backend streamed: collected, then sent in one write.
 
 A client that wants a whole answer of chat or completion (`"stream": false`) gets its
-backend's stream assembled into one (`upstream/assemble.py`), unless the request bounds its
+backend's stream assembled into one (`relay/assemble.py`), unless the request bounds its
 own length so that a deadline knowing that length fits under `stream_idle_timeout`
 (`upstream/deadline.Deadlines.whole`; then the backend is asked for a whole answer, as the
 client did, the cheapest way). Streamed, the backend is judged as a stream is: by its first
@@ -22,17 +22,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...api.asgi import Headers
+from ... import h1
 from ...api.errors import ApiError
 from ...api.requests import GenRequest
+from ...backends.translate import error_message
 from ...domain import Endpoint
+from ...relay import assemble
+from ...relay.resume import Sent, record_end, resumable
+from ...relay.sinks import relay_records
 from ...routing.policies import RouteContext
-from ...upstream import assemble, h1
-from ...upstream.relay import relay_records
-from ...upstream.resume import Sent, record_end, resumable
-from ...upstream.translate import error_message
+from ...server.asgi import Headers
 from ..exchange import Exchange
-from .records import Resumer
+from .resumable import Resumer
 
 JSON = b"application/json"
 

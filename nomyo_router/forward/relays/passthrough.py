@@ -1,8 +1,8 @@
 """A stream relayed as its bytes come: no record rewritten, none held back (resume_streams
 off, or a stream that cannot be resumed: `resume.resumable`).
 
-The pieces go from the backend's connection to the client's through relay.py's sink, or the
-compiled pump (native.py) once the head and first chunk went out. What breaks the stream
+The pieces go from the backend's connection to the client's through relay/sinks.py's sink, or the
+compiled pump (relay/pump.py) once the head and first chunk went out. What breaks the stream
 ends it with a last record in its own format: a cut or a stalled backend gets the router's
 error record; the backend's own error record (error_record.py) is relayed as it came, and
 nothing after it. An error record is looked for with one substring search per read (the
@@ -12,11 +12,12 @@ seen then, but at the end, in the stream's tail (which the final counts are read
 
 from __future__ import annotations
 
-from ...api.asgi import Headers
-from ...upstream import h1, native
-from ...upstream.error_record import CHECKS, find, marked
-from ...upstream.errors import ErrorRecord
-from ...upstream.relay import Passthrough, stream_error
+from ... import h1
+from ...h1.errors import ErrorRecord
+from ...relay import pump as native
+from ...relay.error_record import CHECKS, find, marked
+from ...relay.sinks import Passthrough, stream_error
+from ...server.asgi import Headers
 from ..exchange import Exchange
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import time
 
-from ...api.asgi import Headers
+from ... import h1
 from ...api.errors import ApiError, error_body
 from ...api.requests import GenRequest
-from ...upstream import h1, translate
-from ...upstream.errors import ErrorRecord
-from ...upstream.relay import ndjson_error
+from ...backends import translate
+from ...h1.errors import ErrorRecord
+from ...relay.sinks import ndjson_error
+from ...server.asgi import Headers
 from ..exchange import Exchange
 
 JSON = b"application/json"

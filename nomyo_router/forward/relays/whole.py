@@ -16,13 +16,13 @@ answer is held only up to a bound (`bound`). Beyond it (`finish`):
 
 from __future__ import annotations
 
-from ...api.asgi import Headers
+from ... import h1
 from ...api.errors import ApiError
 from ...api.requests import GenRequest
+from ...backends.health import Health
 from ...config import RouterConfig
 from ...domain import Endpoint
-from ...upstream import h1
-from ...upstream.health import Health
+from ...server.asgi import Headers
 from ..exchange import Exchange
 
 HOLD = 1024 * 1024  # a pass-through answer up to this is held: one write, retried when cut
