@@ -29,7 +29,7 @@ import pytest_asyncio
 
 from mock import RunningMock, run_mock
 from nomyo_router.events import RequestRecord
-from nomyo_router.upstream import native
+from nomyo_router.relay import pump
 from test.helpers import RunningRouter, endpoints, run_router
 from test.test_relay import RawClient
 from test.waits import until
@@ -171,7 +171,7 @@ class _Lines(logging.Handler):
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=WAYS, ids=[w.id for w in WAYS])
 async def served(request: pytest.FixtureRequest) -> AsyncIterator[Served]:
     way: Way = request.param
-    if way.id == "pump" and not native.AVAILABLE:
+    if way.id == "pump" and not pump.AVAILABLE:
         pytest.skip("the C extension was not built (no compiler): no pump")
     log = logging.getLogger("nomyo_router.access")
     box: list[Served] = []
