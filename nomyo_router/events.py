@@ -1,7 +1,7 @@
 """What happened, told once to whoever listens: metrics, usage storage, the access log.
 
 The request path fills one `RequestRecord` per request and hands it to `Events.request_done`
-when the response is over, at one place: `Exchange.finish` (forward/exchange.py), called in a
+when the response is over, at one place: `Exchange.finish` (relay/exchange.py), called in a
 `finally`, so failures and disconnects are told too, and once.
 A record's `status` is the status of the response head the client was sent, set where the
 head goes out; when none was, `request_done` settles it first (`settle`): 499 (nginx's

@@ -22,7 +22,7 @@ from .cache import hook as response_cache
 from .config import RouterConfig
 from .forward import ensemble as moe
 from .forward import overflow
-from .forward.exchange import Exchange, Handle
+from .relay.exchange import Exchange, Handle
 from .routing.context_windows import TooLong
 from .runtime.router import Router
 from .server.asgi import Receive, Scope, cancel_on_disconnect, header, read_body

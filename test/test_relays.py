@@ -37,7 +37,7 @@ from test.waits import until
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TOKENS = 40  # the mock's answer: TOKENS words, one a record
-LARGE = 260_000  # words of a whole answer larger than the router holds (relays/whole.HOLD: 1 MiB)
+LARGE = 260_000  # words of a whole answer larger than the router holds (relay/whole.HOLD: 1 MiB)
 MSGS = [{"role": "user", "content": "hi"}]
 OLLAMA_STREAM, OPENAI_STREAM = "application/x-ndjson", "text/event-stream"
 
@@ -69,23 +69,23 @@ class Way:
 
 PLAIN = {"resume_streams": False}
 WAYS = [
-    # a stream relayed as it comes by the sink in Python (relays/passthrough.py, upstream/relay.py)
+    # a stream relayed as it comes by the sink in Python (relay/passthrough.py, relay/sinks.py)
     Way("passthrough", "/api/chat", True, {**PLAIN, "native_relay": False}),
-    # the same, its rest carried by the compiled pump (upstream/native.py)
+    # the same, its rest carried by the compiled pump (relay/pump.py)
     Way("pump", "/v1/chat/completions", True, {**PLAIN, "native_relay": True}),
-    # record by record, continued elsewhere when cut (relays/records.py); one endpoint: nowhere to go
+    # record by record, continued elsewhere when cut (relay/resumable.py); one endpoint: nowhere to go
     Way("resumed", "/api/chat", True, {"resume_streams": True}),
-    # an OpenAI backend's SSE as the Ollama API's NDJSON (relays/translated.py)
+    # an OpenAI backend's SSE as the Ollama API's NDJSON (relay/translated.py)
     Way("translated", "/api/chat", True, PLAIN, backend="openai"),
-    # a whole answer, held then written in one piece (relays/whole.send)
+    # a whole answer, held then written in one piece (relay/whole.Whole)
     Way(
         "whole",
         "/v1/chat/completions",
         False,
         {"stream_whole_answers": False},
-        leave="a whole answer leaves in one write: there is no middle to leave in (the 499 before it: test_client_faults)",
+        leave="a whole answer leaves in one write: no middle to leave in (the 499 before it: test_client_faults)",
     ),
-    # a whole answer larger than the router holds, relayed as it comes (relays/whole.relay_large)
+    # a whole answer larger than the router holds, relayed as it comes (relay/whole.Large)
     Way(
         "large",
         "/api/chat",
@@ -95,9 +95,9 @@ WAYS = [
         tok_ms=0.0,
         cut="the mock cuts a whole answer before its head (a large answer cut mid-way: test_hostile)",
     ),
-    # a whole answer the backend was asked to stream: collected, then one write (relays/assembled.py)
+    # a whole answer the backend was asked to stream: collected, then one write (relay/assembled.py)
     Way("assembled", "/api/chat", False, {"stream_whole_answers": True, **PLAIN}),
-    # the response cache's answer (cache/service.py, cache/render.py), asked a second time
+    # the response cache's answer (relay/cached.py, rendered by cache/render.py), asked a second time
     Way(
         "cached",
         "/api/chat",
@@ -107,7 +107,7 @@ WAYS = [
         leave="a cached answer is written at once, in one piece: there is no middle to leave in",
         cut="a cached answer has no backend to cut",
     ),
-    # an error in the caller's API shape (Exchange.fail): a model no endpoint serves
+    # an error in the caller's API shape (relay/failed.py: Exchange.fail): a model no endpoint serves
     Way(
         "error",
         "/v1/chat/completions",
