@@ -15,6 +15,8 @@ counts are read from).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from .. import h1
 from ..backends.health import Health
 from ..events import Events
@@ -26,13 +28,29 @@ from .exchange import Exchange
 from .sinks import PlainSink, stream_error
 
 
-def settle(
-    ex: Exchange, answer: BackendAnswer, broke: BaseException | bool | None, health: Health, events: Events
+async def to_its_end(
+    ex: Exchange,
+    answer: BackendAnswer,
+    relaying: Awaitable[BaseException | bool | None],
+    health: Health,
+    events: Events,
 ) -> None:
-    """A relayed stream is over: what broke it (None, False: nothing) is the backend's."""
-    if broke:
-        ex.cut(broke)
-        blame(health, events, answer.ep, answer.req.key, broke)
+    """Await `relaying`, `answer`'s stream relayed to the client (what broke it, or None or
+    False), and settle it: what broke it is the backend's; its connection goes back to the
+    pool, or is closed when the client left (that stops the backend)."""
+    resp = answer.resp
+    finished = False
+    try:
+        broke = await relaying
+        if broke:
+            ex.cut(broke)
+            blame(health, events, answer.ep, answer.req.key, broke)
+        finished = True
+    finally:
+        if finished:
+            resp.release()  # back to the keep-alive pool
+        else:
+            resp.close()
 
 
 class Passthrough:
@@ -43,17 +61,8 @@ class Passthrough:
     def __init__(self, health: Health, events: Events, upstream: h1.Upstream | None) -> None:
         self.health, self.events, self.upstream = health, events, upstream
 
-    async def deliver(self, ex: Exchange, answer: BackendAnswer) -> None:
-        resp = answer.resp
-        finished = False
-        try:
-            settle(ex, answer, await self._relay(ex, answer), self.health, self.events)
-            finished = True
-        finally:
-            if finished:
-                resp.release()  # back to the keep-alive pool
-            else:
-                resp.close()  # the client left: closing the connection stops the backend
+    def deliver(self, ex: Exchange, answer: BackendAnswer) -> Awaitable[None]:
+        return to_its_end(ex, answer, self._relay(ex, answer), self.health, self.events)
 
     async def _relay(self, ex: Exchange, answer: BackendAnswer) -> BaseException | None:
         """Relay a 200 stream whose first chunk was read to the client; None when it ended

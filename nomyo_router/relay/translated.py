@@ -19,14 +19,14 @@ from ..events import Events
 from ..h1.errors import ErrorRecord
 from .base import BackendAnswer
 from .exchange import Exchange
-from .passthrough import settle
+from .passthrough import to_its_end
 from .sinks import ndjson_error
 
 JSON = b"application/json"
 
 
 class Translated:
-    """`record_limit`: max_record_bytes. A stream's break is the backend's (`passthrough.settle`)."""
+    """`record_limit`: max_record_bytes. A stream's break is the backend's (`passthrough.to_its_end`)."""
 
     name = "translated"
 
@@ -37,17 +37,7 @@ class Translated:
         if not answer.first:  # a whole answer (`data`), or an error answer of a stream
             await _whole(ex, answer)
             return
-        resp = answer.resp
-        finished = False
-        try:
-            broke = await self._stream(ex, answer)
-            settle(ex, answer, broke, self.health, self.events)
-            finished = True
-        finally:
-            if finished:
-                resp.release()  # back to the keep-alive pool
-            else:
-                resp.close()  # the client left: closing the connection stops the backend
+        await to_its_end(ex, answer, self._stream(ex, answer), self.health, self.events)
 
     async def _stream(self, ex: Exchange, answer: BackendAnswer) -> BaseException | bool:
         """Relay a 200 SSE stream whose first chunk was read as NDJSON; False when it ended
