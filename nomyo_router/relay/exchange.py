@@ -178,6 +178,13 @@ class Exchange:
         """The answer broke after its head went out (`error_record.ended` says how it counts)."""
         error_record.ended(self.rec, why)
 
+    def client_left(self) -> None:
+        """The client left before its answer's end: a record whose head went out says so (its
+        status stands: the one the client got); one without a head is settled as a 499."""
+        rec = self.rec
+        if rec.status and rec.error is None:
+            rec.error = "client_gone"
+
     def note_error(self, code: str) -> None:
         """The answer failed after its head went out, as `code` says (its status stands)."""
         self.rec.error = code
