@@ -300,7 +300,7 @@ class Proxy:
         if req.kind == "responses" and resp.status == 200 and self.config.conversation_affinity:
             await responses.remember_response(self.store, data or first, ep.name)  # for previous_response_id
         # (the status is recorded as the head goes out, after the last wait: a client gone meanwhile got none)
-        answer = BackendAnswer(req, ctx, ep, resp, headers, first=first, data=data, translating=translating)
+        answer = BackendAnswer(req, ctx, ep, resp, headers, first, data, translating)
         if resp.status == 200 and streamed and not req.stream:
             try:
                 return await ex.relay(self._assembled, answer)

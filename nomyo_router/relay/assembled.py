@@ -93,7 +93,7 @@ class Assembled:
             resumer = self.resumer
             if resumer is not None and not translating and resumable(req.api, req.kind, req.body):
                 # (its `deliver` directly, not through `Exchange.relay`: the record keeps "assembled")
-                again = BackendAnswer(streamed(req), answer.ctx, answer.ep, resp, [], first=answer.first)
+                again = BackendAnswer(streamed(req), answer.ctx, answer.ep, resp, [], answer.first, b"", False)
                 await resumer.deliver(ex, again)
             else:
                 await _plain(ex, resp, answer.first, record_end(translating or req.api == "openai"), limits[1])

@@ -41,8 +41,10 @@ class Relay(Protocol[A]):
 
 
 class BackendAnswer:
-    """A backend's response to one attempt: `first` its stream's first chunk (read), or
-    `data` all of a whole answer (None: larger than the router holds, unread)."""
+    """A backend's response to one attempt: `first` its stream's first chunk (read; b"" for
+    a whole answer), or `data` all of a whole answer (None: larger than the router holds,
+    unread). `translating`: an Ollama request answered by an OpenAI backend. `strip`: take
+    out the usage event the router asked for on the client's behalf."""
 
     __slots__ = ("req", "ctx", "ep", "resp", "first", "data", "headers", "translating", "strip")
 
@@ -53,10 +55,9 @@ class BackendAnswer:
         ep: Endpoint,
         resp: h1.Response,
         headers: Headers,
-        *,
-        first: bytes = b"",
-        data: bytes | None = b"",
-        translating: bool = False,
+        first: bytes,
+        data: bytes | None,
+        translating: bool,
         strip: Strip | None = None,
     ) -> None:
         self.req, self.ctx, self.ep, self.resp, self.headers = req, ctx, ep, resp, headers
