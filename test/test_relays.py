@@ -61,8 +61,8 @@ class Way:
     def api(self) -> str:
         return "openai" if self.path.startswith("/v1/") else "ollama"
 
-    def body(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": self.model, "stream": self.stream, "messages": MSGS}
+    def body(self, model: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": model or self.model, "stream": self.stream, "messages": MSGS}
         if self.cached:
             out["nomyo"] = {"cache": True}
         return out
@@ -94,7 +94,6 @@ WAYS = [
         {"stream_whole_answers": False},
         tokens=LARGE,
         tok_ms=0.0,
-        cut="the mock cuts a whole answer before its head (a large answer cut mid-way: test_hostile)",
     ),
     # a whole answer the backend was asked to stream: collected, then one write (relay/assembled.py)
     Way("assembled", "/api/chat", False, {"stream_whole_answers": True, **PLAIN}),
@@ -181,9 +180,13 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[Served]:
     level = log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    cutter = await _cutter() if way.id == "large" else None
     try:
         async with run_mock(ttft_ms=0.0, tok_ms=way.tok_ms, tokens=way.tokens) as m:
             eps = endpoints(m, slots=1, type=way.backend)
+            if cutter is not None:  # (the mock cuts a whole answer before its head: this one, mid-way)
+                url = f"http://127.0.0.1:{cutter.sockets[0].getsockname()[1]}"
+                eps.append({"url": url, "name": "cutter", "type": "ollama", "models": ["cutter"], "max_concurrent": 1})
             cfg = {
                 "endpoints": eps,
                 "access_log": True,
@@ -198,6 +201,38 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[Served]:
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+        if cutter is not None:
+            cutter.close()
+
+
+async def _cutter() -> asyncio.Server:
+    """A backend whose whole answer to /api/chat is larger than the router holds and is cut
+    mid-way: a 200 with a content-length of 2 MiB, 1.5 MiB of it, then the connection closes."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (int(h.split(b":")[1]) for h in head.lower().split(b"\r\n") if h.startswith(b"content-length:")),
+                    0,
+                )
+                await reader.readexactly(length)
+                if not head.startswith(b"POST /api/chat"):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                    continue
+                part = b'{"model":"cutter","message":{"role":"assistant","content":"' + b"x" * (3 << 19)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                    % (2 << 20, part)
+                )
+                await writer.drain()
+                break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
 
 
 # ---- reading an answer in its API's shape ----------------------------------------------------
@@ -337,6 +372,20 @@ async def test_a_backend_that_breaks_the_answer_gives_the_client_a_clear_end(ser
     way = served.way
     if way.cut:
         pytest.skip(way.cut)
+    if way.id == "large":
+        if fault == "error":
+            pytest.skip("an answer larger than the router holds is not read for an error object: it is relayed")
+        served.fresh()
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(served.router.url + way.path, json=way.body(model="cutter")) as r,
+        ):
+            with pytest.raises(aiohttp.ClientPayloadError):  # the connection closed before the content-length
+                await r.read()
+        (rec,) = await served.recorded()
+        await served.freed()
+        assert (r.status, rec.relay, rec.status, rec.error) == (200, "large", 200, "answer_cut")
+        return
     if way.id == "error":  # the error way answers a backend that fails: its error in the caller's shape
         served.fresh(fail_rate=1.0) if fault == "drop" else served.fresh(busy_rate=1.0)
         status, headers, body = await ask(served, model="llama3")
