@@ -24,9 +24,10 @@ HOT_PATH = [
     "nomyo_router/server/asgi.py",
     "nomyo_router/api/body_keys.py",
     "nomyo_router/api/requests.py",
-    "nomyo_router/forward/exchange.py",
+    "nomyo_router/relay/exchange.py",
+    "nomyo_router/relay/base.py",  # (the answer a way out is handed: made once per request)
     "nomyo_router/forward/proxy.py",
-    "nomyo_router/forward/relays/whole.py",
+    "nomyo_router/relay/whole.py",
     "nomyo_router/ops/metrics.py",
     "nomyo_router/ops/tracing.py",  # (its TracedUpstream is an Upstream: a subclass of a compiled class is compiled)
     "nomyo_router/routing/affinity.py",

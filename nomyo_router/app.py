@@ -23,8 +23,8 @@ from .api.errors import ApiError
 from .api.requests import GENERATION_ROUTES
 from .config import RouterConfig
 from .events import RequestRecord
-from .forward.exchange import Exchange
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
+from .relay.exchange import Exchange
 from .runtime import lifespan
 from .runtime.handlers import Handlers, Route
 from .runtime.router import Router

@@ -22,7 +22,7 @@ from .cache import hook as response_cache
 from .config import RouterConfig
 from .forward import ensemble as moe
 from .forward import overflow
-from .forward.exchange import Exchange, Handle
+from .relay.exchange import Exchange, Handle
 from .routing.context_windows import TooLong
 from .runtime.router import Router
 from .server.asgi import Receive, Scope, cancel_on_disconnect, header, read_body
@@ -93,7 +93,8 @@ async def generate(router: Router, scope: Scope, receive: Receive, ex: Exchange,
             await cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive, scope)
             if not held:
                 return  # the client left while waiting for its permit
-        await cancel_on_disconnect(handle(req, ex), receive, scope)
+        if await cancel_on_disconnect(handle(req, ex), receive, scope):
+            ex.client_left()
     finally:  # (the exchange is finished by its `run`, at the door, after this)
         if held:
             limits.leave(held[0])

@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from ..config import RouterConfig
 from ..domain import Endpoint, model_key
 from ..events import Events
-from ..forward.exchange import Handle
+from ..relay.exchange import Handle
 from ..state import StateStore
 from ..state.key_limits import Limits
 from ..state.redis_url import is_redis

@@ -38,10 +38,10 @@ from ..cache.answer import of_whole
 from ..config import RouterConfig
 from ..domain import model_key
 from ..events import Events, RequestRecord
+from ..relay.exchange import Exchange
 from ..routing.scheduler import Scheduler
 from ..server.asgi import Send, Whole
 from ..state import QueueFull, StateStore
-from .exchange import Exchange
 from .extra_calls import Charge
 
 if TYPE_CHECKING:

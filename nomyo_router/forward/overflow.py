@@ -34,9 +34,9 @@ from typing import Any
 
 from ..api.requests import GenRequest
 from ..events import Events
+from ..relay.exchange import Exchange, Handle
 from ..relay.retry import RetryBudget
 from ..server.asgi import Send
-from .exchange import Exchange, Handle
 from .extra_calls import Charge
 
 HEADER = b"x-router-trimmed"

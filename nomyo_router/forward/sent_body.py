@@ -14,7 +14,7 @@ from ..relay.resume import resumable
 
 def plan(req: GenRequest, ep: Endpoint, strip: bool, streamed: bool) -> tuple[str, bytes, bool]:
     """(path, body, translate) for sending `req` to `ep`; `strip`: ask for usage (see
-    `strips_usage`); `streamed`: ask for a stream of a whole answer (relays/assembled.py)."""
+    `strips_usage`); `streamed`: ask for a stream of a whole answer (relay/assembled.py)."""
     if ep.type == "openai" and req.api == "ollama":
         # (imported by the first request that needs it; names, not the module: a compiled
         # function's `from package import module` does not see the module)
@@ -29,7 +29,7 @@ def plan(req: GenRequest, ep: Endpoint, strip: bool, streamed: bool) -> tuple[st
     if ep.type == "openai" and req.model != ep.models[req.key] and req.ctype is None:
         raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()
     if strip:
-        raw = token_counts.ask(raw, req.body)  # counted, then stripped again (relays/records.py)
+        raw = token_counts.ask(raw, req.body)  # counted, then stripped again (relay/resumable.py)
     return req.path, raw, False
 
 

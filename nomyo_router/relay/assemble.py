@@ -1,7 +1,7 @@
 """A whole answer assembled from the stream the router asked for in its place.
 
 A client that wants a whole answer (`"stream": false`) may get one the backend streamed
-(forward/relays/assembled.py says when): the router asks for a stream, relays nothing until
+(assembled.py says when): the router asks for a stream, relays nothing until
 it ended, and answers with what the backend's own whole answer would have been:
 
 - Ollama (`/api/chat`, `/api/generate`): the final object (`done: true`, with its counts,

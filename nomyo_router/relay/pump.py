@@ -103,7 +103,7 @@ async def relay(
     limit: int = 0,
     check: Check | None = None,
 ) -> bytes | None:
-    """Relay the rest of `resp`'s body to the client through `writer`'s transport (a
+    """Relay the rest of `resp`'s body to the client through the socket `writer` gives (a
     body_writer.BodyWriter), `pending` (a record's beginning) first. `sep`: records end with it
     and only whole ones are written (b"": bytes as they come). `keep` gets what was written,
     in order, a few KiB at a time. `limit`: max_record_bytes — a longer record raises
@@ -116,10 +116,10 @@ async def relay(
     TimeoutError after `sock_read` without the backend's progress; when the client can no
     longer be written to, or took nothing for `sock_read`, its connection is aborted (the
     request is then cancelled)."""
-    if not AVAILABLE or not writer.ready() or writer.transport.get_write_buffer_size():
+    if not AVAILABLE or not writer.ready():
         return None
-    client = writer.transport.get_extra_info("socket")
-    if client is None or writer.transport.get_extra_info("ssl_object") is not None:  # (TLS: ciphertext)
+    client = writer.client_socket()  # (None under TLS, or with bytes queued: they go first)
+    if client is None:
         return None
     detached = resp.detach()
     if detached is None:
@@ -147,7 +147,7 @@ async def relay(
             keep(sent)
         ended = event in (_pump.END, _pump.END_DIRTY)
         if out and event not in (_pump.CLIENT, STALLED):
-            writer.transport.write(out)  # what the client's socket had not taken goes first
+            writer.write_framed(out)  # what the client's socket had not taken goes first
         resp.attach(ended, reusable and event == _pump.END)
     if ended:
         return rest
@@ -155,7 +155,7 @@ async def relay(
         end = find(rest, check.sep)[1]  # (the record starts `rest`)
         raise ErrorRecord(rest[:end] if end > 0 else rest)
     if event in (_pump.CLIENT, STALLED):
-        writer.transport.abort()  # its loss cancels this request (api.asgi.cancel_on_disconnect)
+        writer.abort()  # its loss cancels this request (server.asgi.cancel_on_disconnect)
         await asyncio.sleep(5)
         raise asyncio.CancelledError("the client's connection failed")
     if event == _pump.LONG:

@@ -18,7 +18,7 @@ partial answer). Everything else ends with an error chunk in its own format, as 
 Here are the mechanics: what can be resumed, the bytes kept (`Sent`), the text recovered
 (`produced`), the continuing request (`continuation`) and the mended seam (`Continuation`). The
 record-wise relay is `relay.relay_records`; the flow that continues a cut stream on another
-endpoint is `forward/relays/resumable.py`.
+endpoint is `resumable.py`.
 
 The backend's error record inside the stream (error_record.py: a crashed model runner) is a
 cut at that record: it is not sent, and the stream is continued elsewhere like any cut, or,

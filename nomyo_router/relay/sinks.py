@@ -15,9 +15,9 @@ The sink refuses while the client's transport is paused or gone, or while the ta
 has a piece in flight (so the order of the bytes never changes); refused pieces take the
 ASGI path as before, which waits (back-pressure) or fails as uvicorn decides.
 
-`Passthrough` is the sink of a stream relayed as it comes (forward/relays/passthrough.py);
+`PlainSink` is the sink of a stream relayed as it comes (relay/passthrough.py);
 `Records` and `relay_records`, the record-wise relay: whole records only, rewritten when a
-resumption's seam or a stripped usage event needs it (forward/relays/resumable.py). Either
+resumption's seam or a stripped usage event needs it (resumable.py). Either
 hands a plain stream to the compiled pump (pump.py) when it can.
 """
 
@@ -180,7 +180,7 @@ class Records:
         return False
 
 
-class Passthrough:
+class PlainSink:
     """Bytes as they come; the last two pieces are kept (the final counts may span them), the
     records ended in them counted (the count when the backend's is missing)."""
 

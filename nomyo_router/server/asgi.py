@@ -119,11 +119,11 @@ def with_headers(scope: Scope, send: Send, extra: list[tuple[bytes, bytes]]) -> 
     return wrapped
 
 
-async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: Scope | None = None) -> None:
+async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: Scope | None = None) -> bool:
     """Run `work`; if the client disconnects first, cancel it (which frees its slot or queue
     place and closes the upstream request). A disconnect is never a backend failure. Our
     protocol reports the disconnect through the scope's hook; under another server a
-    watcher task waits in `receive()` for it."""
+    watcher task waits in `receive()` for it. True when the client left before `work` ended."""
     task = asyncio.current_task()
     assert task is not None
     finished = False
@@ -141,7 +141,7 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: S
         if scope[DISCONNECT_HOOK] is GONE:  # type: ignore[index]  # the client left already
             if asyncio.iscoroutine(work):
                 work.close()
-            return
+            return True
         scope[DISCONNECT_HOOK] = lost  # type: ignore[index]
     else:
         watcher = asyncio.get_running_loop().create_task(_watch(receive, lost))
@@ -157,6 +157,7 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: S
             watcher.cancel()
         elif hooked:
             scope[DISCONNECT_HOOK] = None  # type: ignore[index]
+    return gone
 
 
 async def _watch(receive: Receive, lost: Callable[[], None]) -> None:

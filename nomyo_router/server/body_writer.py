@@ -5,6 +5,7 @@ use to write without going through ASGI messages (bench/overhead.py: see the CHA
 from __future__ import annotations
 
 import asyncio
+import socket
 from operator import itemgetter
 
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
@@ -92,6 +93,24 @@ class BodyWriter:
 
     def write(self, data: bytes) -> None:
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def client_socket(self) -> socket.socket | None:
+        """The client's socket, for the compiled pump to write the body's chunks to itself:
+        None when nothing may be written around the transport — it speaks TLS (the socket
+        carries ciphertext) or holds bytes not yet sent (they go first)."""
+        t = self.transport
+        if t.get_write_buffer_size() or t.get_extra_info("ssl_object") is not None:
+            return None
+        sock: socket.socket | None = t.get_extra_info("socket")
+        return sock
+
+    def write_framed(self, data: bytes) -> None:
+        """Bytes already framed as the body's chunks (what the pump wrote, the socket not yet took)."""
+        self.transport.write(data)
+
+    def abort(self) -> None:
+        """Close the client's connection now (the request is then cancelled)."""
+        self.transport.abort()
 
     def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """`headers`: lower-case names (ours), content-type and content-length among them."""

@@ -1,10 +1,10 @@
 """A stream relayed record by record, and continued on another endpoint when the backend cuts
 it (resume_streams on, a stream `resume.resumable` says can be continued).
 
-Whole records only go to the client (`relay.relay_records`), the bytes sent are kept
+Whole records only go to the client (`sinks.relay_records`), the bytes sent are kept
 (`resume.Sent`); on a cut, or the backend's error record, the text so far is recovered and the
 request is sent again elsewhere as its continuation, relayed with its seam mended
-(relay/resume.py explains the mechanics). The broken endpoint's slot goes back at once
+(resume.py explains the mechanics). The broken endpoint's slot goes back at once
 (`Exchange.let_go`) and the continuation's is held in its place (`Exchange.hold`), so the
 request never holds two. When no endpoint continues it, the stream ends with an error record
 in its own format, or the backend's own.
@@ -14,21 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from ... import h1
-from ...api.requests import GenRequest
-from ...backends.health import Health
-from ...domain import Endpoint
-from ...events import Events
-from ...h1.errors import ErrorRecord
-from ...relay import token_counts
-from ...relay.error_record import blame
-from ...relay.resume import Continuation, Sent, continuation, produced, record_end
-from ...relay.sinks import relay_records, stream_error
-from ...routing.policies import RouteContext
-from ...routing.scheduler import Scheduler
-from ...server.asgi import Headers
-from ...state import Lease, NoEndpoint, QueueFull, QueueTimeout
-from ..exchange import Exchange
+from .. import h1
+from ..api.requests import GenRequest
+from ..backends.health import Health
+from ..domain import Endpoint
+from ..events import Events
+from ..h1.errors import ErrorRecord
+from ..routing.policies import RouteContext
+from ..routing.scheduler import Scheduler
+from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout
+from .base import BackendAnswer
+from .error_record import blame
+from .exchange import Exchange
+from .resume import Continuation, Sent, continuation, produced, record_end
+from .sinks import relay_records, stream_error
 
 # Sends one continuation request and returns (response, first chunk), raising on anything but
 # a good start (the proxy's own call, with its deadline).
@@ -36,7 +35,10 @@ Call = Callable[[Endpoint, str, bytes], Awaitable[tuple[h1.Response, bytes]]]
 
 
 class Resumer:
-    """Relays a resumable stream and continues it elsewhere when the backend cuts it."""
+    """The way out "resumed": relays a resumable stream and continues it elsewhere when the
+    backend cuts it."""
+
+    name = "resumed"
 
     def __init__(
         self,
@@ -56,24 +58,16 @@ class Resumer:
         self.call = call
         self.max_attempts = max_attempts
 
-    async def relay(
-        self,
-        ex: Exchange,
-        req: GenRequest,
-        ctx: RouteContext,
-        ep: Endpoint,
-        resp: h1.Response,
-        first: bytes,
-        headers: Headers,
-        strip: token_counts.Strip | None = None,
-    ) -> None:
-        """Relay `resp` (a 200 stream whose `first` chunk was read) to the client, head to end.
-        `strip`: take out the usage event the router asked for on the client's behalf."""
-        await ex.start(200, headers)
+    async def deliver(self, ex: Exchange, answer: BackendAnswer) -> None:
+        """Relay a 200 stream whose first chunk was read to the client, head to end.
+        `answer.strip`: take out the usage event the router asked for on the client's behalf."""
+        await ex.start(200, answer.headers)
+        req = answer.req
         # With no other endpoint for the model there is nowhere to resume: keep only the tail.
         sent = Sent(self.scheduler.serving(req.key) > 1, record_end(req.api == "openai"))
+        resp = answer.resp
         try:
-            cut = await self._relay(ex, req, ctx, ep, resp, first, strip, sent)
+            cut = await self._relay(ex, answer, sent)
         finally:
             resp.close()  # no-op when released; the client left: closing stops the backend
             ex.relayed(sent.records)  # (the backend's own counts, when it sent them, stand)
@@ -83,20 +77,13 @@ class Resumer:
         await ex.end()
 
     async def _relay(
-        self,
-        ex: Exchange,
-        req: GenRequest,
-        ctx: RouteContext,
-        ep: Endpoint,
-        resp: h1.Response,
-        first: bytes,
-        strip: token_counts.Strip | None,
-        sent: Sent,
+        self, ex: Exchange, answer: BackendAnswer, sent: Sent
     ) -> bool | h1.TooLarge | ErrorRecord | TimeoutError:
         """False when the stream ended well; True when it ended broken, or what ended it: the
         `TooLarge` (a record beyond max_record_bytes: not resumed), the backend's `ErrorRecord`
         or its silence (`TimeoutError`) when no other endpoint continued the stream (the
         caller sends it)."""
+        req, ctx, ep, resp, first, strip = answer.req, answer.ctx, answer.ep, answer.resp, answer.first, answer.strip
         sep = sent.sep
         seam: Continuation | None = None
         tried = [ep.name]

@@ -4,9 +4,12 @@ One is made for every request the moment it is read, at the door (`RouterApp.htt
 one per step of an ensemble. It carries the request's `RequestRecord`, the client's `send`
 (with the protocol's `BodyWriter`, which writes a whole answer, or a relayed piece, without
 the ASGI round trip) and the slot (`Lease`) the request holds. Every path out writes through
-it — `start`, `body` and `end` for a stream or an answer relayed as it comes, `whole` for an
-answer in one piece, `fail` for an error in the caller's API shape — and notes on it what the
-client got (`cut`, `tokens`).
+it: a way out (`base.Relay`: whole, large, assembled, passthrough and the pump, resumed,
+translated, cached, error) is handed its answer by `relay`, which names it in the record, and
+writes with `start`, `body` and `end` for a stream or an answer relayed as it comes, `whole`
+for an answer in one piece, and the client's writer (`writer`: the protocol's direct writer,
+which the sinks and the compiled pump write through); it notes here what the client got
+(`cut`, `tokens`). `fail` is the error way, in the caller's API shape.
 
 It has one completion point, `finish` (idempotent), and one place that calls it: `run`, which
 awaits the request's handling and answers whatever ends it (a refusal at the door, a failure,
@@ -15,28 +18,31 @@ a client that left). The slot goes back, the record is settled (its total time;
 so metrics, usage, the access line and the trace are written in one place whatever the path —
 a request refused at the door (401, 403, 429, 400, 413, 503 ...) as much as a proxied one, as
 Envoy gives a locally answered request the same access record. Routes off the generation path
-(listings, operators' pages) are `quiet`: recorded only when refused. The relays in `relays/`
-are the strategies behind it: each writes only through the Exchange.
+(listings, operators' pages) are `quiet`: recorded only when refused.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ..api.errors import ApiError, render
 from ..api.requests import GenRequest
 from ..events import Events, RequestRecord
-from ..relay import error_record, token_counts
-from ..server.asgi import BodyTooLarge, ClientGone, Headers, Send, send_response
+from ..server.asgi import BodyTooLarge, ClientGone, Headers, Send
+from . import error_record, token_counts
+from .base import ReadyAnswer, Relay
+from .failed import FAILED
 
 if TYPE_CHECKING:
     from ..server.body_budget import BodyBudget
     from ..server.direct_writer import DirectWriter
     from ..state import Lease
 
+JSON = b"application/json"
 _END = {"type": "http.response.body", "body": b""}
+A = TypeVar("A")
 
 # What answers a generation request through its exchange: the proxy's `forward`, the
 # ensemble's `handle`, and the wrappers around them (trim-and-retry, the response cache).
@@ -107,6 +113,12 @@ class Exchange:
         rec.retries += 1
 
     # ---- the answer ------------------------------------------------------------------------
+    def relay(self, way: Relay[A], answer: A) -> Awaitable[None]:
+        """Hand `answer` to `way`, the one that writes it (awaited by the caller: no frame of
+        its own). The record names the last way handed an answer."""
+        self.rec.relay = way.name
+        return way.deliver(self, answer)
+
     def through(self, send: Send) -> None:
         """The client's `send` as the door wrapped it (CORS, x-ratelimit-* headers): every byte
         takes it, errors too, never the direct writer (it writes around `send`)."""
@@ -158,12 +170,20 @@ class Exchange:
         rec.status, rec.error = e.status, e.code or "error"
         self.quiet = False
         status, body, headers = render(rec.api, e)
-        await send_response(self._client, status, body, headers=headers)
+        self.send, self.writer = self._client, None  # (not a wrapper's `send`: see `via`)
+        await self.relay(FAILED, ReadyAnswer(status, body, headers, JSON))
 
     # ---- what the client got ---------------------------------------------------------------
     def cut(self, why: BaseException | bool) -> None:
         """The answer broke after its head went out (`error_record.ended` says how it counts)."""
         error_record.ended(self.rec, why)
+
+    def client_left(self) -> None:
+        """The client left before its answer's end: a record whose head went out says so (its
+        status stands: the one the client got); one without a head is settled as a 499."""
+        rec = self.rec
+        if rec.status and rec.error is None:
+            rec.error = "client_gone"
 
     def note_error(self, code: str) -> None:
         """The answer failed after its head went out, as `code` says (its status stands)."""
