@@ -22,7 +22,7 @@ import pytest
 from mock import run_mock
 from nomyo_router import h1
 from nomyo_router.relay import pump as native
-from nomyo_router.relay.resume import Sent
+from nomyo_router.relay.continuation import Sent
 from nomyo_router.relay.sinks import Records
 from test.conftest import FAST
 from test.helpers import endpoints, run_router

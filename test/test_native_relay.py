@@ -50,7 +50,7 @@ async def _chat(s: aiohttp.ClientSession, url: str, body: dict = CHAT) -> list[d
 
 
 @pytest.mark.instruments  # (it counts the pool's connections)
-@pytest.mark.parametrize("resume", [True, False])  # record-wise relay (resume.py) / pass-through (proxy._relay)
+@pytest.mark.parametrize("resume", [True, False])  # record-wise relay (continuation.py) / pass-through (proxy._relay)
 async def test_a_stream_comes_through_whole_counted_and_its_connection_is_reused(taken, resume, monkeypatch):
     made = []
     connect = h1.Pool._connect

@@ -23,15 +23,15 @@ from ..config import RouterConfig
 from ..domain import Endpoint
 from ..events import Events, RequestRecord
 from ..h1.errors import ErrorRecord
-from ..relay import assemble, error_record, token_counts, whole
+from ..relay import error_record, token_counts, whole, whole_from_stream
 from ..relay.assembled import Assembled
 from ..relay.base import BackendAnswer, ReadyAnswer
+from ..relay.continuation import resumable
 from ..relay.deadline import Deadlines
 from ..relay.exchange import Exchange
 from ..relay.failed import FAILED
 from ..relay.passthrough import Passthrough
 from ..relay.resumable import Resumer
-from ..relay.resume import resumable
 from ..relay.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
 from ..relay.translated import Translated
 from ..routing import affinity, prefix_index
@@ -239,8 +239,8 @@ class Proxy:
         # deadline that knows it fits under the gap (relay/assembled.py).
         streamed = req.stream
         whole_by: float | None = None
-        if not streamed and self._assemble and (req.api, req.kind) in assemble.STREAMED and req.ctype is None:
-            length = assemble.length_bound(req.api, req.body)
+        if not streamed and self._assemble and (req.api, req.kind) in whole_from_stream.STREAMED and req.ctype is None:
+            length = whole_from_stream.length_bound(req.api, req.body)
             whole_by = self.deadlines.whole(ep.name, req.key, len(req.raw), length, self.config.stream_idle_timeout)
             streamed = whole_by is None
         path, body, translating = sent_body.plan(req, ep, strip, streamed and not req.stream)

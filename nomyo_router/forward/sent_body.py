@@ -8,8 +8,8 @@ import json
 
 from ..api.requests import GenRequest
 from ..domain import Endpoint
-from ..relay import assemble, token_counts
-from ..relay.resume import resumable
+from ..relay import token_counts, whole_from_stream
+from ..relay.continuation import resumable
 
 
 def plan(req: GenRequest, ep: Endpoint, strip: bool, streamed: bool) -> tuple[str, bytes, bool]:
@@ -24,7 +24,7 @@ def plan(req: GenRequest, ep: Endpoint, strip: bool, streamed: bool) -> tuple[st
         return OPENAI_PATH[req.kind], body, True
     if streamed:
         model = ep.models[req.key] if ep.type == "openai" else None
-        return req.path, json.dumps(assemble.stream_body(req.api, req.body, model)).encode(), False
+        return req.path, json.dumps(whole_from_stream.stream_body(req.api, req.body, model)).encode(), False
     raw = req.raw
     if ep.type == "openai" and req.model != ep.models[req.key] and req.ctype is None:
         raw = json.dumps({**req.body, "model": ep.models[req.key]}).encode()

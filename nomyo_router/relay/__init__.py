@@ -9,7 +9,7 @@ compiled pump when it can), `resumable.py` (record by record, resumed elsewhere 
 response cache's answer) and `failed.py` (errors in the caller's API shape).
 
 Their mechanics: the sinks a stream is relayed through (`sinks.py`), the compiled pump
-(`pump.py` + `_pump.c`), resumption on another endpoint (`resume.py`), whole answers
-assembled from a stream (`assemble.py`), the deadlines that tell a slow answer from a hung
+(`pump.py` + `_pump.c`), resumption on another endpoint (`continuation.py`), whole answers
+assembled from a stream (`whole_from_stream.py`), the deadlines that tell a slow answer from a hung
 backend (`deadline.py`), which failures are retried (`retry.py`), and what the relayed bytes
 say (`error_record.py`, `token_counts.py`)."""

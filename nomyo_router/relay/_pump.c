@@ -7,7 +7,7 @@
  * and writes them to the client's socket as one chunk — what relay.Records.take writes from
  * Python, without a Python call per chunk. Anything else is reported to Python as an event:
  * the body's end, a cut or malformed body, a client that cannot be written to, and the
- * forwarded bytes to keep (resume.Sent) once enough have gathered.
+ * forwarded bytes to keep (continuation.Sent) once enough have gathered.
  *
  * A client that pushes back is waited for here (EPOLLOUT on a dup of its fd) while the
  * backend's socket is not read: back-pressure reaches the backend as in the Python path.

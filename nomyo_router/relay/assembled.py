@@ -2,7 +2,7 @@
 `Assembled`).
 
 A client that wants a whole answer of chat or completion (`"stream": false`) gets its
-backend's stream assembled into one (`relay/assemble.py`), unless the request bounds its
+backend's stream assembled into one (`relay/whole_from_stream.py`), unless the request bounds its
 own length so that a deadline knowing that length fits under `stream_idle_timeout`
 (`deadline.Deadlines.whole`; then the backend is asked for a whole answer, as the
 client did, the cheapest way). Streamed, the backend is judged as a stream is: by its first
@@ -12,7 +12,7 @@ answer is never cut as hung, and a wedged backend is found within the gap.
 
 Nothing reaches the client until the stream ended. It is collected through the Exchange
 (its `send` replaced for the while, the direct writer off), bounded by `max_response_bytes`;
-a stream that can be resumed (`resume.resumable`, resume_streams on) is continued on another
+a stream that can be resumed (`continuation.resumable`, resume_streams on) is continued on another
 endpoint when the backend cuts it or goes silent, as a client's stream is (resumable.py);
 one that cannot is retried elsewhere from the start (nothing was sent yet). When it is cut
 on the last endpoint, the client gets a 502 in its API's shape saying why.
@@ -27,11 +27,11 @@ from .. import h1
 from ..api.errors import ApiError
 from ..api.requests import GenRequest
 from ..backends.translate import error_message
-from . import assemble
+from . import whole_from_stream
 from .base import BackendAnswer
+from .continuation import Sent, record_end, resumable
 from .exchange import Exchange
 from .resumable import Resumer
-from .resume import Sent, record_end, resumable
 from .sinks import relay_records
 from .translated import whole_translated
 
@@ -40,7 +40,7 @@ JSON = b"application/json"
 
 def streamed(req: GenRequest) -> GenRequest:
     """`req` as the stream the router asks for in its place (a continuation is asked the same)."""
-    body = assemble.stream_body(req.api, req.body)
+    body = whole_from_stream.stream_body(req.api, req.body)
     out = GenRequest(req.api, req.kind, req.path, req.model, True, body, req.raw, req.t0)
     out.session_id, out.client, out.pinned, out.too_small = req.session_id, req.client, req.pinned, req.too_small
     return out
@@ -109,7 +109,7 @@ class Assembled:
             body = (
                 data
                 if whole_already
-                else assemble.whole("openai" if translating else req.api, req.kind, data, translating)
+                else whole_from_stream.whole("openai" if translating else req.api, req.kind, data, translating)
             )
         except ValueError as e:
             raise ApiError(

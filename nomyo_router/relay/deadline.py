@@ -19,7 +19,7 @@ per generated token (`tokens`: the recent peak, per endpoint and model, of the t
 first token divided by the tokens generated; for an answer that was not streamed, its whole
 time divided by its tokens, which overstates it), `max(floor, factor × (first + length ×
 per token))`, and only when that fits under `gap` (stream_idle_timeout). Any other whole
-answer is streamed from the backend and assembled by the router (relay/assemble.py),
+answer is streamed from the backend and assembled by the router (relay/whole_from_stream.py),
 judged by its first token and then by the gap between chunks: a long answer is never
 mistaken for a hung backend.
 """

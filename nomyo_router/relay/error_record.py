@@ -6,7 +6,7 @@ says so in the stream: a record `{"error":"llama runner process has terminated: 
 the stream's end. OpenAI-compatible servers do the same with `data: {"error": {...}}` (vLLM
 then still sends `data: [DONE]`). Relayed as it came, the client's answer is broken under a
 200 and the router counted a success. So such a record is the stream cut at that point:
-resumed on another endpoint when the stream can be (resume.py; the continuation starts from
+resumed on another endpoint when the stream can be (continuation.py; the continuation starts from
 the text already sent, the record itself is never sent), else relayed to the client; either
 way the endpoint's failure (health, ejection, `nomyo_router_events_total{what="error_record"}`),
 and, when the client gets it, a failed request (`ended`). A whole 200 answer that is an error

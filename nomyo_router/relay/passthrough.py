@@ -1,5 +1,5 @@
 """A stream relayed as its bytes come: no record rewritten, none held back (resume_streams
-off, or a stream that cannot be resumed: `resume.resumable`). The way out `Passthrough`,
+off, or a stream that cannot be resumed: `continuation.resumable`). The way out `Passthrough`,
 named "pump" in the record once the compiled pump carried the stream.
 
 The pieces go from the backend's connection to the client's through sinks.py's sink, or the

@@ -44,7 +44,7 @@ except ImportError:  # built without a C compiler: the relay stays in Python
     _pump = None  # type: ignore[assignment]
 
 AVAILABLE = _pump is not None
-SENT_LIMIT = 3072  # bytes written before Python takes them (about resume.Sent's block)
+SENT_LIMIT = 3072  # bytes written before Python takes them (about continuation.Sent's block)
 BATCH = 16  # streams relayed per turn of the event loop, so new requests and first chunks
 # are not queued behind a whole 5 ms tick's worth (bench/overload.py at 2,000 streams, added
 # TTFT p99: +35 ms with 256, +19 ms with 16)

@@ -1,10 +1,10 @@
 """A stream relayed record by record, and continued on another endpoint when the backend cuts
-it (resume_streams on, a stream `resume.resumable` says can be continued).
+it (resume_streams on, a stream `continuation.resumable` says can be continued).
 
 Whole records only go to the client (`sinks.relay_records`), the bytes sent are kept
-(`resume.Sent`); on a cut, or the backend's error record, the text so far is recovered and the
+(`continuation.Sent`); on a cut, or the backend's error record, the text so far is recovered and the
 request is sent again elsewhere as its continuation, relayed with its seam mended
-(resume.py explains the mechanics). The broken endpoint's slot goes back at once
+(continuation.py explains the mechanics). The broken endpoint's slot goes back at once
 (`Exchange.let_go`) and the continuation's is held in its place (`Exchange.hold`), so the
 request never holds two. When no endpoint continues it, the stream ends with an error record
 in its own format, or the backend's own.
@@ -24,9 +24,9 @@ from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout
 from .base import BackendAnswer
+from .continuation import Continuation, Sent, continuation, produced, record_end
 from .error_record import blame
 from .exchange import Exchange
-from .resume import Continuation, Sent, continuation, produced, record_end
 from .sinks import relay_records, stream_error
 
 # Sends one continuation request and returns (response, first chunk), raising on anything but

@@ -36,7 +36,7 @@ from .error_record import CHECKS, find, marked
 
 if TYPE_CHECKING:
     from . import token_counts
-    from .resume import Continuation, Sent
+    from .continuation import Continuation, Sent
 
 
 class Records:
