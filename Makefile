@@ -162,11 +162,11 @@ sanitize: setup-test sanitize-run
 
 sanitize-run:
 	rm -rf $(SANITIZE) && mkdir -p $(SANITIZE)
-	cp -r nomyo_router $(SANITIZE)/ && rm -f $(SANITIZE)/nomyo_router/upstream/_pump*.so
+	cp -r nomyo_router $(SANITIZE)/ && rm -f $(SANITIZE)/nomyo_router/relay/_pump*.so
 	gcc -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
 	  -Wall -Werror -I"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
-	  nomyo_router/upstream/_pump.c \
-	  -o $(SANITIZE)/nomyo_router/upstream/_pump$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+	  nomyo_router/relay/_pump.c \
+	  -o $(SANITIZE)/nomyo_router/relay/_pump$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  PYTHONPATH=$(SANITIZE):$(CURDIR) NOMYO_SANITIZED=$(SANITIZE) NOMYO_FUZZ_CASES=200000 \

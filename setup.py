@@ -1,8 +1,8 @@
 """The optional compiled parts; everything else is in pyproject.toml.
 
-- The compiled relay (nomyo_router/upstream/_pump.c), built whenever a C compiler and Python's
+- The compiled relay (nomyo_router/relay/_pump.c), built whenever a C compiler and Python's
   headers are there; without them the install goes on and the relay stays in Python
-  (nomyo_router/upstream/native.py).
+  (nomyo_router/relay/pump.py).
 - With `NOMYO_ROUTER_COMPILE=1`, the modules every request runs through (`HOT_PATH`) are
   compiled to C with mypyc, the compiler that comes with mypy: the code is `mypy --strict`
   clean, so it compiles as it is, and the same source stays the pure-Python build. It took
@@ -19,35 +19,36 @@ from setuptools import Extension, setup
 HOT_PATH = [
     "nomyo_router/app.py",
     "nomyo_router/generation.py",
-    "nomyo_router/body_writer.py",
+    "nomyo_router/server/body_writer.py",
     "nomyo_router/api/access.py",
-    "nomyo_router/api/asgi.py",
+    "nomyo_router/server/asgi.py",
     "nomyo_router/api/body_keys.py",
     "nomyo_router/api/requests.py",
-    "nomyo_router/forward/exchange.py",
+    "nomyo_router/relay/exchange.py",
+    "nomyo_router/relay/base.py",  # (the answer a way out is handed: made once per request)
     "nomyo_router/forward/proxy.py",
-    "nomyo_router/forward/relays/whole.py",
+    "nomyo_router/relay/whole.py",
     "nomyo_router/ops/metrics.py",
     "nomyo_router/ops/tracing.py",  # (its TracedUpstream is an Upstream: a subclass of a compiled class is compiled)
     "nomyo_router/routing/affinity.py",
-    "nomyo_router/routing/context.py",
+    "nomyo_router/routing/context_windows.py",
     "nomyo_router/routing/prefix_index.py",
     "nomyo_router/routing/scheduler.py",
-    "nomyo_router/runtime/idle_spin.py",  # (armed twice per request by the protocol)
+    "nomyo_router/server/idle_spin.py",  # (armed twice per request by the protocol)
     "nomyo_router/state/coordinator.py",  # (its TableStore is a MemoryStore)
     "nomyo_router/state/redis_local.py",  # (its ProcessTable is a MemoryStore: Redis state's fallback)
     "nomyo_router/state/memory.py",
-    "nomyo_router/upstream/deadline.py",
-    "nomyo_router/upstream/h1.py",
-    "nomyo_router/upstream/h1_connection.py",
-    "nomyo_router/upstream/h1_response.py",
-    "nomyo_router/upstream/token_counts.py",
+    "nomyo_router/relay/deadline.py",
+    "nomyo_router/h1/pool.py",
+    "nomyo_router/h1/connection.py",
+    "nomyo_router/h1/response.py",
+    "nomyo_router/relay/token_counts.py",
 ]
 
 ext_modules = [
     Extension(
-        "nomyo_router.upstream._pump",
-        ["nomyo_router/upstream/_pump.c"],
+        "nomyo_router.relay._pump",
+        ["nomyo_router/relay/_pump.c"],
         extra_compile_args=["-O2", "-Wall"],
         optional=True,
     )

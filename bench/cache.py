@@ -45,7 +45,7 @@ def gate_cost(runs: int = 7) -> dict[str, float]:
     from nomyo_router.api.requests import parse
     from nomyo_router.cache import hook
     from nomyo_router.cache.service import ResponseCache
-    from nomyo_router.cache.stores import MemoryStore
+    from nomyo_router.cache.stores import MemoryAnswerStore
     from nomyo_router.config import CacheConfig
     from nomyo_router.events import Events
 
@@ -72,7 +72,7 @@ def gate_cost(runs: int = 7) -> dict[str, float]:
             (b"accept-encoding", b"gzip"),
         ]
     }
-    cache = ResponseCache(CacheConfig(enabled=True), MemoryStore(CacheConfig()), Events())
+    cache = ResponseCache(CacheConfig(enabled=True), MemoryAnswerStore(CacheConfig()), Events())
 
     def handle(req, send, rec):  # (never called)
         raise AssertionError

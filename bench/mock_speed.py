@@ -2,9 +2,9 @@
 
     python bench/mock_speed.py [--seconds 4]
 
-wrk measures the mock at c=1, 32 and 64 (non-stream and stream). Then the load tester's
-aiohttp client drives the same mock at c=64, to show how much load one Python client
-process can generate compared with wrk.
+wrk measures the mock at c=1, 32 and 64 (non-stream and stream). Then the load tester
+(through the router's own HTTP/1.1 client) drives the same mock at c=64, to show how much
+load one Python client process can generate compared with wrk.
 """
 
 from __future__ import annotations

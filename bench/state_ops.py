@@ -31,7 +31,7 @@ from mock import MockConfig
 from nomyo_router.config import parse_config
 from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import LeastBusy, picker
-from nomyo_router.state import Ask, MemoryStore, SharedStore
+from nomyo_router.state import Ask, MemoryStore, WorkerStore
 from nomyo_router.state.redis import RedisStore
 
 BODY = json.dumps({"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
@@ -74,9 +74,9 @@ HOST = """
 import asyncio, sys
 from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import LeastBusy, picker
-from nomyo_router.state import Ask, SharedStore
+from nomyo_router.state import Ask, WorkerStore
 async def main():
-    s = SharedStore(sys.argv[1], [Endpoint(name="e", url="http://127.0.0.1:1", slots=1)], 1000, 600, 1000,
+    s = WorkerStore(sys.argv[1], [Endpoint(name="e", url="http://127.0.0.1:1", slots=1)], 1000, 600, 1000,
                     picker(LeastBusy()))
     await s.start()
     await asyncio.sleep(3600)
@@ -93,7 +93,7 @@ async def waits_cost(n: int) -> None:
     try:
         await asyncio.sleep(1.0)
         ep = Endpoint(name="e", url="http://127.0.0.1:1", slots=1)
-        worker = SharedStore(base, [ep], 1000, 600, 1000, picker(LeastBusy()))
+        worker = WorkerStore(base, [ep], 1000, 600, 1000, picker(LeastBusy()))
         await worker.start()
         choose = lambda free: free[0]  # noqa: E731
         lease = await worker.acquire(Ask(model="m", candidates=[ep], choose=choose, timeout=5.0))
@@ -125,12 +125,12 @@ async def costs(n: int, redis_url: str) -> None:
     )
     ep = Endpoint.from_config(cfg.endpoints[0])
     base = os.path.join(tempfile.mkdtemp(), "bench")
-    host = SharedStore(base, [ep], 1000, 600, 1000, picker(LeastBusy()))
+    host = WorkerStore(base, [ep], 1000, 600, 1000, picker(LeastBusy()))
     await host.start()
     stores = {
         "memory": MemoryStore(1000),
         "embedded, host": host,
-        "embedded, worker": SharedStore(base, [ep], 1000, 600, 1000, picker(LeastBusy())),
+        "embedded, worker": WorkerStore(base, [ep], 1000, 600, 1000, picker(LeastBusy())),
         "redis": RedisStore(redis_url, [ep], cfg),
     }
     print("per-request state cost (one process, no contention; the shared store's worker takes a")

@@ -1,20 +1,46 @@
 """Send one request and time it: latency, TTFT at the first non-empty content, inter-token gaps.
 
-Requests go out as pre-built bytes on keep-alive connections (loadtest.http); the only
-work on the hot path is what is measured: splitting chunks and finding their content.
+Requests go out on the router's own HTTP/1.1 client (`h1`: keep-alive connections, httptools
+parsing, a stream's body handed to a callback as each read arrives, one deadline per request
+without a timer per request); the only work on the hot path is what is measured: splitting
+chunks and finding their content.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from .http import Client, ResponseHandler
+from nomyo_router import h1
+
+JSON = {"Content-Type": "application/json"}
+MAX_ANSWER = 64 * 1024 * 1024  # a whole answer (or a stream's line) longer than this: a protocol error
+
+
+class Request(NamedTuple):
+    """One request to send, built once: its path, JSON body and more header lines (CRLF-ended)."""
+
+    path: str
+    body: bytes
+    extra: bytes
+
+
+class Client:
+    """The server under load: a pool of keep-alive connections to it (one per concurrent
+    request), `https://` through TLS."""
+
+    def __init__(self, base_url: str) -> None:
+        self.pool = h1.Pool(base_url, JSON)
+
+    def build(self, path: str, body: bytes, headers: dict[str, str]) -> Request:
+        return Request(path, body, "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode())
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 @dataclass
@@ -129,43 +155,45 @@ def _whole_answer(api: str, endpoint: str, data: Any) -> tuple[str, int]:
     return text, int((data.get("usage") or {}).get("completion_tokens") or 0)
 
 
-class _Measure(ResponseHandler):
-    """Times one response as its bytes arrive: TTFT at the first non-empty content."""
+class _Measure:
+    """Times one stream as its bytes arrive: TTFT at the first non-empty content."""
 
-    def __init__(self, r: Result, api: str, streaming: bool, keep_answer: bool) -> None:
-        self.r, self.api, self.streaming, self.keep_answer = r, api, streaming, keep_answer
+    def __init__(self, r: Result, api: str, keep_answer: bool) -> None:
+        self.r, self.api, self.keep_answer = r, api, keep_answer
         self.buf = b""
-        self.body: list[bytes] = []
         self.chunks_at: list[float] = []
         self.parts: list[str] = []
         self.count: int | None = None
         self.finished = False
-        self.received = False
         self.bad: str | None = None
 
-    def on_status(self, status: int) -> None:
-        self.r.status = status
+    def headers(self, headers: h1.Headers) -> None:
+        """What the router says of the request in its answer's head (nothing, straight to a server)."""
+        r = self.r
+        if "x-router-endpoint" in headers:
+            r.endpoint = headers["x-router-endpoint"]
+        if "x-router-overhead-ms" in headers:
+            try:
+                r.overhead_ms = float(headers["x-router-overhead-ms"])
+            except ValueError:
+                self.bad = "a bad x-router-overhead-ms header"
+        if "x-router-affinity" in headers:
+            r.affinity = headers["x-router-affinity"]
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        n = name.lower()
-        if n.startswith(b"x-router-"):
-            if n == b"x-router-endpoint":
-                self.r.endpoint = value.decode()
-            elif n == b"x-router-overhead-ms":
-                self.r.overhead_ms = float(value)
-            elif n == b"x-router-affinity":
-                self.r.affinity = value.decode()
-
-    def on_body(self, data: bytes) -> None:
-        self.received = True
-        if not self.streaming or self.r.status != 200:
-            self.body.append(data)
-            return
-        buf = self.buf + data
+    def on_body(self, data: bytes) -> bool:
+        """The body's bytes of one read (the client's sink: called as they arrive, so the
+        times are the arrival's). Never raises: a bad line is noted, the stream read on."""
+        buf = self.buf + data if self.buf else data
         *lines, self.buf = buf.split(b"\n")
-        for line in lines:
-            if line.strip():
-                self._line(line)
+        try:
+            for line in lines:
+                if line.strip():
+                    self._line(line)
+        except Exception as e:  # (a chunk of an unexpected shape: a list where an object was)
+            self.bad = f"{type(e).__name__}: {e}"
+        if len(self.buf) > MAX_ANSWER:
+            self.bad, self.buf = f"a stream line longer than {MAX_ANSWER} bytes", b""
+        return True
 
     def _line(self, line: bytes) -> None:
         if not self.keep_answer:
@@ -196,7 +224,7 @@ class _Measure(ResponseHandler):
 
 async def send(
     client: Client,
-    data: bytes,
+    req: Request,
     api: str,
     endpoint: str,
     stream: bool,
@@ -204,30 +232,42 @@ async def send(
     start: float,
     keep_answer: bool = False,
 ) -> Result:
-    """One request (pre-built bytes) through `client`; never raises, errors land in the Result."""
+    """One request through `client`, all of it (the answer's head and every read) within
+    `timeout` seconds of sending it (connecting, when a new connection is needed, has a limit
+    of its own as long); never raises, errors land in the Result."""
     r = Result(start=start)
     streaming = stream and endpoint != "embed"
-    m = _Measure(r, api, streaming, keep_answer)
-
-    def sent() -> None:
-        r.send_lag = time.perf_counter() - start
-
+    m = _Measure(r, api, keep_answer)
+    body = b""
+    resp: h1.Response | None = None
+    r.send_lag = time.perf_counter() - start
     try:
-        async with asyncio.timeout(timeout):
-            await client.send(data, m, sent)
+        resp = await client.pool.request(b"POST", req.path, req.body, None, None, None, timeout, req.extra)
+        r.status = resp.status
+        m.headers(resp.headers)
+        if streaming and resp.status == 200:
+            resp.sink(m.on_body)  # what came with the head (or before) is read here first
+            while data := await resp.readany():
+                m.on_body(data)
+        else:
+            body = await resp.read(MAX_ANSWER)
+        resp.release()
     except TimeoutError:
         r.error = "timeout"
-    except (ConnectionError, OSError):
-        r.error = "protocol" if m.received else "connection"
-    except ValueError:
+    except (h1.Unreachable, h1.OutOfDescriptors, h1.Disconnected, OSError):
+        r.error = "connection"
+    except h1.ClientError:  # cut mid-answer, a bad HTTP answer, one longer than MAX_ANSWER
         r.error = "protocol"
+    finally:
+        if resp is not None:
+            resp.close()  # (nothing when released; a connection left mid-answer is closed)
     r.end = time.perf_counter()
     if r.error is None:
         if r.status != 200:
             r.error = f"http_{r.status}"
         elif not streaming:
             try:
-                data = json.loads(b"".join(m.body))
+                data = json.loads(body)
                 text, r.out_tokens = _whole_answer(api, endpoint, data)
                 prompt_usage(r, api, data)
                 r.ttft = r.end - start
@@ -235,9 +275,11 @@ async def send(
                     m.parts.append(text)
             except (ValueError, AttributeError):
                 r.error = "protocol"
+            if m.bad is not None:
+                r.error = "protocol"
         else:
             if m.buf.strip():
-                m._line(m.buf)
+                m.on_body(b"\n")
             if m.bad is not None or not m.finished:
                 r.error = "protocol"
             r.out_tokens = m.count if m.count is not None else len(m.chunks_at)

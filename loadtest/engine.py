@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import machine, sessions
-from .client import Result, send
-from .http import Client
+from .client import Client, Request, Result, send
 from .workload import Conversation, WorkloadSpec
 
 
@@ -194,7 +193,7 @@ async def _run(
     def new_conv(uid: int, number: int) -> Conversation:
         return Conversation(spec, uid, number, spec.dataset.item(next_item()) if spec.dataset else None)
 
-    def one_body() -> bytes:
+    def one_body() -> Request:
         if spec.dataset is None:
             return single
         return client.build(spec.path, spec.dataset.body(spec, next_item()), spec.headers)

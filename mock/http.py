@@ -125,7 +125,7 @@ class StreamResponse:
             await conn.drain()
 
 
-Reply = "Response | StreamResponse"
+Reply = Response | StreamResponse
 Handler = Callable[[Request], Awaitable[Reply]]
 
 

@@ -7,19 +7,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 from . import http as web
 from .generation import BadRequest, read_json
-
-if TYPE_CHECKING:
-    from .server import Handler, MockBackend
+from .route_group import Backend, Routes
 
 
 class Knobs:
-    def __init__(self, backend: MockBackend) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.b = backend
-        self.routes: dict[tuple[str, str], Handler] = {
+        self.routes: Routes = {
             ("GET", "/mock/stats"): self.stats,
             ("POST", "/mock/config"): self.config,
             ("GET", "/mock/config"): self.config,

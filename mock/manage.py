@@ -15,21 +15,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import http as web
-
-if TYPE_CHECKING:
-    from .server import MockBackend
+from .route_group import Backend, Routes
 
 STEP_S = 0.002  # between two progress lines
 
 
 class Manage:
-    def __init__(self, backend: MockBackend) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.b = backend
         self.blobs: set[str] = set()
-        self.routes = {
+        self.routes: Routes = {
             ("POST", "/api/pull"): self.pull,
             ("POST", "/api/push"): self.push,
             ("POST", "/api/create"): self.create,

@@ -5,20 +5,17 @@ mock's current config."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from . import formats
 from . import http as web
 from .generation import BadRequest, read_json
-
-if TYPE_CHECKING:
-    from .server import Handler, MockBackend
+from .route_group import Backend, Routes
 
 
 class Metadata:
-    def __init__(self, backend: MockBackend) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.b = backend
-        self.routes: dict[tuple[str, str], Handler] = {
+        self.routes: Routes = {
             ("POST", "/api/show"): self.show,
             ("GET", "/api/tags"): self.tags,
             ("GET", "/api/ps"): self.ps,

@@ -13,27 +13,25 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import fidelity, formats
 from . import http as web  # Request, Response, StreamResponse
 from .capacity import QueueFull, Slots
 from .config import MockConfig
-from .extra import Extra
 from .generation import BadRequest, Generation, _parse_generation, read_json
+from .http import Handler, Reply
 from .knobs import Knobs
 from .kvcache import PrefixCache
 from .manage import BadInput, Manage
 from .metadata import Metadata
+from .newer_routes import NewerRoutes
+from .route_group import Routes
 from .text import count_tokens, embedding, output_tokens
 from .ticker import Ticker
 
 OLLAMA_BUSY = "server busy, please try again.  maximum pending requests exceeded"
 JSON = "application/json"
-
-Reply = web.Response | web.StreamResponse
-Handler = Callable[[web.Request], Awaitable[Reply]]
 
 
 class MockBackend:
@@ -53,7 +51,7 @@ class MockBackend:
         self.started = time.time()
         self.ticker: Ticker | None = None  # made on the first stream that uses one
         self.reset_stats()
-        self.routes: dict[tuple[str, str], Handler] = {
+        self.routes: Routes = {
             ("POST", "/api/chat"): self._gen("ollama", "chat"),
             ("POST", "/api/generate"): self._gen("ollama", "generate"),
             ("POST", "/api/embed"): self._gen("ollama", "embed"),
@@ -66,7 +64,7 @@ class MockBackend:
         self.routes.update(Knobs(self).routes)
         self.manage = Manage(self)
         self.routes.update(self.manage.routes)
-        self.routes.update(Extra(self).routes)
+        self.routes.update(NewerRoutes(self).routes)
         self._paths = {path for _, path in self.routes}
 
     # ---- knobs and counters -------------------------------------------------

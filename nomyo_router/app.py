@@ -17,26 +17,18 @@ import time
 from collections.abc import Awaitable, Callable
 
 from . import generation
-from .api import access, listing, ratelimits
-from .api.asgi import (
-    BODY_WRITER,
-    Receive,
-    Scope,
-    Send,
-    header,
-    read_body,
-    send_response,
-    with_headers,
-)
+from .api import access, listing
+from .api import key_admission as ratelimits
 from .api.errors import ApiError
 from .api.requests import GENERATION_ROUTES
 from .config import RouterConfig
 from .events import RequestRecord
-from .forward.exchange import Exchange
 from .ops.metrics import CONTENT_TYPE as METRICS_TYPE
+from .relay.exchange import Exchange
 from .runtime import lifespan
 from .runtime.handlers import Handlers, Route
 from .runtime.router import Router
+from .server.asgi import BODY_WRITER, Receive, Scope, Send, header, read_body, send_response, with_headers
 
 log = logging.getLogger("nomyo_router")
 PROBE_TYPE = b"text/plain; charset=utf-8"

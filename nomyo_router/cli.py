@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             problem = problem.removeprefix(f"{args.config}: ")
             print(f"nomyo-router: bad config: {args.config}: {problem}", file=sys.stderr)
         return 2
-    from .ops import leftovers, preflight
+    from .ops import preflight
+    from .ops import private_dir_cleanup as leftovers
     from .state import private
 
     # a path that cannot be opened, a section whose extra is not installed: say so now, once,
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         # create every file for the router's user alone (0600), like the state files beside them.
         os.umask(os.umask(0) | 0o077)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
-    from .upstream import descriptors
+    from .h1 import descriptors
 
     before, now = descriptors.raise_soft_limit()  # (the workers inherit it)
     logging.getLogger("nomyo_router").info(
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         workers=args.workers,
         loop="uvloop",
-        http="nomyo_router.protocol:GuardedHttpToolsProtocol",
+        http="nomyo_router.server.protocol:GuardedHttpToolsProtocol",
         lifespan="on",
         ws="none",  # no WebSocket routes (the app refuses upgrades); saves ~2 MB per worker
         limit_concurrency=config.max_connections or None,

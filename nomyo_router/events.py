@@ -1,7 +1,7 @@
 """What happened, told once to whoever listens: metrics, usage storage, the access log.
 
 The request path fills one `RequestRecord` per request and hands it to `Events.request_done`
-when the response is over, at one place: `Exchange.finish` (forward/exchange.py), called in a
+when the response is over, at one place: `Exchange.finish` (relay/exchange.py), called in a
 `finally`, so failures and disconnects are told too, and once.
 A record's `status` is the status of the response head the client was sent, set where the
 head goes out; when none was, `request_done` settles it first (`settle`): 499 (nginx's
@@ -57,6 +57,9 @@ class RequestRecord:
     upstream_first_s: float | None = None  # the backend's time to its first stream chunk
     prefix_tokens: int | None = None  # prompt tokens the endpoint was believed to have cached
     cache: str | None = None  # the response cache, for a request that opted in: hit | miss | bypass
+    # the relay that wrote the answer (set by it): passthrough | pump | resumed | translated | whole |
+    # large | assembled | cached | error; None: no answer was written (the client left first)
+    relay: str | None = None
     trace: Traced | None = None  # the request's trace (ops/tracing.py's Trace), only with tracing on
     batch: str | None = None  # the batch this request is a line of (the Batch API), else None
 
@@ -70,7 +73,7 @@ def settle(rec: RequestRecord, failed: bool) -> None:
     `failed`: the request path is ending with an exception (an `ApiError` has set its status
     already, so a bug or a cancellation): the server answers 500 if it still can. Without one,
     the path returned without answering, which it does only when the client left (a disconnect
-    cancels the work and is swallowed, app.py, api/asgi.py): 499. The path says which itself
+    cancels the work and is swallowed, app.py, server/asgi.py): 499. The path says which itself
     (`Exchange.finish`): `sys.exc_info()` in its `finally` would tell the same in Python, but
     not in the compiled build, where it can still show an exception handled earlier."""
     if failed:

@@ -1,7 +1,7 @@
 """The generation routes' way in, after the door (`app.py`): admission, then the handler chain.
 
 The door made the request's record and Exchange and checked its Host, origin and key; here a
-generation request is admitted — its key's cap, rpm and token budgets (`api/ratelimits.py`,
+generation request is admitted — its key's cap, rpm and token budgets (`api/key_admission.py`,
 a refusal before the body is read where it can be), its body (bounded, charged to the bytes
 held while queued) and its parse, the models its key may use, the context window — and
 handed to the handler chain: the ensemble or the proxy, wrapped by trim-and-retry and the
@@ -13,20 +13,21 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from .api.asgi import Receive, Scope, cancel_on_disconnect, header, read_body
-from .api.body_budget import OverBudget
+from .api.client_caps import ClientLimits
 from .api.errors import ApiError
-from .api.fairness import ClientLimits
-from .api.ratelimits import reservation
+from .api.key_admission import reservation
 from .api.requests import parse
+from .backends.unload import is_unload, unload
 from .cache import hook as response_cache
 from .config import RouterConfig
-from .forward import moe, overflow
-from .forward.exchange import Exchange, Handle
-from .routing.context import TooLong
+from .forward import ensemble as moe
+from .forward import overflow
+from .relay.exchange import Exchange, Handle
+from .routing.context_windows import TooLong
 from .runtime.router import Router
+from .server.asgi import Receive, Scope, cancel_on_disconnect, header, read_body
+from .server.body_budget import OverBudget
 from .state import QueueFull
-from .upstream.unload import is_unload, unload
 
 
 async def generate(router: Router, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
@@ -92,7 +93,8 @@ async def generate(router: Router, scope: Scope, receive: Receive, ex: Exchange,
             await cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive, scope)
             if not held:
                 return  # the client left while waiting for its permit
-        await cancel_on_disconnect(handle(req, ex), receive, scope)
+        if await cancel_on_disconnect(handle(req, ex), receive, scope):
+            ex.client_left()
     finally:  # (the exchange is finished by its `run`, at the door, after this)
         if held:
             limits.leave(held[0])

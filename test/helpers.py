@@ -68,7 +68,7 @@ class RunningRouter:
 @contextlib.asynccontextmanager
 async def run_router(
     config: RouterConfig | dict[str, Any],
-    http: str = "nomyo_router.protocol:GuardedHttpToolsProtocol",
+    http: str = "nomyo_router.server.protocol:GuardedHttpToolsProtocol",
     keep_alive: float = 5.0,
     tls: tuple[str, str] | None = None,
 ) -> AsyncIterator[RunningRouter]:

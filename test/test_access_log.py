@@ -47,6 +47,7 @@ KEYS = {
     "affinity",
     "retries",
     "resumed",
+    "relay",
     "error",
 }
 ENVELOPE = ("time", "level", "logger", "message")  # every JSON line's (ops/logformat.py)

@@ -1,4 +1,4 @@
-"""A backend that fails under a 200 (upstream/error_record.py), on real sockets: the mock's
+"""A backend that fails under a 200 (relay/error_record.py), on real sockets: the mock's
 `error_rate` fault sends what Ollama sends when its model runner crashes mid-stream — an
 `{"error": ...}` record, then the stream's end (OpenAI API: `data: {"error": {...}}`, then
 `[DONE]`, as vLLM) — or an error object as a whole 200 answer.
@@ -21,8 +21,8 @@ import pytest
 
 from mock import run_mock
 from nomyo_router.events import RequestRecord
-from nomyo_router.upstream import native
-from nomyo_router.upstream.errors import ErrorRecord
+from nomyo_router.h1.errors import ErrorRecord
+from nomyo_router.relay import pump as native
 from test.helpers import endpoints, run_router
 from test.test_relay import WORDS
 
@@ -212,7 +212,7 @@ async def test_a_whole_answer_that_is_an_error_object_is_retried_then_a_502(path
 async def test_content_that_merely_says_error_is_not_an_error_record():
     # Only a record that parses to an error object is one: a token "error", a tool argument
     # named "error", or a quoted "error" inside text pass as they are.
-    from nomyo_router.upstream.error_record import find, whole
+    from nomyo_router.relay.error_record import find, whole
 
     lines = [
         b'{"message":{"role":"assistant","content":"error"},"done":false}\n',

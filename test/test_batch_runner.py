@@ -22,7 +22,7 @@ from nomyo_router.events import RequestRecord
 from nomyo_router.routing.policies import RouteContext, make_policy
 from nomyo_router.routing.scheduler import Scheduler
 from nomyo_router.state import MemoryStore
-from nomyo_router.state.fair import BATCH
+from nomyo_router.state.queue_order import BATCH
 from test.batch_api import ALICE, BOB, batch_config, chat, client, finished, jsonl, lines_of
 from test.conftest import RedisServer
 from test.helpers import run_router

@@ -16,12 +16,12 @@ import aiohttp
 import httpx
 
 from mock import MockConfig, MockProcess, run_mock
-from nomyo_router.api.ratelimits import OUTPUT_ESTIMATE, reservation
+from nomyo_router.api.key_admission import OUTPUT_ESTIMATE, reservation
 from nomyo_router.api.requests import parse
 from nomyo_router.events import Events, RequestRecord
 from nomyo_router.ops.usage.budgets import read_spent
 from nomyo_router.ops.usage.store import SqliteUsage
-from nomyo_router.state.limits import HOLD_S, Limiter, Limits
+from nomyo_router.state.key_limits import HOLD_S, Limiter, Limits
 from test.helpers import endpoints, run_router
 from test.router_proc import router_workers
 

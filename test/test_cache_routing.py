@@ -14,7 +14,7 @@ from nomyo_router.config import ConfigError, parse_config
 from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import CacheAware, RouteContext, SGLangCacheAware, make_policy, picker
 from nomyo_router.routing.prefix_index import BLOCK_CHARS, BLOCK_TOKENS, PrefixIndex, prompt_keys, request_prompt
-from nomyo_router.state import Ask, MemoryStore, SharedStore
+from nomyo_router.state import Ask, MemoryStore, WorkerStore
 from test.conftest import FAST
 from test.helpers import endpoints, run_router
 
@@ -166,8 +166,8 @@ async def test_workers_share_the_index_through_the_shared_store(tmp_path):
     endpoints_ = eps(2)
     base = str(tmp_path / "state")
     pol_a, pol_b = CacheAware(PrefixIndex()), CacheAware(PrefixIndex())
-    a = SharedStore(base, endpoints_, 100, 600, 1000, picker(pol_a))
-    b = SharedStore(base, endpoints_, 100, 600, 1000, picker(pol_b))
+    a = WorkerStore(base, endpoints_, 100, 600, 1000, picker(pol_a))
+    b = WorkerStore(base, endpoints_, 100, 600, 1000, picker(pol_b))
     from nomyo_router.runtime.router import share_index
 
     share_index(pol_a, a)

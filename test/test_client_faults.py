@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from mock import run_mock
-from nomyo_router.upstream import native
+from nomyo_router.relay import pump as native
 from test.helpers import endpoints, run_router
 from test.test_backend_errors import metric, scrape
 from test.test_relay import CHAT, WORDS
@@ -182,7 +182,7 @@ async def test_a_resumed_stream_frees_the_dead_endpoints_slot_at_the_switch(nati
 def test_the_compiled_pump_tells_a_client_stall_from_a_silent_backend():
     if not native.AVAILABLE:
         pytest.skip("the C extension was not built (no compiler)")
-    from nomyo_router.upstream import _pump
+    from nomyo_router.relay import _pump
 
     pump = _pump.Pump()
     up_r, up_w = socket.socketpair()

@@ -81,9 +81,9 @@ def test_functions_import_names_not_modules():
 
 
 def test_the_import_check_catches_what_it_should():
-    text = "def f():\n    from ..upstream import translate\n    from ..upstream.translate import OPENAI_PATH\n"
+    text = "def f():\n    from ..backends import translate\n    from ..backends.translate import OPENAI_PATH\n"
     found = modules_imported_in_functions(ROOT / "nomyo_router" / "forward" / "proxy.py", text)
-    assert found == ["proxy.py:2 from ..upstream import translate"]
+    assert found == ["proxy.py:2 from ..backends import translate"]
 
 
 def header_lookups_not_lower_case(path: Path, text: str | None = None) -> list[str]:

@@ -98,7 +98,7 @@ GET_TAGS = b"GET /api/tags HTTP/1.1\r\nHost: localhost\r\n\r\n"
 
 
 async def test_a_kept_alive_connection_lives_while_used_and_closes_when_idle(mock):
-    """One deadline per connection, moved lazily (protocol.py): a connection used every 0.2 s
+    """One deadline per connection, moved lazily (server/protocol.py): a connection used every 0.2 s
     outlives its 1 s keep-alive three times over; left idle, it is closed after about 1 s."""
     async with run_router({"endpoints": endpoints(mock)}, keep_alive=1.0) as r:
         reader, writer = await _open(r.url)

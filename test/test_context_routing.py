@@ -10,7 +10,7 @@ import pytest
 
 from mock import run_mock
 from nomyo_router.config import CONFIG_ENV, load_config
-from nomyo_router.routing.context import _show_window, output_tokens, prompt_tokens
+from nomyo_router.routing.context_windows import _show_window, output_tokens, prompt_tokens
 from test import real_backends
 from test.conftest import FAST
 from test.helpers import run_router

@@ -1,4 +1,4 @@
-"""Every generation answer leaves through one `Exchange` (forward/exchange.py), whose `finish`
+"""Every generation answer leaves through one `Exchange` (relay/exchange.py), whose `finish`
 gives the slot back and tells `request_done` once. For each way out — a whole answer, a large
 one relayed as it comes, a pass-through stream (in Python and through the compiled pump), a
 record-wise stream and a resumed one, a translated stream and whole answer, an error before
@@ -19,8 +19,8 @@ import pytest
 
 from mock import run_mock
 from nomyo_router.events import Events, RequestRecord
-from nomyo_router.forward.exchange import Exchange
-from nomyo_router.upstream import native
+from nomyo_router.relay import pump as native
+from nomyo_router.relay.exchange import Exchange
 from test.helpers import endpoints, run_router
 from test.test_access_log import access_lines, until
 from test.test_relay import RawClient

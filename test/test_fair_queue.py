@@ -12,7 +12,7 @@ import aiohttp
 from mock import MockConfig, MockProcess, run_mock
 from nomyo_router.domain import Endpoint
 from nomyo_router.state import Ask, MemoryStore
-from nomyo_router.state.fair import spec
+from nomyo_router.state.queue_order import spec
 from test.helpers import run_router
 from test.router_proc import router_workers
 

@@ -1,4 +1,4 @@
-"""The hot path's HTTP/1.1 client (upstream/h1.py) against real sockets: a raw asyncio server
+"""The hot path's HTTP/1.1 client (h1/pool.py) against real sockets: a raw asyncio server
 that answers exactly as each case needs (what a backend may do that the mock does not)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
+from nomyo_router import h1
 from nomyo_router.domain import Endpoint
-from nomyo_router.upstream import h1
 
 T = aiohttp.ClientTimeout(sock_connect=2, sock_read=2)
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]

@@ -10,7 +10,7 @@ import time
 import aiohttp
 
 from mock import MockConfig, MockProcess, run_mock
-from nomyo_router.upstream.retry import RetryBudget, is_error_chunk
+from nomyo_router.relay.retry import RetryBudget, is_error_chunk
 from test.conftest import FAST
 from test.helpers import endpoints, run_router
 

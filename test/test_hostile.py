@@ -20,9 +20,10 @@ import aiohttp
 import pytest
 
 from mock import run_mock
-from nomyo_router.upstream import h1, native
-from nomyo_router.upstream.relay import Records
-from nomyo_router.upstream.resume import Sent
+from nomyo_router import h1
+from nomyo_router.relay import pump as native
+from nomyo_router.relay.continuation import Sent
+from nomyo_router.relay.sinks import Records
 from test.conftest import FAST
 from test.helpers import endpoints, run_router
 from test.hostile_backend import MODEL, Hostile

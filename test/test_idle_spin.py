@@ -12,7 +12,7 @@ import time
 
 import aiohttp
 
-from nomyo_router.runtime.idle_spin import CAP, FEW, IdleSpin
+from nomyo_router.server.idle_spin import CAP, FEW, IdleSpin
 from test.helpers import endpoints, run_router
 from test.test_metrics import CHAT, value
 

@@ -15,16 +15,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # Top to bottom. Entry points and wiring (runtime); the request's path (forward) and what operators
-# read (ops, fed by events); the HTTP shapes of the APIs; the backend client; routing
-# policies and the scheduler; shared state; the domain types everything uses.
+# read (ops, fed by events), the response cache and batches; the relay (how an answer travels to
+# the client); the HTTP shapes of the APIs; what the router knows of backends; routing policies
+# and the scheduler; the HTTP client to backends; shared state; the server's HTTP plumbing; the
+# domain types everything uses.
 LAYERS: list[set[str]] = [
-    {"__main__", "cli", "app", "generation", "protocol", "body_writer", "config_doc", "runtime"},
+    {"__main__", "cli", "app", "generation", "config_doc", "runtime"},
     {"forward", "ops", "cache", "batch"},
+    {"relay"},
     {"api"},
-    {"upstream"},
+    {"backends"},
     {"routing"},
+    {"h1"},
     {"state"},
-    {"config", "config_checks", "domain", "events", "background", "__init__"},
+    {"server"},
+    {"config", "config_checks", "domain", "events", "task_stop", "__init__"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nomyo_router.backends import model_sync
+from nomyo_router.backends.model_sync import ModelSync, Snapshot
 from nomyo_router.domain import Endpoint
-from nomyo_router.upstream import model_sync
-from nomyo_router.upstream.model_sync import ModelSync, Snapshot
 
 
 class Bus:

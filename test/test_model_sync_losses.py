@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nomyo_router.upstream import model_sync
+from nomyo_router.backends import model_sync
 from test.test_model_sync import Bus, BusStore, Worker, snap, workers
 
 Lost = Callable[[dict[str, Any]], bool]

@@ -1,4 +1,4 @@
-"""The compiled relay (upstream/native.py, _pump.c): after a stream's head and first chunk,
+"""The compiled relay (relay/pump.py, _pump.c): after a stream's head and first chunk,
 the rest of a chunked body goes from the backend's socket to the client's with no Python per
 chunk. The bytes arrive whole and in order (whole records per chunk), the final counts are
 kept, the backend's connection is reused, a paused client is waited for, a client that
@@ -17,7 +17,8 @@ import aiohttp
 import pytest
 
 from mock import run_mock
-from nomyo_router.upstream import h1, native
+from nomyo_router import h1
+from nomyo_router.relay import pump as native
 from test.helpers import endpoints, run_router
 from test.test_relay import CHAT, WORDS, RawClient, _ollama_lines, _text, read_with_a_stall
 
@@ -49,7 +50,7 @@ async def _chat(s: aiohttp.ClientSession, url: str, body: dict = CHAT) -> list[d
 
 
 @pytest.mark.instruments  # (it counts the pool's connections)
-@pytest.mark.parametrize("resume", [True, False])  # record-wise relay (resume.py) / pass-through (proxy._relay)
+@pytest.mark.parametrize("resume", [True, False])  # record-wise relay (continuation.py) / pass-through (proxy._relay)
 async def test_a_stream_comes_through_whole_counted_and_its_connection_is_reused(taken, resume, monkeypatch):
     made = []
     connect = h1.Pool._connect

@@ -1,4 +1,4 @@
-"""The compiled relay's HTTP/1.1 framing (`upstream/_pump.c`) against a reference parser.
+"""The compiled relay's HTTP/1.1 framing (`relay/_pump.c`) against a reference parser.
 
 A seeded generator writes chunked bodies as a backend might (sizes in either case with
 leading zeros, extensions, trailers, bytes after the end), then breaks some of them (bytes
@@ -28,12 +28,12 @@ import socket
 import h11
 import pytest
 
-from nomyo_router.upstream import native
+from nomyo_router.relay import pump as native
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the C extension was not built (no compiler)")
 
 if native.AVAILABLE:
-    from nomyo_router.upstream import _pump
+    from nomyo_router.relay import _pump
 
 # (`make sanitize` runs 200,000 against the sanitizers' build; the plain suite a tenth, the same
 # C code built without them)

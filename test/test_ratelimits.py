@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 
 from mock import MockConfig, MockProcess, run_mock
-from nomyo_router.state.limits import DAY_S, Limiter, Limits
+from nomyo_router.state.key_limits import DAY_S, Limiter, Limits
 from test.conftest import FAST
 from test.helpers import endpoints, run_router
 from test.router_proc import router_workers

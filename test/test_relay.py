@@ -1,4 +1,4 @@
-"""The direct relay (upstream/relay.py): a stream's pieces written from the backend
+"""The direct relay (relay/sinks.py): a stream's pieces written from the backend
 connection's callback to the client's transport. What one read of the backend brought goes
 out as one chunk; a paused client, a client that leaves, a backend that cuts the stream and a
 translated stream all behave as on the ASGI path; the bytes arrive whole and in order.
@@ -18,7 +18,7 @@ import pytest
 
 from mock import MockConfig, MockProcess, run_mock
 from mock.text import WORDS
-from nomyo_router.body_writer import BodyWriter
+from nomyo_router.server.body_writer import BodyWriter
 from test.helpers import endpoints, post_stream_raw, run_router
 
 pytestmark = pytest.mark.instruments  # (it counts the direct writer's calls)

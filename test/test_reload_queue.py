@@ -22,7 +22,7 @@ from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import LeastBusy, RouteContext, picker
 from nomyo_router.routing.scheduler import Scheduler
 from nomyo_router.runtime import reconfigure as reload
-from nomyo_router.state import SharedStore
+from nomyo_router.state import WorkerStore
 from test.helpers import TEST_USAGE_DB, run_router
 from test.router_proc import router_workers
 
@@ -233,12 +233,12 @@ async def test_the_first_worker_to_reload_moves_every_workers_queue_in_one_order
     oldest request, the host worker's, still gets the new endpoint first: it waits for its
     own worker's reload rather than letting a younger one pass."""
     base = str(tmp_path / "state")
-    stores: list[SharedStore] = []
+    stores: list[WorkerStore] = []
     scheds: list[Scheduler] = []
     olds: list[Endpoint] = []
     for _ in range(2):
         olds.append(endpoint("a"))
-        stores.append(SharedStore(base, [olds[-1]], 100, 600, 1000, picker(LeastBusy())))
+        stores.append(WorkerStore(base, [olds[-1]], 100, 600, 1000, picker(LeastBusy())))
         await stores[-1].start()
         scheds.append(Scheduler([olds[-1]], stores[-1], LeastBusy(), 30.0))
     host, worker = stores
@@ -277,6 +277,6 @@ async def test_the_first_worker_to_reload_moves_every_workers_queue_in_one_order
             await store.close()
 
 
-async def _queued(host: SharedStore, n: int) -> bool:
+async def _queued(host: WorkerStore, n: int) -> bool:
     assert host._coordinator is not None
     return host._coordinator.store.queue_length() == n

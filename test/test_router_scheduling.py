@@ -127,7 +127,7 @@ async def test_queued_client_that_leaves_is_dropped(state):
 
 
 # Ours reports the disconnect through a hook; under plain uvicorn a watcher task notices it.
-@pytest.mark.parametrize("http", ["nomyo_router.protocol:GuardedHttpToolsProtocol", "httptools"])
+@pytest.mark.parametrize("http", ["nomyo_router.server.protocol:GuardedHttpToolsProtocol", "httptools"])
 async def test_stream_disconnect_frees_the_slot(state, http):
     async with run_mock(ttft_ms=0.0, tok_ms=50.0, tokens=200) as m:
         async with run_router({"endpoints": endpoints(m, slots=1), **state}, http) as r, aiohttp.ClientSession() as s:

@@ -10,18 +10,18 @@ import sys
 
 from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import LeastBusy, picker
-from nomyo_router.state import Ask, QueueTimeout, SharedStore
+from nomyo_router.state import Ask, QueueTimeout, WorkerStore
 from nomyo_router.state.slots import SlotTable
 
 EP = Endpoint(name="one", url="http://127.0.0.1:9", slots=2)
 first = lambda free: free[0]  # noqa: E731
 
 
-async def two_workers(tmp_path) -> tuple[SharedStore, SharedStore]:
+async def two_workers(tmp_path) -> tuple[WorkerStore, WorkerStore]:
     base = str(tmp_path / "state")
-    host = SharedStore(base, [EP], 100, 600, 1000, picker(LeastBusy()))
+    host = WorkerStore(base, [EP], 100, 600, 1000, picker(LeastBusy()))
     await host.start()
-    worker = SharedStore(base, [EP], 100, 600, 1000, picker(LeastBusy()))
+    worker = WorkerStore(base, [EP], 100, 600, 1000, picker(LeastBusy()))
     await worker.start()
     assert host.is_host and not worker.is_host
     return host, worker
@@ -59,7 +59,7 @@ async def test_a_new_request_does_not_pass_one_that_waits(tmp_path):
         held = [await host.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=1.0)) for _ in range(2)]
         order: list[str] = []
 
-        async def take(store: SharedStore, name: str) -> None:
+        async def take(store: WorkerStore, name: str) -> None:
             lease = await store.acquire(Ask(model="m", candidates=[EP], choose=first, timeout=5.0))
             order.append(name)
             await asyncio.sleep(0.05)

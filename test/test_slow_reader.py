@@ -35,7 +35,7 @@ async def _raw_stream(url: str, path: str, body: dict, stall_at: int = 0) -> byt
     return bytes(out)
 
 
-@pytest.mark.parametrize("http", ["nomyo_router.protocol:GuardedHttpToolsProtocol", "httptools"])
+@pytest.mark.parametrize("http", ["nomyo_router.server.protocol:GuardedHttpToolsProtocol", "httptools"])
 @pytest.mark.parametrize(
     "path,body", [("/api/chat", CHAT), ("/api/generate", {"model": "llama3", "prompt": "hi", "stream": True})]
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nomyo_router.upstream.translate import SseToNdjson, request_to_openai, response_to_ollama
+from nomyo_router.backends.translate import SseToNdjson, request_to_openai, response_to_ollama
 
 
 def test_options_and_format_map_to_openai_fields():

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from mock import run_mock
-from nomyo_router.upstream.translate import SseToNdjson, request_to_openai, response_to_ollama
+from nomyo_router.backends.translate import SseToNdjson, request_to_openai, response_to_ollama
 from test.helpers import run_router
 
 WEATHER = {

@@ -1,6 +1,6 @@
 """The uvicorn internals the router leans on are still there, with the shape it expects.
 
-`nomyo_router/protocol.py` subclasses uvicorn's httptools protocol and reads and writes its
+`nomyo_router/server/protocol.py` subclasses uvicorn's httptools protocol and reads and writes its
 private state (the flow control's event, the request cycle's flags, the keep-alive timer it
 replaces); `nomyo_router/ops/lifecycle.py` points `uvicorn.supervisors.multiprocess.Process`
 at its own worker class; `nomyo_router/cli.py` adds a SIGHUP handler to the supervisor. None
@@ -24,7 +24,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import Server, ServerState
 from uvicorn.supervisors import Multiprocess, multiprocess
 
-from nomyo_router.protocol import GuardedHttpToolsProtocol
+from nomyo_router.server.protocol import GuardedHttpToolsProtocol
 
 
 def _params(fn: object) -> list[str]:
@@ -122,7 +122,7 @@ async def _app(scope, receive, send):
 
 
 async def test_protocol_and_cycle_state_read_and_written():
-    """The attributes protocol.py reads or sets on the protocol, its flow control and the
+    """The attributes server/protocol.py reads or sets on the protocol, its flow control and the
     request cycle, on a real connection fed one request."""
     config = Config(app=_app, http=GuardedHttpToolsProtocol, lifespan="off", access_log=False)
     config.load()

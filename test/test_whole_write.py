@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from nomyo_router.body_writer import BodyWriter
+from nomyo_router.server.body_writer import BodyWriter
 from test.helpers import endpoints, read_response, run_router
 
 pytestmark = pytest.mark.instruments  # (it counts the direct writer's calls)
@@ -56,7 +56,7 @@ async def _exchange(url: str, close: bool) -> tuple[bytes, list[tuple[bytes, byt
 @pytest.mark.parametrize("close", [False, True])
 async def test_a_whole_answer_is_written_as_uvicorn_writes_it(mock, wholes, close):
     seen = []
-    for http in ("httptools", "nomyo_router.protocol:GuardedHttpToolsProtocol"):
+    for http in ("httptools", "nomyo_router.server.protocol:GuardedHttpToolsProtocol"):
         async with run_router({"endpoints": endpoints(mock)}, http=http) as r:
             seen.append(await _exchange(r.url, close))
     (s1, h1, b1, c1), (s2, h2, b2, c2) = seen

@@ -14,7 +14,7 @@ from mock import MockConfig, MockProcess
 from nomyo_router.config import parse_config
 from nomyo_router.domain import Endpoint
 from nomyo_router.routing.policies import LeastBusy, picker
-from nomyo_router.state import SharedStore
+from nomyo_router.state import WorkerStore
 from test.helpers import fifo
 from test.router_proc import ready, router_workers
 
@@ -86,7 +86,7 @@ async def test_a_conversation_keeps_its_backend_across_workers(tmp_path):
         cfg = {"endpoints": [{"url": a.url, "name": "a"}, {"url": b.url, "name": "b"}]}
         base = str(tmp_path / "state")
         eps = [Endpoint.from_config(e) for e in parse_config(cfg).endpoints]
-        host = SharedStore(base, eps, 100, 600, 1000, picker(LeastBusy()))
+        host = WorkerStore(base, eps, 100, 600, 1000, picker(LeastBusy()))
         await host.start()
         assert host.is_host
         try:

@@ -1,8 +1,8 @@
 """Who may use the router: client keys and browser origins, checked once per request.
 
-Keys: `router_api_key` (one key, NOMYO's name) and/or `client_keys` (named keys, optionally
+ClientKeys: `router_api_key` (one key, NOMYO's name) and/or `client_keys` (named keys, optionally
 limited to some models). Sent as `Authorization: Bearer KEY` (openai and ollama clients,
-Open WebUI) or `x-api-key: KEY` (Anthropic clients). Keys are held as sha256 digests
+Open WebUI) or `x-api-key: KEY` (Anthropic clients). ClientKeys are held as sha256 digests
 (they may be written as `sha256:<hex>` in the file) and looked up by digest with a
 constant-time comparison, so neither the file nor timing reveals them.
 
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from ..config import digest_of
-from .asgi import Headers, Scope
+from ..server.asgi import Headers, Scope
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
@@ -73,7 +73,7 @@ class Client:
         return self.role in OPERATOR_ROLES
 
 
-def keys_of(config: RouterConfig) -> Keys | None:
+def keys_of(config: RouterConfig) -> ClientKeys | None:
     """Every key the config names, or None when the router is open."""
     from ..domain import model_key
 
@@ -87,7 +87,7 @@ def keys_of(config: RouterConfig) -> Keys | None:
         for c in config.client_keys
     ]
     # the admin and metrics keys alone do not close the router: they only unlock their routes
-    return Keys(entries, required=bool(config.router_api_key or config.client_keys)) if entries else None
+    return ClientKeys(entries, required=bool(config.router_api_key or config.client_keys)) if entries else None
 
 
 def caps_of(config: RouterConfig) -> dict[str, int]:
@@ -95,7 +95,7 @@ def caps_of(config: RouterConfig) -> dict[str, int]:
     return {c.name: c.max_concurrent for c in config.client_keys if c.max_concurrent}
 
 
-class Keys:
+class ClientKeys:
     def __init__(
         self, entries: Sequence[tuple[str, str, frozenset[str] | None, str, bool]], required: bool = True
     ) -> None:
@@ -206,7 +206,7 @@ class Operated(Protocol):
     """What `require_admin` reads of the router: its client keys and its config."""
 
     @property
-    def keys(self) -> Keys | None: ...
+    def keys(self) -> ClientKeys | None: ...
     @property
     def config(self) -> RouterConfig: ...
 

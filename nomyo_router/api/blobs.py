@@ -16,13 +16,13 @@ import json
 import re
 from collections.abc import AsyncIterator
 
+from ..backends.progress import describe
+from ..backends.translate import error_message
 from ..domain import Endpoint
-from ..upstream.progress import describe
-from ..upstream.translate import error_message
-from .asgi import STREAMED_BODY, ClientGone, Receive, Scope, Send, header, send_response
+from ..server.asgi import STREAMED_BODY, ClientGone, Receive, Scope, Send, header, send_response
 from .errors import ApiError
+from .key_admission import count
 from .manage import Manager, why
-from .ratelimits import count
 
 _QUEUE = 8  # body pieces queued per endpoint ahead of its upload
 _DIGEST = re.compile(r"^sha256[:-][0-9a-f]{64}$")

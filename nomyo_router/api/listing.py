@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from .. import h1
 from ..domain import Endpoint, model_key
 from ..state import StateStore
-from ..upstream import h1
 from .access import Client
 from .errors import ApiError
 from .requests import load_json
@@ -197,7 +197,7 @@ async def health(
     """`verdicts`: the process's `Health` (ejection state per endpoint, event-loop lag).
     Without `details`, only whether the router is up: {"status": "ok" | "degraded" |
     "unavailable"}; "degraded" (200): the endpoints in rotation are all failing (each the last
-    of a model, kept in rotation: upstream/health.py)."""
+    of a model, kept in rotation: backends/health.py)."""
     if not details:
         routed = [ep for ep in endpoints if store.is_healthy(ep) and ep.type is not None]
         if any(verdicts is None or not verdicts.failing(ep.name) for ep in routed):

@@ -6,7 +6,7 @@ change every box. Each call goes to every Ollama-type endpoint (or only those na
 
 - pull, create: every target; push, copy, delete: the targets that have the model (after
   one re-discovery if none seems to);
-- streamed progress is merged into one NDJSON stream (`upstream/progress.py`); `stream:
+- streamed progress is merged into one NDJSON stream (`backends/progress.py`); `stream:
   false` answers one merged JSON; a final success only when every endpoint succeeded,
   otherwise an error naming the endpoints that failed and why;
 - blob uploads (`POST /api/blobs/sha256:…`): `blobs.py`.
@@ -15,7 +15,7 @@ With `admin_key` configured these calls need it (403 otherwise); a client key li
 some models may never make them (`HEAD /api/blobs` included); a key with `rpm` spends one
 request per call. They take no generation slot; at most `manage_concurrency` run at once per router
 process (more wait). When one finishes, the concerned endpoints' model lists are refreshed,
-and every other worker process has applied them (`upstream/model_sync.py`), before the
+and every other worker process has applied them (`backends/model_sync.py`), before the
 answer goes out: a pulled or copied model is listed and served at once, a deleted one is
 gone, whichever worker the next request reaches.
 """
@@ -27,19 +27,19 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..backends import stream_lines as records
+from ..backends.discovery import Discovery
+from ..backends.management_session import ManageSession
+from ..backends.progress import ProgressMerge, final
+from ..backends.translate import error_message
 from ..config import RouterConfig
 from ..domain import Endpoint, model_key
-from ..upstream import records
-from ..upstream.discovery import Discovery
-from ..upstream.progress import ProgressMerge, final
-from ..upstream.session import ManageSession
-from ..upstream.translate import error_message
-from .asgi import Receive, Scope, Send, cancel_on_disconnect, header, read_body, send_response
+from ..server.asgi import Receive, Scope, Send, cancel_on_disconnect, header, read_body, send_response
 from .errors import ApiError
-from .ratelimits import count
+from .key_admission import count
 from .requests import load_json
 
-if TYPE_CHECKING:  # aiohttp is imported when model management is first used (upstream/session.py)
+if TYPE_CHECKING:  # aiohttp is imported when model management is first used (backends/management_session.py)
     import aiohttp
 
 NDJSON = b"application/x-ndjson"

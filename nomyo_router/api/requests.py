@@ -57,8 +57,9 @@ class GenRequest:
         self.session_id: str | None = None
         self.client: str | None = None  # the client key's name, when keys are configured
         self.ctype: str | None = None  # a Content-Type to forward instead of JSON's (multipart)
-        self.too_small: frozenset[str] | None = None  # endpoints whose context window it exceeds (routing/context.py)
-        self.pinned: tuple[str, ...] | None = None  # only these endpoints, no affinity (forward/moe.py)
+        # endpoints whose context window it exceeds (routing/context_windows.py)
+        self.too_small: frozenset[str] | None = None
+        self.pinned: tuple[str, ...] | None = None  # only these endpoints, no affinity (forward/ensemble.py)
         self.routing_headers = True  # its answer says where it went and why (api/access.Client)
 
 

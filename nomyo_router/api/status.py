@@ -12,10 +12,10 @@ import json
 from collections.abc import Callable, Sequence
 
 from ..domain import Endpoint
+from ..h1 import ClientError, Upstream
+from ..server.asgi import Receive, Scope, Send, send_response
 from ..state import StateStore
-from ..upstream.h1 import ClientError, Upstream
-from .asgi import Receive, Scope, Send, send_response
-from .ratelimits import count
+from .key_admission import count
 
 FALLBACK = json.dumps({"cloud": {"disabled": True, "source": "none"}}).encode()
 

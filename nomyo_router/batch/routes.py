@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from ..api.asgi import BodyTooLarge, Receive, Scope, Send, header, read_body, send_response
 from ..api.errors import ApiError
+from ..server.asgi import BodyTooLarge, Receive, Scope, Send, header, read_body, send_response
 from . import objects
 from .intake import ENDPOINTS, read_lines, upload
 from .service import Batches

@@ -36,10 +36,10 @@ from ..api.requests import parse
 from ..config import BatchConfig
 from ..domain import Endpoint, model_key
 from ..events import Events, RequestRecord
-from ..forward.exchange import Exchange, Handle
 from ..ops.log_limit import LimitedLog
+from ..relay.exchange import Exchange, Handle
 from ..state import StateStore
-from ..state.fair import BATCH
+from ..state.queue_order import BATCH
 from . import objects
 from .base import BatchStore, Line
 from .demand import Demand

@@ -10,9 +10,9 @@ from prometheus_client.core import GaugeMetricFamily
 from ..config import RouterConfig
 from ..domain import Endpoint, model_key
 from ..events import Events
-from ..forward.exchange import Handle
+from ..relay.exchange import Handle
 from ..state import StateStore
-from ..state.limits import Limits
+from ..state.key_limits import Limits
 from ..state.redis_url import is_redis
 from . import objects
 from .base import BatchStore
@@ -93,6 +93,6 @@ def make_store(config: RouterConfig) -> BatchStore:
         from .redis_store import RedisBatches
 
         return RedisBatches(config.state, config.redis_timeout)
-    from .sqlite_store import SqliteStore
+    from .sqlite_store import SqliteAnswerStore
 
-    return SqliteStore(config.batch.path)
+    return SqliteAnswerStore(config.batch.path)

@@ -3,7 +3,7 @@ of a router (see base.py for what it keeps and how a line gets one result).
 
 A line's result and its new state are written in one statement that only a queued row
 matches. `SqliteFile`'s calls are synchronous and short, one at a time (a lock);
-`SqliteStore` runs each in a thread, so a large upload never stalls the event loop.
+`SqliteAnswerStore` runs each in a thread, so a large upload never stalls the event loop.
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def _file(row: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-class SqliteStore(BatchStore):
+class SqliteAnswerStore(BatchStore):
     """The SQLite file's calls, each in a thread: a large file never stalls the event loop."""
 
     errors = (sqlite3.Error, OSError)

@@ -6,43 +6,27 @@ body's dict (`"nomyo" in req.body`, in app.py: constant, whatever the body's siz
 substring search of the raw body cost 7 µs on 22 KB); with it on, that lookup and one scan of
 the headers (bench/cache.py).
 
-The request's answer leaves through its exchange (forward/exchange.py); the cache reads it on
-its way out through a `send` of its own (`Exchange.via`), and answers a hit through the
-client's `send`. The exchange is seen here only as the `Way` below (the cache does not import
-the request path, which imports the cache).
+The request's answer leaves through its exchange (relay/exchange.py); the cache reads it on
+its way out through a `send` of its own (`Exchange.via`), and answers a hit through the same
+exchange, as the way out `relay.cached.Cached`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING
 
-from ..api.asgi import Scope, Send, header
 from ..api.requests import GenRequest
 from ..events import RequestRecord
+from ..relay.exchange import Exchange, Handle
+from ..server.asgi import Scope, Send, header
 from . import keys
 
 if TYPE_CHECKING:  # (made, and imported, only when the cache is on: runtime)
     from .service import ResponseCache
 
 
-class Way(Protocol):
-    """What the cache uses of a request's exchange."""
-
-    @property
-    def send(self) -> Send: ...
-    @property
-    def rec(self) -> RequestRecord: ...
-    def via(self, send: Send) -> Self: ...
-
-
-W = TypeVar("W", bound=Way)
-
-
-def handler(
-    cache: ResponseCache | None, scope: Scope, req: GenRequest, handle: Callable[[GenRequest, W], Awaitable[None]]
-) -> Callable[[GenRequest, W], Awaitable[None]]:
+def handler(cache: ResponseCache | None, scope: Scope, req: GenRequest, handle: Handle) -> Handle:
     """`handle` itself, or the cache's flow around it when the request opted in. NOMYO's `nomyo`
     body field is taken out here in any case: it is for the router, never for a backend."""
     asked = keys.FIELD in req.body and keys.take_field(req)
@@ -55,10 +39,8 @@ def handler(
     return functools.partial(_serve, cache, handle)
 
 
-async def _serve(
-    cache: ResponseCache, handle: Callable[[GenRequest, W], Awaitable[None]], req: GenRequest, ex: W
-) -> None:
+async def _serve(cache: ResponseCache, handle: Handle, req: GenRequest, ex: Exchange) -> None:
     async def through(req: GenRequest, send: Send, rec: RequestRecord) -> None:
         await handle(req, ex.via(send))
 
-    await cache.serve(req, ex.send, ex.rec, through)
+    await cache.serve(req, ex, through)

@@ -20,10 +20,10 @@ import msgspec
 
 from ..config import CacheConfig
 from ..state import redis_url
-from .stores import Cursor, Store, Vectors
+from .stores import AnswerStore, Cursor, Vectors
 
 
-class RedisStore(Store):
+class RedisAnswerStore(AnswerStore):
     def __init__(self, cfg: CacheConfig, url: str, timeout: float, prefix: str = "nomyo") -> None:
         self.url, self.timeout, self.ttl, self.max_entries = url, timeout, cfg.ttl, cfg.max_entries
         self.p = f"{prefix}:rcache:"

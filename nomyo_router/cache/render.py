@@ -14,7 +14,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from ..api.asgi import Headers, Send
 from ..api.requests import GenRequest
 from .answer import Answer, Choice
 
@@ -32,21 +31,6 @@ def body(req: GenRequest, answer: Answer, elapsed_ns: int) -> tuple[bytes, bytes
             else (JSON, _dumps(_ollama_last(req, answer, answer.choices[0], elapsed_ns, whole=True)))
         )
     return (SSE, _openai_stream(req, answer)) if req.stream else (JSON, _dumps(_openai_whole(req, answer)))
-
-
-async def send(send: Send, req: GenRequest, answer: Answer, headers: Headers, elapsed_ns: int) -> int:
-    """Send the answer; returns its size in bytes."""
-    ctype, data = body(req, answer, elapsed_ns)
-    head = [*headers, (b"content-type", ctype)]
-    if req.stream:  # chunked, as a backend's stream comes
-        await send({"type": "http.response.start", "status": 200, "headers": head})
-        await send({"type": "http.response.body", "body": data, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
-    else:
-        head.append((b"content-length", b"%d" % len(data)))
-        await send({"type": "http.response.start", "status": 200, "headers": head})
-        await send({"type": "http.response.body", "body": data})
-    return len(data)
 
 
 def _dumps(obj: Any) -> bytes:

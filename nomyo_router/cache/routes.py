@@ -10,12 +10,12 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..api.asgi import Receive, Scope, Send, read_body, send_response
 from ..api.errors import ApiError
 from ..config import RouterConfig
 from ..events import Events
+from ..server.asgi import Receive, Scope, Send, read_body, send_response
 from .service import ResponseCache
-from .stores import MemoryStore, SqliteStore, Store
+from .stores import AnswerStore, MemoryAnswerStore, SqliteAnswerStore
 
 if TYPE_CHECKING:
     from .semantic import Owner
@@ -36,15 +36,15 @@ def make_cache(config: RouterConfig, events: Events, owner: Owner) -> ResponseCa
     return ResponseCache(cfg, store, events, semantic)
 
 
-def make_store(config: RouterConfig) -> Store:
+def make_store(config: RouterConfig) -> AnswerStore:
     cfg = config.cache
     if cfg.backend == "sqlite":
-        return SqliteStore(cfg)
+        return SqliteAnswerStore(cfg)
     if cfg.backend == "redis":
-        from .redis_store import RedisStore
+        from .redis_store import RedisAnswerStore
 
-        return RedisStore(cfg, cfg.url or config.state, config.redis_timeout)
-    return MemoryStore(cfg)
+        return RedisAnswerStore(cfg, cfg.url or config.state, config.redis_timeout)
+    return MemoryAnswerStore(cfg)
 
 
 class CacheRoutes:

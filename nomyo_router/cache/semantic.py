@@ -29,13 +29,13 @@ from typing import Protocol
 
 import numpy as np
 
-from ..api.asgi import Send, Whole
 from ..api.requests import GenRequest
 from ..config import CacheConfig
 from ..events import RequestRecord
+from ..server.asgi import Send, Whole
 from .answer import Answer
 from .keys import DELIVERY, request_key
-from .stores import Cursor, Store
+from .stores import AnswerStore, Cursor
 
 KINDS = frozenset(("chat", "generate"))
 PERSONAL = re.compile(
@@ -114,7 +114,7 @@ class Owner(Protocol):
 
 
 class Semantic:
-    def __init__(self, cfg: CacheConfig, owner: Owner, store: Store) -> None:
+    def __init__(self, cfg: CacheConfig, owner: Owner, store: AnswerStore) -> None:
         self.threshold, self.model, self.max_entries = cfg.similarity, cfg.embed_model or "", cfg.max_entries
         self.owner = owner
         self.store = store  # where the vectors are read from

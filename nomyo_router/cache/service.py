@@ -20,15 +20,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..api.asgi import Headers, Send
 from ..api.requests import GenRequest
-from ..background import end
 from ..config import CacheConfig
 from ..events import Events, RequestRecord
 from ..ops.log_limit import LimitedLog
+from ..relay.base import ReadyAnswer
+from ..relay.cached import CACHED
+from ..relay.exchange import Exchange
+from ..server.asgi import Headers, Send
+from ..task_stop import end
 from . import answer as answers
 from . import keys, render
-from .stores import Store
+from .stores import AnswerStore
 
 if TYPE_CHECKING:  # (numpy is imported only in semantic mode)
     from .semantic import Semantic
@@ -72,7 +75,7 @@ class Capture:
 
 
 class ResponseCache:
-    def __init__(self, cfg: CacheConfig, store: Store, events: Events, semantic: Semantic | None = None) -> None:
+    def __init__(self, cfg: CacheConfig, store: AnswerStore, events: Events, semantic: Semantic | None = None) -> None:
         self.cfg, self.store, self.events = cfg, store, events
         self.semantic = semantic  # in semantic mode, else None
         self.hits = self.misses = 0  # this process's, not yet added to the store's counters
@@ -87,7 +90,7 @@ class ResponseCache:
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            await end(task)  # (one cancel is not always enough: background.py)
+            await end(task)  # (one cancel is not always enough: task_stop.py)
         await self.flush()
         await self.store.close()
 
@@ -132,7 +135,10 @@ class ResponseCache:
         return n
 
     # ---- the request flow ------------------------------------------------------------------
-    async def serve(self, req: GenRequest, send: Send, rec: RequestRecord, handle: Handle) -> None:
+    async def serve(self, req: GenRequest, ex: Exchange, handle: Handle) -> None:
+        """Answer `req` from the cache through `ex` (the way out "cached"), or by `handle`,
+        keeping its answer."""
+        send, rec = ex.send, ex.rec
         if not keys.cacheable(req):
             rec.cache = "bypass"
             return await handle(req, _with(send, BYPASS), rec)
@@ -151,7 +157,7 @@ class ResponseCache:
             data = await asyncio.shield(self._inflight[key])
         found = answers.decode(data) if data is not None else None
         if found is not None and (found.whole is not None or found.choices):
-            return await self._hit(req, found, send, rec)
+            return await self._hit(req, found, ex)
         self.misses += 1
         rec.cache = "miss"
         mine = key not in self._inflight
@@ -164,11 +170,13 @@ class ResponseCache:
             if mine:
                 self._inflight.pop(key).set_result(kept)
 
-    async def _hit(self, req: GenRequest, found: answers.Answer, send: Send, rec: RequestRecord) -> None:
+    async def _hit(self, req: GenRequest, found: answers.Answer, ex: Exchange) -> None:
         self.hits += 1
-        rec.cache, rec.status = "hit", 200
+        rec = ex.rec
+        rec.cache = "hit"
         headers: Headers = [(b"x-request-id", rec.request_id.encode("latin-1")), (keys.HEADER, HIT)]
-        await render.send(send, req, found, headers, int((time.perf_counter() - req.t0) * 1e9))
+        ctype, data = render.body(req, found, int((time.perf_counter() - req.t0) * 1e9))
+        await ex.relay(CACHED, ReadyAnswer(200, data, headers, ctype, req.stream))
         rec.ttft_s = time.perf_counter() - req.t0
         self.events.count("cache_hit", "", req.key)
 

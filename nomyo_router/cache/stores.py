@@ -24,14 +24,14 @@ from ..ops.sqlite_file import open_shared
 
 ENTRY_OVERHEAD = 200  # bytes a memory entry costs besides its value and vector (dict slot, tuple, key)
 Vectors = list[tuple[str, str, bytes]]  # (key, namespace, vector)
-# Where a reader of `Store.vectors` got to, as the store marks it (a sequence number, a Redis
+# Where a reader of `AnswerStore.vectors` got to, as the store marks it (a sequence number, a Redis
 # stream id); None: from the start.
 Cursor = int | str | None
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
 
-class Store:
+class AnswerStore:
     """The interface; the memory store is the reference for what each call means."""
 
     async def start(self) -> None: ...
@@ -63,7 +63,7 @@ class Store:
         raise NotImplementedError
 
 
-class MemoryStore(Store):
+class MemoryAnswerStore(AnswerStore):
     """An LRU dict bounded by `max_entries` and `max_bytes`; expired entries go when met."""
 
     def __init__(self, cfg: CacheConfig) -> None:
@@ -137,7 +137,7 @@ _SCHEMA = (
 )
 
 
-class SqliteStore(Store):
+class SqliteAnswerStore(AnswerStore):
     """One table in a file every worker and every restart shares (WAL, one thread per process,
     as the usage store). Bounded by `max_entries`: the entries nearest their end go first."""
 

@@ -1,9 +1,7 @@
-"""A request's way to a backend and back: the one way out of its answer (`exchange.py`: the
-`Exchange`, whose `finish` is the request's one completion point), the proxy (attempts,
-retries, which relay), the relays behind the Exchange (`relays/`: whole, passed through,
-record by record and resumed, translated), and the wrappers around the proxy (ensembles,
-trim-and-retry).
+"""A request's way to a backend: the proxy (attempts, retries, which way out of `relay/` writes
+the answer), what is sent to the backend, and the wrappers around the proxy (ensembles,
+trim-and-retry). The answer itself leaves through the request's `Exchange` (relay/exchange.py).
 
-It stands between the APIs' shapes (`api`, which it answers in) and the backend client
-(`upstream`, which it drives), so neither of those imports the other's caller.
+It stands above the relay (the ways out, which it chooses), the APIs' shapes and the backend
+client, so none of those imports its caller.
 """

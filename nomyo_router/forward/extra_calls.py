@@ -1,7 +1,7 @@
 """The backend calls a request makes beyond its own, counted on its client key's limits.
 
-A request is admitted once at the door (`api/ratelimits.py`: one request of the key's rpm).
-Trim-and-retry's re-asks (`overflow.py`) and an ensemble's samples and review (`moe.py`) are
+A request is admitted once at the door (`api/key_admission.py`: one request of the key's rpm).
+Trim-and-retry's re-asks (`overflow.py`) and an ensemble's samples and review (`ensemble.py`) are
 further calls to the backends on its behalf: each counts one more request against the key's
 rpm, and is refused like any request past the key's rpm, tpm or daily budget (429 in the
 caller's API shape), so no body buys more backend calls than its key was allowed.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from ..api.ratelimits import RateLimits, headers_of, refusal
+from ..api.key_admission import RateLimits, headers_of, refusal
 
 Charge = Callable[[str | None], Awaitable[None]]
 

@@ -32,11 +32,11 @@ import json
 import re
 from typing import Any
 
-from ..api.asgi import Send
 from ..api.requests import GenRequest
 from ..events import Events
-from ..upstream.retry import RetryBudget
-from .exchange import Exchange, Handle
+from ..relay.exchange import Exchange, Handle
+from ..relay.retry import RetryBudget
+from ..server.asgi import Send
 from .extra_calls import Charge
 
 HEADER = b"x-router-trimmed"
@@ -58,7 +58,7 @@ def is_overflow(body: bytes) -> bool:
     return _OVERFLOW.search(body) is not None
 
 
-class Hold:
+class OverflowWatch:
     """`send` for one attempt: a 400 or 413 answer is held until its end to be read; anything
     else goes out as it comes, with `X-Router-Trimmed` when messages were dropped."""
 
@@ -105,10 +105,10 @@ async def serve(handle: Handle, events: Events, bounds: Bounds, req: GenRequest,
     messages = req.body.get("messages")
     if req.kind != "chat" or not isinstance(messages, list):
         return await handle(req, ex)
-    send = ex.send  # every answer passes a `Hold` of it, to be read when it is an error
+    send = ex.send  # every answer passes a `OverflowWatch` of it, to be read when it is an error
     dropped = asks = 0
     while True:
-        hold = Hold(send, dropped)
+        hold = OverflowWatch(send, dropped)
         await handle(req, ex.via(hold.send))
         asks += 1
         if not hold.overflow:

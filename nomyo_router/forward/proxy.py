@@ -3,8 +3,8 @@
 Pass-through (client API == what the backend speaks) forwards the client's bytes and
 relays the backend's bytes untouched. Translation is used only for Ollama-API requests
 to OpenAI-type backends. The answer leaves through the request's `Exchange`
-(forward/exchange.py), which holds the slot taken here; `_attempt` picks the relay
-(forward/relays/) that writes it.
+(relay/exchange.py), which holds the slot taken here; `_attempt` picks the way out (a
+`relay.base.Relay`, made once here) that writes it and hands it the answer (`Exchange.relay`).
 """
 
 from __future__ import annotations
@@ -14,27 +14,32 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 
+from .. import h1
 from ..api import responses, route_types
-from ..api.asgi import Headers, Send
 from ..api.errors import ApiError, error_body
 from ..api.requests import GenRequest
+from ..backends.health import Health
 from ..config import RouterConfig
 from ..domain import Endpoint
 from ..events import Events, RequestRecord
+from ..h1.errors import ErrorRecord
+from ..relay import error_record, token_counts, whole, whole_from_stream
+from ..relay.assembled import Assembled
+from ..relay.base import BackendAnswer, ReadyAnswer
+from ..relay.continuation import resumable
+from ..relay.deadline import Deadlines
+from ..relay.exchange import Exchange
+from ..relay.failed import FAILED
+from ..relay.passthrough import Passthrough
+from ..relay.resumable import Resumer
+from ..relay.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
+from ..relay.translated import Translated
 from ..routing import affinity, prefix_index
 from ..routing.policies import RouteContext
 from ..routing.scheduler import Scheduler
+from ..server.asgi import Headers, Send
 from ..state import Lease, NoEndpoint, QueueFull, QueueTimeout, StateStore
-from ..upstream import assemble, error_record, h1, token_counts
-from ..upstream.deadline import Deadlines
-from ..upstream.errors import ErrorRecord
-from ..upstream.health import Health
-from ..upstream.resume import resumable
-from ..upstream.retry import RETRY_STATUSES, RetryBudget, is_error_chunk
 from . import sent_body
-from .exchange import Exchange
-from .relays import assembled, passthrough, whole
-from .relays.records import Resumer
 
 log = logging.getLogger("nomyo_router.proxy")
 
@@ -101,8 +106,14 @@ class Proxy:
         self._whole_timeout = h1.Timeout(sock_connect=config.connect_timeout, sock_read=config.first_byte_timeout)
         self._worker = (b"x-router-worker", str(os.getpid()).encode())
         self._wants_prompt = bool(getattr(scheduler.policy, "wants_prompt", False))
-        self._assemble = config.stream_whole_answers  # (relays/assembled.py)
-        self._native = upstream if config.native_relay else None  # the compiled pump's client (None: off)
+        self._assemble = config.stream_whole_answers  # (relay/assembled.py)
+        # the ways out (relay/): one of each, chosen per answer by `_attempt`
+        self._whole = whole.Whole()
+        self._large = whole.Large(config, health)
+        self._assembled = Assembled(self.resumer, (config.max_response_bytes, config.max_record_bytes))
+        # (the compiled pump's client: None when off)
+        self._passthrough = Passthrough(health, events, upstream if config.native_relay else None)
+        self._translated = Translated(health, events, config.max_record_bytes)
 
     async def handle(self, req: GenRequest, send: Send, rec: RequestRecord) -> None:
         """`forward` for a request the router makes itself (the semantic cache's embedding),
@@ -145,7 +156,7 @@ class Proxy:
             ctx.prompt = prefix_index.request_prompt(req.kind, req.key, req.body)
         only = route_types.ONLY_ON.get(req.path)  # a route some backend types do not serve: they are never tried
         tried = [] if only is None else route_types.others(self.scheduler.endpoints, only, req.key, req.path, req.model)
-        if req.pinned is not None:  # an ensemble's sample goes where it was sent (forward/moe.py)
+        if req.pinned is not None:  # an ensemble's sample goes where it was sent (forward/ensemble.py)
             tried += [ep.name for ep in self.scheduler.endpoints if ep.name not in req.pinned]
         last: RetryableFailure | None = None
         rec = ex.rec
@@ -209,11 +220,11 @@ class Proxy:
             body = last.body  # (an error object under a 200 is a 502: error_record.py)
             status, code = (502, ErrorRecord.code) if last.status == 200 else (last.status, "upstream_status")
             if req.api == "ollama" and last.content_type.startswith(b"application/json"):
-                from ..upstream.translate import error_message
+                from ..backends.translate import error_message
 
                 body = error_body("ollama", status, error_message(body))
             ex.note_error(code)
-            await ex.whole(status, body, [], last.content_type)
+            await ex.relay(FAILED, ReadyAnswer(status, body, [], last.content_type))
             return
         raise ApiError(502, f"every endpoint failed for model '{req.model}': {last.reason}", code="upstream_error")
 
@@ -225,11 +236,11 @@ class Proxy:
         rec.upstream_first_s = None
         strip = req.stream and self.resumer is not None and sent_body.strips_usage(req)
         # A whole answer is streamed from the backend, unless its length is bounded and a
-        # deadline that knows it fits under the gap (relays/assembled.py).
+        # deadline that knows it fits under the gap (relay/assembled.py).
         streamed = req.stream
         whole_by: float | None = None
-        if not streamed and self._assemble and (req.api, req.kind) in assemble.STREAMED and req.ctype is None:
-            length = assemble.length_bound(req.api, req.body)
+        if not streamed and self._assemble and (req.api, req.kind) in whole_from_stream.STREAMED and req.ctype is None:
+            length = whole_from_stream.length_bound(req.api, req.body)
             whole_by = self.deadlines.whole(ep.name, req.key, len(req.raw), length, self.config.stream_idle_timeout)
             streamed = whole_by is None
         path, body, translating = sent_body.plan(req, ep, strip, streamed and not req.stream)
@@ -289,10 +300,10 @@ class Proxy:
         if req.kind == "responses" and resp.status == 200 and self.config.conversation_affinity:
             await responses.remember_response(self.store, data or first, ep.name)  # for previous_response_id
         # (the status is recorded as the head goes out, after the last wait: a client gone meanwhile got none)
+        answer = BackendAnswer(req, ctx, ep, resp, headers, first, data, translating)
         if resp.status == 200 and streamed and not req.stream:
             try:
-                limits = (self.config.max_response_bytes, self.config.max_record_bytes)
-                return await assembled.relay(ex, req, ctx, ep, resp, first, headers, self.resumer, limits, translating)
+                return await ex.relay(self._assembled, answer)
             except (TimeoutError, h1.ClientError) as failure:  # (nothing went to the client: retried elsewhere)
                 why = (
                     "silent for longer than stream_idle_timeout"
@@ -301,30 +312,16 @@ class Proxy:
                 )
                 raise RetryableFailure(f"the stream of a whole answer broke: {why}") from None
         if not req.stream or resp.status != 200:
-            if data is None:  # larger than the router holds (relays/whole.py)
-                return await whole.relay_large(ex, resp, translating, self.config, headers, self.health, ep)
-            return await whole.send(ex, req, resp, data, headers, translating)
-        if self.resumer is not None and not translating and resumable(req.api, req.kind, req.body):
-            strips = token_counts.Strip() if strip else None
-            return await self.resumer.relay(ex, req, ctx, ep, resp, first, headers, strips)
-        finished = False
-        try:
-            broke: BaseException | bool | None
-            if translating:
-                from .relays.translated import stream
-
-                broke = await stream(ex, req, resp, first, headers, self.config.max_record_bytes)
-            else:
-                broke = await passthrough.relay(ex, resp, first, headers, self._native)
-            if broke:
-                ex.cut(broke)
-                error_record.blame(self.health, self.events, ep, req.key, broke)
-            finished = True
-        finally:
-            if finished:
-                resp.release()  # back to the keep-alive pool
-            else:
-                resp.close()  # the client left: closing the connection stops the backend
+            if data is None:  # larger than the router holds (relay/whole.py)
+                return await ex.relay(self._large, answer)
+            return await ex.relay(self._translated if translating else self._whole, answer)
+        if translating:
+            return await ex.relay(self._translated, answer)
+        resumer = self.resumer
+        if resumer is not None and resumable(req.api, req.kind, req.body):
+            answer.strip = token_counts.Strip() if strip else None
+            return await ex.relay(resumer, answer)
+        return await ex.relay(self._passthrough, answer)
 
     async def _start_continuation(self, ep: Endpoint, path: str, body: bytes) -> tuple[h1.Response, bytes]:
         deadline = self.deadlines.deadline(ep.name, "", True, len(body), False)

@@ -82,6 +82,7 @@ class AccessLog:
             "affinity": rec.affinity,
             "retries": rec.retries,
             "resumed": rec.resumed,
+            "relay": rec.relay,
             "error": rec.error,
         }
         if self.json:
@@ -98,11 +99,12 @@ class AccessLog:
             r.model,
             r.endpoint,
             r.affinity,
+            r.relay,
             r.error,
             r.prompt_tokens,
             r.completion_tokens,
         ) or _UNSAFE(
-            f"{r.request_id}{r.client}{r.api}{r.route}{r.model}{r.endpoint}{r.affinity}{r.error}"
+            f"{r.request_id}{r.client}{r.api}{r.route}{r.model}{r.endpoint}{r.affinity}{r.relay}{r.error}"
             f"{r.prompt_tokens}{r.completion_tokens}"
         ):
             log.info(" ".join([f"{k}={text_value(v)}" for k, v in fields.items() if v is not None]))

@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from ..api import listing
-from ..api.asgi import Receive, Scope, Send, send_response
+from ..server.asgi import Receive, Scope, Send, send_response
 from .history import History, counters
 from .metrics import LATENCY_BUCKETS
 from .usage.routes import summary
 
 if TYPE_CHECKING:
-    from ..api.ratelimits import RateLimits
+    from ..api.key_admission import RateLimits
+    from ..backends.health import Health
     from ..domain import Endpoint
     from ..state import StateStore
-    from ..upstream.health import Health
     from .metrics import Metrics
     from .usage.store import Usage
 

@@ -27,7 +27,7 @@ from .otlp import CLIENT, Exporter
 from .trace_data import Trace, answer_facts
 
 PROVIDERS = {"openai": "openai", "ollama": "ollama"}  # the endpoint's type -> gen_ai.provider.name
-UNNAMED = "error"  # what a record says of an error without a code of its own (forward/exchange.py)
+UNNAMED = "error"  # what a record says of an error without a code of its own (relay/exchange.py)
 
 
 class GenAIExporter(Exporter):

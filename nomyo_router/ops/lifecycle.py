@@ -107,7 +107,7 @@ def _watch(parent: int, armed: bool) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(ORPHAN_DEADLINE_S)
     # Still here: the graceful shutdown hangs (a flush waiting on a lock, a stuck task).
-    # What it did not remove, the next router's start-up removes (ops/leftovers.py).
+    # What it did not remove, the next router's start-up removes (ops/private_dir_cleanup.py).
     _say(
         logging.ERROR,
         "worker %d: shutdown did not finish within %.1fs of the supervisor's death; exiting",

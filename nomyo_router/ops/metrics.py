@@ -34,9 +34,9 @@ from ..events import Events, RequestRecord
 from .reasons import reason_of
 
 if TYPE_CHECKING:
+    from ..backends.health import LagSource
     from ..domain import Endpoint
     from ..state import StateStore
-    from ..upstream.health import LoopLag
 
 Labels = tuple[str, ...]  # a metric's label values, in its labels' order
 _M = TypeVar("_M", Counter, Histogram)
@@ -358,7 +358,7 @@ class _StateCollector:
         return self.state()
 
 
-def state_gauges(endpoints: Sequence[Endpoint], store: StateStore, lag: LoopLag) -> list[GaugeMetricFamily]:
+def state_gauges(endpoints: Sequence[Endpoint], store: StateStore, lag: LagSource) -> list[GaugeMetricFamily]:
     in_flight = GaugeMetricFamily("nomyo_router_in_flight", "Requests holding a slot", labels=["endpoint"])
     slots = GaugeMetricFamily("nomyo_router_slots", "Slots per endpoint", labels=["endpoint"])
     healthy = GaugeMetricFamily(

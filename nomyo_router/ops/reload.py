@@ -34,9 +34,9 @@ from typing import TypedDict
 
 import msgspec
 
-from ..api.asgi import Receive, Scope, Send, send_response
 from ..api.errors import ApiError
 from ..config import CONFIG_ENV, SUPERVISOR_ENV, ConfigError, EndpointConfig, RouterConfig, load_config
+from ..server.asgi import Receive, Scope, Send, send_response
 
 log = logging.getLogger("nomyo_router.reload")
 

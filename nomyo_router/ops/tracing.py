@@ -24,11 +24,11 @@ from random import getrandbits
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from ..api.asgi import Scope, header
 from ..config import ConfigError, RouterConfig
 from ..domain import Endpoint
 from ..events import Events, RequestRecord
-from ..upstream.h1 import Response, TimeoutLike, Upstream
+from ..h1 import Response, TimeoutLike, Upstream
+from ..server.asgi import Scope, header
 from .trace_data import Attempt, Settings, Trace, pending_bytes, request_params
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from typing import Any
 BLOCK = 1024  # characters per prompt block (~256 tokens)
 
 
-class Keys:
+class AffinityKeys:
     """What one request registers under, and what it looks up (longest first).
 
     `certain`: a session id or an exact chat continuation, worth waiting for its endpoint
@@ -54,7 +54,7 @@ def _content(m: dict[str, Any]) -> bytes:
     return text.encode()
 
 
-def chat_keys(model: str, messages: Sequence[object]) -> Keys | None:
+def chat_keys(model: str, messages: Sequence[object]) -> AffinityKeys | None:
     """None for a request of system messages only (nothing to recognise it by).
 
     One pass over the messages, a plain string's content hashed as it is (no JSON): this runs
@@ -80,10 +80,10 @@ def chat_keys(model: str, messages: Sequence[object]) -> Keys | None:
         return None
     # A first turn looks nothing up: identical opening requests from different users are
     # different conversations and must spread by load, not pile onto one pin.
-    return Keys(h.hexdigest(), [prefix_key] if prefix_key is not None else [])
+    return AffinityKeys(h.hexdigest(), [prefix_key] if prefix_key is not None else [])
 
 
-def prompt_keys(model: str, prompt: str) -> Keys | None:
+def prompt_keys(model: str, prompt: str) -> AffinityKeys | None:
     data = prompt.encode()
     if len(data) < BLOCK:
         return None
@@ -92,18 +92,18 @@ def prompt_keys(model: str, prompt: str) -> Keys | None:
     for start in range(0, len(data) - BLOCK + 1, BLOCK):
         h.update(data[start : start + BLOCK])
         boundaries.append(h.hexdigest())
-    return Keys(boundaries[-1], boundaries[::-1], certain=False)
+    return AffinityKeys(boundaries[-1], boundaries[::-1], certain=False)
 
 
-def session_keys(model: str, session_id: str, tenant: str | None = None) -> Keys:
+def session_keys(model: str, session_id: str, tenant: str | None = None) -> AffinityKeys:
     data = session_id.encode() if tenant is None else b"%s\x00%s" % (tenant.encode(), session_id.encode())
     key = "sid:" + hashlib.blake2b(data, digest_size=16).hexdigest()
-    return Keys(key, [key])
+    return AffinityKeys(key, [key])
 
 
 def request_keys(
     kind: str, model: str, body: dict[str, Any], session_id: str | None, tenant: str | None = None
-) -> Keys | None:
+) -> AffinityKeys | None:
     """`tenant`: the client key's name; its pins are its own (another key's identical
     conversation, prompt or session id is another key)."""
     if session_id:
@@ -122,7 +122,7 @@ def request_keys(
         prev = body.get("previous_response_id")
         if isinstance(prev, str) and prev:  # stored where it was answered (api/responses.remember_response)
             key = "resp:" + hashlib.blake2b(prev.encode(), digest_size=16).hexdigest()
-            return Keys(key, [key])
+            return AffinityKeys(key, [key])
         items = body.get("input")
         if isinstance(items, list):
             instructions = body.get("instructions")

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from ..domain import Endpoint
 from ..state import Ask, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
-from ..state.fair import BATCH, Fair
+from ..state.queue_order import BATCH, Fair
 from .policies import Policy, RouteContext
 
 
@@ -38,7 +38,7 @@ class Scheduler:
         self._waiting: dict[str, float] = {}  # requests waiting for these endpoints (picked)
         self._changes = 0  # index changes so far: a request that awaited something checks it
         # each client key's priority and share of the queue (client_keys[].priority, .weight);
-        # a key not listed, and no key, have the default (state/fair.py)
+        # a key not listed, and no key, have the default (state/queue_order.py)
         self.fair: dict[str, Fair] = fair or {}
         self.reindex()
 

@@ -5,16 +5,16 @@ application: libuv accepts and closes it (its EMFILE trick), and the client sees
 each second the open descriptors are counted (a listing of /proc/self/fd) against the soft
 limit; a second found at the limit is counted in
 `nomyo_router_events_total{what="descriptors_exhausted",endpoint=""}` and said in the
-rate-limited line of `upstream/descriptors.py`, which names the limit.
+rate-limited line of `h1/descriptors.py`, which names the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from .. import background
+from .. import task_stop as background
 from ..events import Events
-from ..upstream import descriptors
+from ..h1 import descriptors
 
 INTERVAL_S = 1.0
 

@@ -11,7 +11,6 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..api.asgi import Receive, Scope, Send
     from ..api.blobs import Blobs
     from ..api.manage import Manager
     from ..api.status import Status
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from ..ops.reload import ReloadRoute
     from ..ops.usage.routes import UsageRoutes
     from ..ops.usage.stream import UsageStream
+    from ..server.asgi import Receive, Scope, Send
     from .router import Router
 
 # An operator route's handler: a method of one of the objects below.

@@ -20,7 +20,7 @@ from ..domain import Endpoint
 from ..ops import logformat
 from ..ops.accesslog import AccessLog
 from ..ops.reload import LIVE_KEYS, Plan, backend, plan, read
-from ..state.fair import specs_of
+from ..state.queue_order import specs_of
 
 if TYPE_CHECKING:
     from .router import Router

@@ -16,43 +16,43 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from ..api import access
-from ..api.body_budget import BodyBudget
-from ..api.fairness import ClientLimits
-from ..api.ratelimits import RateLimits
+from ..api.client_caps import ClientLimits
+from ..api.key_admission import RateLimits
+from ..backends.discovery import Discovery
+from ..backends.health import Health
+from ..backends.management_session import ManageSession
 from ..config import CONFIG_ENV, RouterConfig
 from ..domain import Endpoint, model_key
 from ..events import Events, RequestRecord
-from ..forward import moe
+from ..forward import ensemble as moe
 from ..forward.extra_calls import charger
 from ..forward.proxy import Proxy
+from ..h1 import Upstream
 from ..ops.accesslog import AccessLog
 from ..ops.history import history_for
 from ..ops.metrics import UNKNOWN_MODEL, Metrics, spin_counter, state_gauges
 from ..ops.usage.budgets import budget_source
 from ..ops.usage.store import make_usage
-from ..routing.context import Windows
+from ..routing.context_windows import Windows
 from ..routing.policies import Policy, make_policy, picker
 from ..routing.scheduler import Scheduler
+from ..server.body_budget import BodyBudget
+from ..server.idle_spin import IdleSpin
 from ..state import MemoryStore, StateStore, private
-from ..state.fair import specs_of
-from ..upstream.discovery import Discovery
-from ..upstream.h1 import Upstream
-from ..upstream.health import Health
-from ..upstream.session import ManageSession
+from ..state.queue_order import specs_of
 from . import reconfigure
 from .descriptor_watch import DescriptorWatch
 from .gc_pacing import GcPace
 from .handlers import Handlers
-from .idle_spin import IdleSpin
 from .loop_lag import LoopLag
 
 if TYPE_CHECKING:
-    from ..api.asgi import Scope
     from ..batch.service import Batches
     from ..cache.service import ResponseCache
     from ..ops.tracing import Tracer
     from ..ops.usage.stream import UsageStream
     from ..routing.kv_events import KVEventState
+    from ..server.asgi import Scope
 
 log = logging.getLogger("nomyo_router")
 
@@ -86,7 +86,7 @@ class Router:
         self.body_budget = BodyBudget(config.max_queued_body_bytes)  # bodies held while queued
         self.loop_lag = LoopLag()
         self.descriptor_watch = DescriptorWatch(self.events)
-        self.idle_spin = IdleSpin(config.idle_spin_us / 1e6)  # armed by the protocol (protocol.py)
+        self.idle_spin = IdleSpin(config.idle_spin_us / 1e6)  # armed by the protocol (server/protocol.py)
         # full collections on a timer, not by growth (thousands of open streams)
         self.gc = GcPace(config.gc_full_interval) if config.gc_full_interval else None
         self.batches: Batches | None = None  # the Batch API (made once the proxy is)
@@ -122,7 +122,7 @@ class Router:
             self.endpoints,
             self.upstream,
             self.store,
-            self.scheduler,
+            self.scheduler.reindex,
             config,
             self.health,
             learned=self.windows.learn if self.windows is not None else None,
@@ -136,7 +136,7 @@ class Router:
             self.health,
             rediscover=self.discovery.refresh_now,
         )
-        self.cache = make_cache(config, self)  # the response cache; None: off
+        self.cache = cache_if_on(config, self)  # the response cache; None: off
         self.ensemble = moe.Ensemble(self)  # moe-<model> requests
         self.kv_tasks: list[asyncio.Task[None]] = []  # precise mode: KV-event subscribers
         self.kv_states: dict[str, KVEventState] = {}
@@ -236,7 +236,7 @@ class Router:
         await self.store.close()
 
 
-def make_cache(config: RouterConfig, router: Router) -> ResponseCache | None:
+def cache_if_on(config: RouterConfig, router: Router) -> ResponseCache | None:
     """The response cache, its modules imported only when it is on."""
     if not config.cache.enabled:
         return None
@@ -290,9 +290,9 @@ def make_store(config: RouterConfig, endpoints: list[Endpoint], policy: Policy) 
     if mode == "memory":
         return MemoryStore(config.max_queue, config.affinity_ttl, config.affinity_max_pins, budgets)
     if mode == "shared":
-        from ..state.shared import SharedStore  # (workers only: mmap tables and the host's link)
+        from ..state.worker_store import WorkerStore
 
-        return SharedStore(
+        return WorkerStore(
             shared_state_path(),
             endpoints,
             config.max_queue,

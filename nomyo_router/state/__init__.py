@@ -2,7 +2,7 @@
 
 from .base import Ask, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
 from .memory import MemoryStore
-from .shared import SharedStore
+from .worker_store import WorkerStore
 
 __all__ = [
     "Ask",
@@ -12,6 +12,6 @@ __all__ = [
     "QueueFull",
     "QueueTimeout",
     "Rehome",
-    "SharedStore",
+    "WorkerStore",
     "StateStore",
 ]

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 
 from ..domain import Endpoint
-from .fair import Fair
-from .limits import Limiter, Limits, Verdict
+from .key_limits import Limiter, Limits, Verdict
+from .queue_order import Fair
 
 Choose = Callable[[Sequence[Endpoint]], Endpoint]
 # How the routing policy picks for `model` among free endpoints, given their in-flight counts:
@@ -68,7 +68,7 @@ class Ask(msgspec.Struct, kw_only=True, frozen=True):
     timeout: float  # seconds it may wait in the queue for a slot
     order: int | None = None  # its place in the queue, kept from a QueueTimeout when it waits again
     pin: str | None = None  # an affinity key to point at the granted endpoint, with the grant
-    fair: Fair | None = None  # the client's share of the queue (fair.py): client, priority, weight
+    fair: Fair | None = None  # the client's share of the queue (queue_order.py): client, priority, weight
     owner: object = None  # whose slot it is, for a store whose slots other processes share
 
 
@@ -94,7 +94,7 @@ class Lease:
 
 class StateStore(ABC):
     # Requests of this process waiting outside the store, for a per-client permit
-    # (api/fairness.py): they count toward `max_queue` like the store's own waiters.
+    # (api/client_caps.py): they count toward `max_queue` like the store's own waiters.
     held_aside = 0
 
     @abstractmethod
@@ -103,7 +103,7 @@ class StateStore(ABC):
         else the first that frees in FIFO order. `ask.order` (from a QueueTimeout) keeps the
         place of a request that already waited once. `ask.pin`: an affinity key to point at
         the granted endpoint, together with the grant (so the next turn, in any worker,
-        finds it). `ask.fair`: the client's share of the queue (fair.py): where a request
+        finds it). `ask.fair`: the client's share of the queue (queue_order.py): where a request
         that waits is placed. Raises QueueFull, QueueTimeout, NoEndpoint."""
 
     @abstractmethod
@@ -167,7 +167,7 @@ class StateStore(ABC):
         request's endpoints sends back every waiter of those models, oldest first."""
         return None
 
-    # ---- per-key rate limits and budgets (limits.py): counted where every process counts ----
+    # ---- per-key rate limits and budgets (key_limits.py): counted where every process counts ----
     _limiter: Limiter | None = None
 
     def limiter(self) -> Limiter:

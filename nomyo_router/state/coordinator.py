@@ -3,7 +3,7 @@
 The workers of one uvicorn master elect a host with an exclusive `flock` on a lock
 file; the winner serves a `MemoryStore` (the same exact, FIFO, work-conserving code as a
 single worker) on a Unix socket, and every worker (the host too) talks to it through
-`SharedStore`. No extra service runs.
+`WorkerStore`. No extra service runs.
 
 Why this design: a request that finds a free slot takes it in the slot table every
 worker maps (`slots.py`: shared memory under `flock`, a few microseconds, no message);
@@ -20,7 +20,7 @@ Wire format: one JSON object per line. Worker -> host:
   {"op": "hello", "row", "pid"}  first: the worker's row in the slot table
   {"op": "acquire", "id", "model", "cands", "timeout", "order", "pin", "fair"}
       -> {"id", "ep", "queued_s"} | {"id", "err", "order"}
-      ("fair": [client, priority, step], its key's share of the queue, fair.py)
+      ("fair": [client, priority, step], its key's share of the queue, queue_order.py)
   {"op": "cancel", "id"}            {"op": "poke", "ep"}  (a slot freed while somebody waits)
   {"op": "endpoints", "eps": [[name, slots]]}  (a reload: names the host may not know yet)
   {"op": "rehome", "changes": {model: [gone names, added names]}}  (a worker's reindex: every
@@ -30,7 +30,7 @@ Wire format: one JSON object per line. Worker -> host:
   {"op": "pub", "topic", "data"} -> relayed to the others as {"pub", "data"}
   {"op": "batch", "ops": [...]}     several of the above, written in one loop turn
   {"op": "limit", "id", "client", "limits", "count", "reserve"} -> {"id", "verdict"}  (a limited
-      key's request: the host's one count admits it or not, and reserves its tokens, limits.py)
+      key's request: the host's one count admits it or not, and reserves its tokens, key_limits.py)
   {"op": "spend", "client", "tokens", "limits", "hold", "reserved"}  (its answer ended having used
       that many tokens: its reservation is settled; a worker that is gone has its reservations
       dropped)
@@ -48,7 +48,7 @@ from typing import Any
 
 from ..domain import Endpoint
 from .base import Ask, Choose, Lease, NoEndpoint, Picker, QueueFull, QueueTimeout, Rehome
-from .limits import BudgetSource, Limiter, Limits
+from .key_limits import BudgetSource, Limiter, Limits
 from .memory import MemoryStore
 from .pins import PinTable
 from .slots import SlotTable

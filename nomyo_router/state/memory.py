@@ -11,8 +11,8 @@ from typing import Any
 
 from ..domain import Endpoint
 from .base import Ask, Changes, Lease, NoEndpoint, QueueFull, QueueTimeout, Rehome, StateStore
-from .fair import FairClock
-from .limits import BudgetSource
+from .key_limits import BudgetSource
+from .queue_order import FairClock
 
 
 class _Waiter:
@@ -27,7 +27,7 @@ class _Waiter:
         share: tuple[str, int, int] | None = None,
     ) -> None:
         self.seq, self.names, self.future, self.owner = seq, names, future, owner
-        self.share = share  # (client, start, step) when its place was taken here (fair.py)
+        self.share = share  # (client, start, step) when its place was taken here (queue_order.py)
 
 
 class MemoryStore(StateStore):
@@ -45,7 +45,7 @@ class MemoryStore(StateStore):
         self._unhealthy: set[str] = set()
         self._queues: dict[str, deque[_Waiter]] = {}  # per model: A never waits behind B
         self._queued = 0
-        self._fair = FairClock()  # each waiting request's place: priority, then fair share (fair.py)
+        self._fair = FairClock()  # each waiting request's place: priority, then fair share (queue_order.py)
         self._endpoints: dict[str, Endpoint] = {}
 
     async def start(self) -> None:
@@ -80,7 +80,7 @@ class MemoryStore(StateStore):
         t0 = time.monotonic()
         fut: asyncio.Future[Endpoint | None] = asyncio.get_running_loop().create_future()  # None: see `rehome`
         share = None
-        if order is None:  # its place: by priority, then its key's fair share (fair.py)
+        if order is None:  # its place: by priority, then its key's fair share (queue_order.py)
             order, *rest = self._fair.order(ask.fair)
             share = tuple(rest)
         waiter = _Waiter(order, frozenset(e.name for e in candidates), fut, owner, share)  # type: ignore[arg-type]

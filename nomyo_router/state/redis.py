@@ -36,15 +36,15 @@ from redis.exceptions import RedisError
 from ..config import SUPERVISOR_ENV, RouterConfig
 from ..domain import Endpoint
 from .base import Ask, Changes, Choose, Lease, StateStore
-from .fair import Fair
-from .limits import Limits, Verdict
+from .key_limits import Limits, Verdict
+from .queue_order import Fair
 from .redis_check import RedisMisconfigured, misconfiguration
 from .redis_limits import RedisLimits
 from .redis_link import RedisLink, end
 from .redis_local import LocalTable, ProcessTable, wait_locally
 from .redis_messages import Messages
 from .redis_pins import RedisPins
-from .redis_queue import RedisLost, SharedQueue
+from .redis_queue import RedisLost, RedisWaitQueue
 from .redis_reconcile import Ledger, as_str
 from .redis_rehome import Rehoming
 from .redis_url import address
@@ -86,7 +86,7 @@ class RedisStore(StateStore):
         self.usage = UsageBatches(self.owner)
         self.rehoming = Rehoming()
         self.limits = RedisLimits(self.link, self.local, self._is_degraded, self._degrade, self._background)
-        self.queue = SharedQueue(
+        self.queue = RedisWaitQueue(
             self.link, self.ledger, self.rehoming, config.max_queue, self._is_degraded, self._degrade, self._background
         )
 

@@ -1,4 +1,4 @@
-"""Rate limits and token budgets in Redis: one count for every instance (limits.py says what
+"""Rate limits and token budgets in Redis: one count for every instance (key_limits.py says what
 is counted). Each admission is one atomic script call — a round trip per request, paid only
 by keys that have limits; an answer's tokens are added by another, without waiting for it.
 Times are Redis's own (`TIME`), so instances with clocks apart still count one window.
@@ -25,7 +25,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .base import StateStore
-from .limits import HOLD_S, RESERVED_WAIT_S, Limits, Verdict
+from .key_limits import HOLD_S, RESERVED_WAIT_S, Limits, Verdict
 from .redis_link import RedisLink
 
 log = logging.getLogger("nomyo_router.redis")

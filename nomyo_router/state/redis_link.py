@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..background import end as end
+from ..task_stop import end as end
 from . import redis_scripts as lua
 from . import redis_url
 

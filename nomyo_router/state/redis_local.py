@@ -4,7 +4,7 @@ An instance is one `nomyo-router` (one process, or a supervisor and its `--worke
 Redis answers it alone grants slots; every grant is also counted here. When Redis goes away
 (dead, stalled, partitioned), the instance's requests are admitted here instead, so that:
 
-- its workers share one table, exactly as without Redis (`SharedStore`: the slot table in
+- its workers share one table, exactly as without Redis (`WorkerStore`: the slot table in
   shared memory and the elected host's queue), instead of each worker counting alone;
 - it takes its share of each endpoint: the endpoint's slots divided by the instances Redis
   last knew of (each sweep reports how many instances swept within `lease_ttl`), at least
@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 from ..domain import Endpoint
 from .base import Ask, Choose, Lease, QueueTimeout, Rehome
-from .fair import Fair
 from .memory import MemoryStore
-from .shared import SharedStore
+from .queue_order import Fair
 from .slots import share_of
+from .worker_store import WorkerStore
 
 
 class ProcessTable(MemoryStore):
@@ -49,7 +49,7 @@ class ProcessTable(MemoryStore):
         self.instances = instances
 
 
-class HostTable(SharedStore):
+class HostTable(WorkerStore):
     """The fallback of an instance of several workers: the table they share anyway."""
 
     def count(self, endpoint: Endpoint) -> None:

@@ -19,8 +19,8 @@ from redis.exceptions import RedisError
 
 from ..domain import Endpoint
 from .base import NoEndpoint, QueueFull, QueueTimeout
-from .fair import DEFAULT as DEFAULT_FAIR
-from .fair import Fair
+from .queue_order import DEFAULT as DEFAULT_FAIR
+from .queue_order import Fair
 from .redis_link import Arg, RedisLink
 from .redis_reconcile import Ledger, as_str
 from .redis_rehome import REHOME, Rehoming
@@ -30,7 +30,7 @@ class RedisLost(Exception):
     """Redis failed or stalled during an acquire: the request waits locally instead."""
 
 
-class SharedQueue:
+class RedisWaitQueue:
     def __init__(
         self,
         link: RedisLink,

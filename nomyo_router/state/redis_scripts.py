@@ -17,14 +17,14 @@ Keys under the prefix P (passed as ARGV[1]):
                            for, so its sweep finds what it no longer knows of (reconciliation)
   P:usage-sent:<owner>  int   the last usage batch counted (a batch sent twice counts once)
   P:instances        zset  instance (host:supervisor pid) -> until when it counts as live (ms)
-  P:fair:now         int   the virtual time: the start of the waiter last handed a slot (fair.py)
+  P:fair:now         int   the virtual time: the start of the waiter last handed a slot (queue_order.py)
   P:fair:finish      hash  client -> the finish of its last waiter (its next one starts there or later)
   P:fair:served      hash  client -> the finish of its last waiter handed a slot
   P:fair:waiting:<c> zset  waiter id -> start, of client c's waiters
   channel P:wake:<owner>   "<waiter id> <endpoint>"
 """
 
-from .fair import PRIORITY_MAX, PRIORITY_STEP
+from .queue_order import PRIORITY_MAX, PRIORITY_STEP
 
 # Shared helpers, prepended to the scripts below.
 _COMMON = (
@@ -70,7 +70,7 @@ local function dispatch(ep, ttl)
     elseif string.find(cands, ',' .. ep .. ',', 1, true) then
       local owner = redis.call('HGET', P .. ':waiter:' .. w, 'owner')
       local share = redis.call('HMGET', P .. ':waiter:' .. w, 'client', 'start', 'step')
-      if share[1] then  -- its key is charged for it (fair.py)
+      if share[1] then  -- its key is charged for it (queue_order.py)
         redis.call('ZREM', P .. ':fair:waiting:' .. share[1], w)
         local served = tonumber(redis.call('HGET', P .. ':fair:served', share[1]) or '0')
         redis.call('HSET', P .. ':fair:served', share[1],
@@ -85,7 +85,7 @@ local function dispatch(ep, ttl)
       redis.call('PUBLISH', P .. ':wake:' .. owner, w .. ' ' .. ep)
       local start = math.fmod(tonumber(waiters[i + 1]), FAIR_PRIORITY_STEP)
       if start > tonumber(redis.call('GET', P .. ':fair:now') or '0') then
-        redis.call('SET', P .. ':fair:now', string.format('%d', start))  -- the virtual time (fair.py)
+        redis.call('SET', P .. ':fair:now', string.format('%d', start))  -- the virtual time (queue_order.py)
       end
       free = free - 1
     end
@@ -95,7 +95,7 @@ end
 )
 
 # ARGV: P, lease_ttl_ms, lease_id, max_queue, owner, order ('' = new), waiter_ttl_ms,
-#       client, priority, step (its share of the queue, fair.py),
+#       client, priority, step (its share of the queue, queue_order.py),
 #       then candidates as name, loaded(0/1) pairs in the caller's (shuffled) order.
 ACQUIRE = (
     _COMMON
@@ -132,7 +132,7 @@ end
 if healthy == 0 then return {'none'} end
 if redis.call('ZCARD', P .. ':queue') >= max_queue then return {'full'} end
 redis.call('HSET', P .. ':waiter:' .. id, 'cands', cands, 'owner', owner)
-if order == '' then  -- its place: priority, then its key's fair share (fair.py)
+if order == '' then  -- its place: priority, then its key's fair share (queue_order.py)
   local now_v = tonumber(redis.call('GET', P .. ':fair:now') or '0')
   local start = math.max(now_v, tonumber(redis.call('HGET', P .. ':fair:finish', client) or '0'))
   redis.call('HSET', P .. ':fair:finish', client, string.format('%d', start + step))

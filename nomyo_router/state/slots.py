@@ -1,6 +1,6 @@
 """`SlotTable`: the workers' slot counts in one shared-memory file, guarded by `flock`.
 
-The embedded shared store (shared.py, coordinator.py) keeps one FIFO wait queue in the
+The embedded shared store (worker_store.py, coordinator.py) keeps one FIFO wait queue in the
 hosting worker, but a request that finds a free slot should not cross a socket for it.
 So the counts live here, where every worker of one host can take and give back a slot
 under a process-shared lock in a few microseconds; the socket is only for waiting and
@@ -34,6 +34,7 @@ import struct
 from fcntl import LOCK_EX, LOCK_UN, flock
 
 from . import private
+from .processes import alive
 
 MAGIC = b"nomyoST1"
 ENDPOINTS = 256
@@ -56,23 +57,6 @@ SIZE = _USAGE + PAIRS * ROWS * 8
 def share_of(slots: int, instances: int) -> int:
     """An instance's part of an endpoint's `slots` when `instances` share it (at least one)."""
     return slots if instances <= 1 else max(1, slots // instances)
-
-
-def _alive(pid: int) -> bool:
-    """A zombie (killed, not yet reaped by uvicorn's master) is gone too."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 class SlotTable:
@@ -122,7 +106,7 @@ class SlotTable:
         pid = os.getpid()
         for r in range(ROWS):
             other = self._pids[r]
-            if other == 0 or not _alive(other):
+            if other == 0 or not alive(other):
                 self._zero(r)
                 self._pids[r] = pid
                 if r >= self._meta[2]:
@@ -315,7 +299,7 @@ class SlotTable:
                 return
             for r in range(self._rows):
                 p = self._pids[r]
-                if p and not _alive(p):
+                if p and not alive(p):
                     self._zero(r)
         finally:
             self._unlock()

@@ -1,6 +1,6 @@
 """What the token budgets had spent before this process: read from the usage database.
 
-`tpm` and `tokens_per_day` are counted in memory (state/limits.py), by the one process that
+`tpm` and `tokens_per_day` are counted in memory (state/key_limits.py), by the one process that
 counts for every worker. When that count starts — the router starts, or a new shared-state
 host takes over from one that died — it reads what the usage database holds: each client
 key's tokens of today (UTC), and the spends of its last minute (the `recent` table, by
@@ -17,7 +17,7 @@ import functools
 import time
 from typing import TYPE_CHECKING
 
-from ...state.limits import DAY_S, WINDOW_S, BudgetSource, Seed
+from ...state.key_limits import DAY_S, WINDOW_S, BudgetSource, Seed
 from .store import today
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ import re
 from typing import Any
 from urllib.parse import parse_qs
 
-from ...api.asgi import Receive, Scope, Send, send_response
 from ...api.errors import ApiError
+from ...server.asgi import Receive, Scope, Send, send_response
 from .store import FIELDS, Counts, Row, Usage
 
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")

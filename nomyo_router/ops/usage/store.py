@@ -32,8 +32,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
-from ...background import end
 from ...events import Events, RequestRecord
+from ...task_stop import end
 from ..log_limit import LimitedLog
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class Usage:
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            await end(task)  # (one cancel is not always enough: background.py)
+            await end(task)  # (one cancel is not always enough: task_stop.py)
         await self.flush()
         await self._close()
 

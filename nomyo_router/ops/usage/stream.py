@@ -11,7 +11,7 @@ Three kinds of event, each one JSON object in `data:`:
 - `done`, when it has been answered (its endpoint, status, tokens and whose count they are,
   `tokens_from`: "backend" or "relayed" (counted by the router), time, cache outcome);
 - `end`, the last one, when the router stops: the stream then ends at once instead of holding
-  the graceful shutdown for all of `shutdown_grace` (nomyo_router.protocol tells it).
+  the graceful shutdown for all of `shutdown_grace` (nomyo_router.server.protocol tells it).
 
 `start` and `done` come from the events hub, and only while someone listens: the hub calls
 this module's hooks, which are registered with the first subscriber and removed with the last,
@@ -34,8 +34,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...api.asgi import SHUTDOWN_HOOK, ClientGone, Receive, Scope, Send, cancel_on_disconnect
 from ...events import Events, RequestRecord
+from ...server.asgi import SHUTDOWN_HOOK, ClientGone, Receive, Scope, Send, cancel_on_disconnect
 
 if TYPE_CHECKING:
     from ...domain import Endpoint

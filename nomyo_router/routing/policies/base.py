@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from ...domain import Endpoint
 
 if TYPE_CHECKING:
-    from ..affinity import Keys
+    from ..affinity import AffinityKeys
     from ..prefix_index import Prompt
 
 
@@ -31,7 +31,7 @@ class RouteContext:
     model: str  # model_key
     api: str  # "ollama" | "openai"
     kind: str  # "chat" | "generate" | "embed" | ...
-    keys: Keys | None = None  # conversation affinity keys, when affinity applies
+    keys: AffinityKeys | None = None  # conversation affinity keys, when affinity applies
     prompt: Prompt | None = None  # block keys of the prompt, for prefix-aware policies
     cached_tokens: int | None = None  # prefix the chosen endpoint is believed to hold
     too_small: frozenset[str] | None = None  # endpoints whose context window the request exceeds

@@ -1,1 +1,0 @@
-"""Everything that talks to backends: the shared HTTP session, discovery and health, translation."""
