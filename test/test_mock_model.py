@@ -189,21 +189,29 @@ async def test_batch_slowdown_bends_throughput():
 
 
 async def test_jitter_is_seeded():
-    async def ttfts(seed: int) -> list[float]:
+    """The TTFT drawn for each request (Ollama's prompt_eval_duration says which) is waited for,
+    varies, and the same seed draws the same ones again. (The drawn values are compared, not
+    the times seen: a busy machine adds its own delays to those.)"""
+
+    async def ttfts(seed: int) -> tuple[list[float], list[float]]:
         async with (
             run_mock(ttft_ms=40.0, tok_ms=0.0, tokens=1, jitter=0.5, jitter_dist="uniform", seed=seed) as m,
             aiohttp.ClientSession() as s,
         ):
-            out = []
+            seen, drawn = [], []
             for _ in range(6):
                 t0 = time.perf_counter()
-                await post(s, m.url, {**CHAT, "stream": False})
-                out.append(time.perf_counter() - t0)
-            return out
+                status, body = await post(s, m.url, {**CHAT, "stream": False})
+                seen.append(time.perf_counter() - t0)
+                assert status == 200
+                drawn.append(json.loads(body)["prompt_eval_duration"] / 1e9)
+            return seen, drawn
 
-    a, b = await ttfts(3), await ttfts(3)
-    assert max(a) - min(a) > 0.010  # it varies
-    assert all(abs(x - y) < 0.008 for x, y in zip(a, b, strict=True))  # and the same seed replays it
+    (seen, a), (_, b) = await ttfts(3), await ttfts(3)
+    assert all(0.020 <= x <= 0.060 for x in a)  # 40 ms +- 50%
+    assert all(t > x - 0.002 for t, x in zip(seen, a, strict=True))  # waited for (a timer may fire 1 ms early)
+    assert max(a) - min(a) > 0.010 and max(seen) - min(seen) > 0.010  # it varies
+    assert a == b  # and the same seed replays it
 
 
 async def _stream_lines(session, url, body, path="/api/chat") -> list[bytes]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -253,8 +254,16 @@ async def test_off_sends_no_traceparent_and_builds_nothing():
 
 
 async def test_a_collector_that_is_down_costs_no_request():
+    # (a port held bound and never listening: every connection to it is refused, and no server
+    # of a test running beside this one can take it meanwhile, as a port found free could be)
+    with socket.socket() as down:
+        down.bind(("127.0.0.1", 0))
+        await _down_collector_costs_no_request(down.getsockname()[1])
+
+
+async def _down_collector_costs_no_request(port: int) -> None:
     async with run_mock(**FAST) as m:
-        config = {"endpoints": endpoints(m), "tracing": {"endpoint": f"http://127.0.0.1:{free_port()}"}}
+        config = {"endpoints": endpoints(m), "tracing": {"endpoint": f"http://127.0.0.1:{port}"}}
         async with run_router(config) as r, aiohttp.ClientSession() as s:
             for _ in range(3):
                 async with s.post(
