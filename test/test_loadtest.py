@@ -63,6 +63,7 @@ async def test_knee_closed_loop_on_known_capacity():
     assert knee["saturation_load"] == 8
 
 
+@pytest.mark.alone
 async def test_knee_open_loop_on_known_capacity():
     stages = await ramp_known_capacity("open", (20, 30, 60), warmup=0.0)
     knee = find_knee(stages)

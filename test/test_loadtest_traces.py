@@ -160,6 +160,7 @@ def test_gamma_gaps_have_the_rate_and_a_cv_of_one_over_root_b(burstiness):
     assert cv == pytest.approx(1 / burstiness**0.5, rel=0.05)
 
 
+@pytest.mark.alone
 async def test_gamma_arrivals_on_the_wire_are_bursty():
     """The sends themselves (not only the drawn gaps): B = 0.25 gives a CV near 2, B = 4 near 0.5."""
     async with run_mock(ttft_ms=0.0, tok_ms=0.0, tokens=1) as m:

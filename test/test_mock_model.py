@@ -31,6 +31,7 @@ async def first_content_time(session, url, body) -> tuple[float, float]:
     return ttft, time.perf_counter() - t0
 
 
+@pytest.mark.alone
 async def test_ttft_and_total_time_follow_the_model():
     async with run_mock(ttft_ms=100.0, tok_ms=10.0, tokens=10) as m, aiohttp.ClientSession() as s:
         ttft, total = await first_content_time(s, m.url, CHAT)
@@ -173,6 +174,7 @@ async def test_stats_count_routes_and_config_rejects_bad_knobs(mock):
             assert r.status == 400
 
 
+@pytest.mark.alone
 async def test_batch_slowdown_bends_throughput():
     async with (
         run_mock(ttft_ms=0.0, tok_ms=10.0, tokens=10, parallel=4, batch_slowdown=1.0) as m,
