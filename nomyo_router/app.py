@@ -17,8 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from . import generation
-from .api import access, listing
-from .api import key_admission as ratelimits
+from .api import access, key_admission, listing
 from .api.errors import ApiError
 from .api.requests import GENERATION_ROUTES
 from .config import RouterConfig
@@ -55,6 +54,7 @@ class RouterApp:
     def __init__(self, config: RouterConfig | None = None) -> None:
         self._config = config
         self.router: Router | None = None
+        self.running: lifespan.Running | None = None  # the router with its reloads and operator routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -74,10 +74,10 @@ class RouterApp:
                 if isinstance(started, str):
                     await send({"type": "lifespan.startup.failed", "message": started})
                     return
-                self.router = started
+                self.running, self.router = started, started.router
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
-                await lifespan.shutdown(self.router)
+                await lifespan.shutdown(self.running)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -122,8 +122,8 @@ class RouterApp:
                 if handler is not RouterApp.generate:
                     rate_limits = router.rate_limits
                     if client.name in rate_limits.by_client:  # counted when it reaches a backend, if it does
-                        scope[ratelimits.COUNT] = rate_limits.counter(client.name, scope)
-                        ex.through(ratelimits.answered_with_headers(scope, ex.send))
+                        scope[key_admission.COUNT] = rate_limits.counter(client.name, scope)
+                        ex.through(key_admission.answered_with_headers(scope, ex.send))
         if handler is None:
             path = scope["path"]
             if any(p == path for _, p in ROUTES) or any(path.startswith(p) for _, p, _ in PREFIX_ROUTES):
@@ -195,7 +195,7 @@ class RouterApp:
             router.store,
             router.upstream,
             listing.visible_to(scope.get("nomyo.client")),
-            lambda: ratelimits.count(scope),
+            lambda: key_admission.count(scope),
         )
         await send_response(ex.send, status, body)
 
@@ -203,7 +203,7 @@ class RouterApp:
         router = self._router()
         eps = router.endpoints
         if scope["path"] == "/api/ps" and router.discovery is not None:
-            await ratelimits.count(scope)  # (it asks the backends: a limited key's rpm)
+            await key_admission.count(scope)  # (it asks the backends: a limited key's rpm)
             await router.discovery.fresh_ps()  # what is loaded changes by the second
         if scope["path"] == "/api/version":
             body = listing.version(eps)
@@ -255,6 +255,12 @@ class RouterApp:
     def _router(self) -> Router:
         return self.current()
 
+    def handlers(self) -> Handlers:
+        """The operator routes' handlers; 503 while starting."""
+        if self.running is None:
+            raise ApiError(503, "router is starting")
+        return self.running.handlers
+
     def current(self) -> Router:
         """The running router; 503 while starting."""
         if self.router is None:
@@ -295,7 +301,7 @@ def operator(pick: Callable[[Handlers], Route]) -> Handler:
     the first time the route is asked (`runtime/handlers.py`)."""
 
     async def handler(app: RouterApp, scope: Scope, receive: Receive, ex: Exchange, t0: float) -> None:
-        await pick(app.current().handlers)(scope, receive, ex.send)
+        await pick(app.handlers())(scope, receive, ex.send)
 
     return handler
 

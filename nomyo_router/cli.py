@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             problem = problem.removeprefix(f"{args.config}: ")
             print(f"nomyo-router: bad config: {args.config}: {problem}", file=sys.stderr)
         return 2
-    from .ops import preflight
-    from .ops import private_dir_cleanup as leftovers
+    from .ops import preflight, private_dir_cleanup
     from .state import private
 
     # a path that cannot be opened, a section whose extra is not installed: say so now, once,
@@ -109,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("nomyo_router").warning(
             "state 'memory' with several workers keeps separate limits per worker; use 'auto' (the default) or 'shared'"
         )
-    leftovers.sweep_all(private.state_dir())  # what routers no longer running left (never a live one's)
+    private_dir_cleanup.sweep_all(private.state_dir())  # what routers no longer running left (never a live one's)
     # (with Redis too: its workers share one table while Redis is away, state/redis_local.py)
     shared_files = config.state != "memory" and "NOMYO_ROUTER_STATE_PATH" not in os.environ
     own_metrics = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"nomyo-router: {preflight.describe('shared-state directory', private.state_dir(), e)}", file=sys.stderr
             )
             return 2
-        leftovers.record_owner(private.state_dir())  # before any file named after this pid
+        private_dir_cleanup.record_owner(private.state_dir())  # before any file named after this pid
     if args.workers > 1 and own_metrics:
         import shutil
 
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor.run()
     # every worker has exited (uvicorn joined them): what they and this process made goes too
     if shared_files or own_metrics:
-        leftovers.remove_own(private.state_dir())
+        private_dir_cleanup.remove_own(private.state_dir())
     _fold_sqlite_files(config)
     return supervisor.exit_status
 

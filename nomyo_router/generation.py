@@ -20,8 +20,7 @@ from .api.requests import parse
 from .backends.unload import is_unload, unload
 from .cache import hook as response_cache
 from .config import RouterConfig
-from .forward import ensemble as moe
-from .forward import overflow
+from .forward import ensemble, overflow
 from .relay.exchange import Exchange, Handle
 from .routing.context_windows import TooLong
 from .runtime.router import Router
@@ -50,9 +49,9 @@ async def generate(router: Router, scope: Scope, receive: Receive, ex: Exchange,
     ex.queued = (router.body_budget, len(raw))  # its charge: given back when it holds a slot, or at its end
     req = parse(scope["path"], raw, t0)
     rec.model, rec.stream = req.model, req.stream
-    ensemble = req.model.startswith(moe.PREFIX)  # NOMYO's moe-<model>: <model>'s best of several answers
-    if ensemble:
-        moe.prepare(req)
+    of_ensemble = req.model.startswith(ensemble.PREFIX)  # NOMYO's moe-<model>: <model>'s best of several answers
+    if of_ensemble:
+        ensemble.prepare(req)
     if client is not None:
         if not client.may_use(req.key):
             raise ApiError(403, f"this API key may not use model '{req.model}'", code="forbidden_model")
@@ -79,8 +78,8 @@ async def generate(router: Router, scope: Scope, receive: Receive, ex: Exchange,
     assert router.proxy is not None
     if router.tracer is not None:
         router.tracer.parsed(rec, req.kind, req.key, req.body)
-    handle: Handle = router.ensemble.handle if ensemble else router.proxy.forward
-    if router.config.context_overflow == "trim" and not ensemble:  # a chat too long: its oldest turns go
+    handle: Handle = router.ensemble.handle if of_ensemble else router.proxy.forward
+    if router.config.context_overflow == "trim" and not of_ensemble:  # a chat too long: its oldest turns go
         bounds = overflow.Bounds(router.config.max_attempts, router.proxy.budget, router.charge)
         handle = overflow.wrap(handle, router.events, bounds)
     if router.cache is not None or "nomyo" in req.body:  # the response cache; NOMYO's body field
@@ -89,7 +88,7 @@ async def generate(router: Router, scope: Scope, receive: Receive, ex: Exchange,
     limits = router.client_limits
     held: list[str] = []  # the client whose permit this request holds, once it has one
     try:
-        if limits.capped(req.client) and not ensemble:  # (an ensemble's steps each take a permit)
+        if limits.capped(req.client) and not of_ensemble:  # (an ensemble's steps each take a permit)
             await cancel_on_disconnect(_enter(limits, req.client, router.config, held), receive, scope)
             if not held:
                 return  # the client left while waiting for its permit

@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..backends import stream_lines as records
+from ..backends import stream_lines
 from ..backends.discovery import Discovery
 from ..backends.management_session import ManageSession
 from ..backends.progress import ProgressMerge, final
@@ -202,7 +202,7 @@ class Manager:
                         return
                     last = ""
                     async for line in r.content:
-                        obj = records.parse(line)
+                        obj = stream_lines.parse(line)
                         if obj is None:
                             continue
                         if obj.get("error"):

@@ -28,8 +28,7 @@ from ..relay.assembled import Assembled
 from ..relay.base import BackendAnswer, ReadyAnswer
 from ..relay.continuation import resumable
 from ..relay.deadline import Deadlines
-from ..relay.exchange import Exchange
-from ..relay.failed import FAILED
+from ..relay.exchange import FAILED, Exchange
 from ..relay.passthrough import Passthrough
 from ..relay.resumable import Resumer
 from ..relay.retry import RETRY_STATUSES, RetryBudget, is_error_chunk

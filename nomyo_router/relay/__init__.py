@@ -6,7 +6,7 @@ way out implements one interface (`base.Relay`), handed its answer by `Exchange.
 whole answer the backend streamed), `passthrough.py` (a stream as it comes, carried by the
 compiled pump when it can), `resumable.py` (record by record, resumed elsewhere when cut),
 `translated.py` (an OpenAI backend's answer in the Ollama API's shape), `cached.py` (the
-response cache's answer) and `failed.py` (errors in the caller's API shape).
+response cache's answer) and `exchange.Failed` (errors in the caller's API shape).
 
 Their mechanics: the sinks a stream is relayed through (`sinks.py`), the compiled pump
 (`pump.py` + `_pump.c`), resumption on another endpoint (`continuation.py`), whole answers

@@ -21,20 +21,20 @@ if TYPE_CHECKING:
     from ..domain import Endpoint
     from ..routing.policies import RouteContext
     from ..server.asgi import Headers
-    from .exchange import Exchange
     from .token_counts import Strip
 
 A = TypeVar("A", contravariant=True)
+X = TypeVar("X", contravariant=True)  # the exchange it writes through (exchange.Exchange)
 
 
-class Relay(Protocol[A]):
+class Relay(Protocol[X, A]):
     """A way an answer reaches the client. `name`: what the request's record says of it
     (`RequestRecord.relay`, the access line's `relay`)."""
 
     @property
     def name(self) -> str: ...
 
-    def deliver(self, ex: Exchange, answer: A) -> Awaitable[None]:
+    def deliver(self, ex: X, answer: A) -> Awaitable[None]:
         """Write `answer` to the client through `ex` (its `start`, `body`, `end`, `whole` and
         its `writer`), noting there what the client got (`cut`, `tokens`)."""
         ...

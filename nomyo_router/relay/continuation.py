@@ -32,7 +32,7 @@ import json
 import zlib
 from typing import Any
 
-from ..backends import stream_lines as records
+from ..backends import stream_lines
 
 
 def resumable(api: str, kind: str, body: dict[str, Any]) -> bool:
@@ -50,7 +50,7 @@ def record_end(sse: bool) -> bytes:
 
 
 def _records(raw: bytes, sse: bool) -> list[dict[str, Any]]:
-    return [obj for obj in (records.parse(line, sse) for line in raw.split(b"\n")) if obj is not None]
+    return [obj for obj in (stream_lines.parse(line, sse) for line in raw.split(b"\n")) if obj is not None]
 
 
 def _piece(api: str, kind: str, obj: dict[str, Any]) -> str:
@@ -158,7 +158,7 @@ class Continuation:
     def record(self, rec: bytes) -> bytes:
         """One whole record (an NDJSON line or an SSE event) → what to send (maybe nothing)."""
         if self.sse:
-            obj = records.parse(rec, sse=True)
+            obj = stream_lines.parse(rec, sse=True)
             if obj is None:
                 return rec
             choices = obj.get("choices") or []
@@ -181,7 +181,7 @@ class Continuation:
             return rec
         if b'"done":true' not in rec and b'"done": true' not in rec:
             return rec
-        obj = records.parse(rec)
+        obj = stream_lines.parse(rec)
         if obj is None:
             return rec
         if isinstance(obj.get("eval_count"), int):

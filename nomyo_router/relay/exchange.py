@@ -33,7 +33,6 @@ from ..events import Events, RequestRecord
 from ..server.asgi import BodyTooLarge, ClientGone, Headers, Send
 from . import error_record, token_counts
 from .base import ReadyAnswer, Relay
-from .failed import FAILED
 
 if TYPE_CHECKING:
     from ..server.body_budget import BodyBudget
@@ -113,7 +112,7 @@ class Exchange:
         rec.retries += 1
 
     # ---- the answer ------------------------------------------------------------------------
-    def relay(self, way: Relay[A], answer: A) -> Awaitable[None]:
+    def relay(self, way: Relay[Exchange, A], answer: A) -> Awaitable[None]:
         """Hand `answer` to `way`, the one that writes it (awaited by the caller: no frame of
         its own). The record names the last way handed an answer."""
         self.rec.relay = way.name
@@ -260,3 +259,19 @@ class Exchange:
         if events is not None and not self.quiet:
             self.rec.total_s = time.perf_counter() - self.t0
             events.request_done(self.rec, failed)
+
+
+class Failed:
+    """Errors, in the caller's API shape, as one way out: the router's own refusal or failure
+    (`Exchange.fail`: to the client's own `send`) and a backend's error answer passed on when no
+    endpoint answered (the proxy's last resort: through the exchange's `send`, which a wrapper
+    such as trim-and-retry reads). A stream that breaks after its head ends with a last record in
+    its own format instead, written by the stream's relay (`sinks.stream_error`)."""
+
+    name = "error"
+
+    async def deliver(self, ex: Exchange, answer: ReadyAnswer) -> None:
+        await ex.whole(answer.status, answer.body, answer.headers, answer.content_type)
+
+
+FAILED = Failed()

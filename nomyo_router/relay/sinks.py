@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from .. import h1
 from ..h1.errors import ErrorRecord, TooLarge, record_too_large
 from ..server.direct_writer import DirectWriter
-from . import pump as native
+from . import pump
 from .error_record import CHECKS, find, marked
 
 if TYPE_CHECKING:
@@ -270,7 +270,7 @@ async def relay_records(
                 break
             if writer is not None:
                 if upstream is not None and whole.plain:
-                    rest = await native.relay(upstream, resp, writer, sep, whole.pending, sent.add, limit, CHECKS[sep])
+                    rest = await pump.relay(upstream, resp, writer, sep, whole.pending, sent.add, limit, CHECKS[sep])
                     if rest is not None:
                         whole.pending = rest
                         break

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from ..backends import stream_lines as records
+from ..backends import stream_lines
 
 _PROMPT = re.compile(rb'"(?:prompt_eval_count|prompt_tokens|input_tokens)"\s*:\s*(\d+)')
 _OUTPUT = re.compile(rb'"(?:eval_count|completion_tokens|output_tokens)"\s*:\s*(\d+)')
@@ -92,5 +92,5 @@ class Strip:
 
     @staticmethod
     def _usage_only(rec: bytes) -> bool:
-        obj = records.parse(rec, sse=True)
+        obj = stream_lines.parse(rec, sse=True)
         return obj is not None and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)

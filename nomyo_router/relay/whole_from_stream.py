@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..backends import stream_lines as records
+from ..backends import stream_lines
 
 STREAMED = frozenset((("ollama", "chat"), ("ollama", "generate"), ("openai", "chat"), ("openai", "generate")))
 
@@ -68,7 +68,7 @@ def _ollama(kind: str, stream: bytes) -> dict[str, Any]:
     logprobs: list[Any] = []
     final: dict[str, Any] | None = None
     for line in stream.split(b"\n"):
-        obj = records.parse(line)
+        obj = stream_lines.parse(line)
         if obj is None:
             continue
         if kind == "chat":
@@ -186,7 +186,7 @@ def _openai(kind: str, stream: bytes, count: bool) -> dict[str, Any]:
         for line in event.split(b"\n"):
             if line.strip() == b"data: [DONE]":
                 done = True
-            obj = records.parse(line, sse=True)
+            obj = stream_lines.parse(line, sse=True)
             if obj is None:
                 continue
             if head is None:

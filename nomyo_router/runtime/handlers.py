@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..batch.routes import BatchRoutes
     from ..cache.routes import CacheRoutes
     from ..ops.dashboard import Dashboard
-    from ..ops.reload import ReloadRoute
+    from ..ops.reload import Plan, ReloadRoute
     from ..ops.usage.routes import UsageRoutes
     from ..ops.usage.stream import UsageStream
     from ..server.asgi import Receive, Scope, Send
@@ -28,8 +28,11 @@ Route = Callable[["Scope", "Receive", "Send"], Awaitable[None]]
 
 
 class Handlers:
-    def __init__(self, router: Router) -> None:
+    """`reload`: the running router's reload, one at a time (reconfigure.Reloads.reload)."""
+
+    def __init__(self, router: Router, reload: Callable[[], Awaitable[Plan | None]]) -> None:
         self._router = router
+        self._reload = reload
 
     @cached_property
     def manager(self) -> Manager:
@@ -81,7 +84,7 @@ class Handlers:
         from ..ops.reload import ReloadRoute
 
         r = self._router
-        return ReloadRoute(lambda: r.config, r.reloads.reload)
+        return ReloadRoute(lambda: r.config, self._reload)
 
     @cached_property
     def status(self) -> Status:

@@ -150,10 +150,10 @@ class Reloads:
 _running: set[asyncio.Task[None]] = set()
 
 
-def install(router: Router) -> None:
+def install(reloads: Reloads) -> None:
     """SIGHUP reloads (called in the lifespan; the main thread's loop only)."""
     try:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _on_sighup, router)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _on_sighup, reloads)
     except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (tests), not Unix
         log.debug("SIGHUP reload not available in this thread")
 
@@ -165,12 +165,12 @@ def uninstall() -> None:
         pass
 
 
-def _on_sighup(router: Router) -> None:
-    turn = router.reloads.ask()  # now, in the order the signals came
+def _on_sighup(reloads: Reloads) -> None:
+    turn = reloads.ask()  # now, in the order the signals came
 
     async def run() -> None:
         try:
-            await router.reloads.run(turn)
+            await reloads.run(turn)
         except ConfigError:
             pass  # logged; the old config stays
         except Exception:

@@ -3,7 +3,8 @@ each given what it needs in its constructor, started and closed in order.
 
 What serves a generation request is built here at once; what serves the operator's routes
 (model management, the dashboard, usage, the cache's routes, reload, `/api/status`) is built
-on first use (`handlers.py`), and imports its modules then.
+on first use (`handlers.py`), and imports its modules then; the started router, its reloads
+and those handlers are put together by the lifespan (`lifespan.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..backends.management_session import ManageSession
 from ..config import CONFIG_ENV, RouterConfig
 from ..domain import Endpoint, model_key
 from ..events import Events, RequestRecord
-from ..forward import ensemble as moe
+from ..forward import ensemble
 from ..forward.extra_calls import charger
 from ..forward.proxy import Proxy
 from ..h1 import Upstream
@@ -40,10 +41,8 @@ from ..server.body_budget import BodyBudget
 from ..server.idle_spin import IdleSpin
 from ..state import MemoryStore, StateStore, private
 from ..state.queue_order import specs_of
-from . import reconfigure
 from .descriptor_watch import DescriptorWatch
 from .gc_pacing import GcPace
-from .handlers import Handlers
 from .loop_lag import LoopLag
 
 if TYPE_CHECKING:
@@ -137,16 +136,14 @@ class Router:
             rediscover=self.discovery.refresh_now,
         )
         self.cache = cache_if_on(config, self)  # the response cache; None: off
-        self.ensemble = moe.Ensemble(self)  # moe-<model> requests
+        self.ensemble = ensemble.Ensemble(self)  # moe-<model> requests
         self.kv_tasks: list[asyncio.Task[None]] = []  # precise mode: KV-event subscribers
         self.kv_states: dict[str, KVEventState] = {}
         self.batches = make_batches(config, self)  # the Batch API; None: off
-        self.handlers = Handlers(self)  # the operator's routes, each built when first asked
-        self.reloads = reconfigure.Reloads(self)  # SIGHUP and POST /admin/reload, one at a time
 
     def serves(self, model: str) -> bool:
         """Does some endpoint serve `model` (for `moe-<model>`: `<model>`)?"""
-        key = model_key(model.removeprefix(moe.PREFIX))
+        key = model_key(model.removeprefix(ensemble.PREFIX))
         return any(ep.serves(key) for ep in self.endpoints)
 
     def label(self, rec: RequestRecord) -> None:
@@ -197,7 +194,6 @@ class Router:
             self.kv_tasks, self.kv_states = kv_events.start(self.config.endpoints, self.scheduler.policy)
         if self.batches is not None:  # (after discovery: its lines need the models known)
             await self.batches.start()
-        reconfigure.install(self)  # SIGHUP reloads the config
         self.history.start()
         for ep in self.endpoints:
             log.info(
@@ -210,7 +206,6 @@ class Router:
             )
 
     async def close(self) -> None:
-        reconfigure.uninstall()
         await self.history.stop()
         self.metrics.flush()  # (under several workers, counts wait up to 20 ms to be handed on)
         for task in self.kv_tasks:
