@@ -65,8 +65,8 @@ demo: setup
 # The suite runs in TEST_JOBS processes (pytest-xdist): most tests wait (on sockets, timers,
 # child processes) far more than they compute, so 4 of them on 2 cores take about a third of
 # one's time and leave the compile a share of the CPU. `make test TEST_JOBS=0` runs in one.
-# The few tests marked `alone` (pyproject.toml: they time real sockets finely) run after it,
-# one at a time (an exit status of 5: TESTS named none of them).
+# The few tests marked `alone` (pyproject.toml: they time real sockets finely, or load every
+# core on purpose) run after it, one at a time (an exit status of 5: TESTS named none of them).
 TEST_JOBS ?= 4
 BUILD_COMPILED = nice -n 19 env CFLAGS=-g0 MYPY_CACHE_DIR=$(CURDIR)/build/mypyc-cache $(MAKE) --no-print-directory compiled
 CHECKS = $(MAKE) --no-print-directory lint docs redis chromium compose

@@ -28,6 +28,7 @@ async def stage(url: str, spec: WorkloadSpec, **kw) -> dict:
     return summarize(await run_stage(url, spec, Stage(**kw), timeout=30))
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("api", ["ollama", "openai"])
 async def test_ttft_and_latency_match_the_mock(api):
     async with run_mock(ttft_ms=50.0, tok_ms=5.0, tokens=10) as m:

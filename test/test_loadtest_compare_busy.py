@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from loadtest import compare as compare_mod
 from loadtest.report import write_json
 from mock import MockConfig, MockProcess
@@ -53,6 +55,7 @@ def _rc(tmp_path, base, cur, *flags):
     return compare_mod.main([str(b), str(c), *flags])
 
 
+@pytest.mark.alone
 def test_busy_machine_identical_runs_pass_and_a_2x_slower_mock_fails(tmp_path, capsys):
     burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(os.cpu_count() or 1)]
     try:

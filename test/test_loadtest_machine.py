@@ -52,6 +52,7 @@ def test_proc_snapshot_and_delta():
 BURN = "import time\nt = time.time() + 30\nwhile time.time() < t: pass\n"
 
 
+@pytest.mark.alone
 async def test_other_processes_cpu_is_counted_as_theirs_not_the_clients():
     """Busy loops on every core beside a light stage: their CPU shows as other processes'
     cores, the client's own share stays small, the stage is not blamed on the client, and
@@ -72,6 +73,7 @@ async def test_other_processes_cpu_is_counted_as_theirs_not_the_clients():
     assert "saturated" in c["reason"]
 
 
+@pytest.mark.alone
 async def test_a_saturated_client_cpu_is_flagged_client_bound():
     """A thread of the load tester's own process spinning for the whole stage takes its
     core (and the event loop's turns): the client's CPU is saturated and flagged."""
