@@ -20,18 +20,17 @@ FAST = dict(ttft_ms=0.0, tok_ms=0.0, tokens=8)
 
 
 def _worker_ports(worker: str) -> Iterator[int]:
-    """The ports free_port gives in pytest-xdist worker `worker` (gw0, gw1, ...): a block of
-    1000 of its own, below the range the kernel picks port 0 and outgoing connections' ports
-    from (32768-60999 on Linux), walked from a random place in steps of 37 (coprime with 1000:
-    every port once in 1000; and the ports just above one given, where `--mock-count` puts
-    the further mocks, are given only hundreds of ports later). The kernel's own choice of a
-    free port is random over its range in every process: a port one worker was given and had
-    not yet bound (a router or mock process starting on it) could be given to another, and its
-    server then fail to start. Each worker's own block cannot be; the processes the tests start
-    keep the kernel's choice, in the kernel's range."""
+    """The ports free_port gives in pytest-xdist worker `worker` (gw0, gw1, ...): every 8th of
+    a block of 1000 of its own, below the range the kernel picks port 0 and outgoing
+    connections' ports from (32768-60999 on Linux), walked from a random place. (The 7 ports
+    above one given are never given: `--mock-count N` puts its further mocks there.) The
+    kernel's own choice of a free port is random over its range in every process: a port one
+    worker was given and had not yet bound (a router or mock process starting on it) could be
+    given to another, and its server then fail to start. Each worker's own block cannot be; the
+    processes the tests start keep the kernel's choice, in the kernel's range."""
     low = 20_000 + int(worker.removeprefix("gw")) % 12 * 1000
-    start = random.randrange(1000)
-    return (low + (start + 37 * i) % 1000 for i in itertools.count())
+    start = random.randrange(125)
+    return (low + (start + i) % 125 * 8 for i in itertools.count())
 
 
 def _free_port_of(ports: Iterator[int]) -> Callable[[str], int]:
