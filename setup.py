@@ -43,6 +43,21 @@ HOT_PATH = [
     "nomyo_router/h1/connection.py",
     "nomyo_router/h1/response.py",
     "nomyo_router/relay/token_counts.py",
+    "nomyo_router/events.py",  # (a RequestRecord per request, its fields set all along the path)
+    "nomyo_router/backends/health.py",
+    "nomyo_router/backends/unload.py",
+    "nomyo_router/backends/stream_lines.py",  # (per record of a stream the router looks into)
+    "nomyo_router/api/key_admission.py",
+    "nomyo_router/api/client_caps.py",
+    "nomyo_router/server/body_budget.py",
+    "nomyo_router/forward/sent_body.py",
+    "nomyo_router/routing/policies/cache_aware.py",
+    "nomyo_router/state/queue_order.py",  # (per queued request)
+    "nomyo_router/relay/retry.py",
+    "nomyo_router/relay/whole_from_stream.py",
+    "nomyo_router/relay/resumable.py",
+    "nomyo_router/relay/continuation.py",  # (per read of a stream)
+    "nomyo_router/relay/sinks.py",  # (per read of a stream; pump.py stays Python: the tests count its relay)
 ]
 
 ext_modules = [
