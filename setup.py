@@ -5,9 +5,10 @@
   (nomyo_router/relay/pump.py).
 - With `NOMYO_ROUTER_COMPILE=1`, the modules every request runs through (`HOT_PATH`) are
   compiled to C with mypyc, the compiler that comes with mypy: the code is `mypy --strict`
-  clean, so it compiles as it is, and the same source stays the pure-Python build. It took
-  23% off the router's CPU per request in an interleaved A/B (docs/benchmarks-history.md). It needs mypy in the build
-  environment, with what it type-checks: `make compiled` (a separate virtualenv,
+  clean, so it compiles as it is, and the same source stays the pure-Python build. What it
+  saves today is in docs/benchmarks.md ("Current figures"): most on streams; on whole
+  answers the gain is eaten by attribute lookups on the uncompiled objects it reads (uvicorn,
+  asyncio, msgspec, the endpoints). It needs mypy in the build environment, with what it type-checks: `make compiled` (a separate virtualenv,
   `.venv-compiled`), or `pip install '.[lint,kv-events,tracing]'` and then
   `NOMYO_ROUTER_COMPILE=1 pip install --no-build-isolation .`, as the Dockerfile does.
 """
