@@ -136,8 +136,14 @@ lint-py: setup-lint
 compiled: $(BIN)/python
 	test -x .venv-compiled/bin/python || $(PY) -m venv .venv-compiled
 	.venv-compiled/bin/pip install -q --upgrade pip setuptools wheel
+	rm -rf $(SETUPTOOLS_BUILD)
 	.venv-compiled/bin/pip install -q '.[test,lint,kv-events,tracing]'  # (mypyc is mypy's: it type-checks the whole package)
 	NOMYO_ROUTER_COMPILE=1 .venv-compiled/bin/pip install -q --no-build-isolation --force-reinstall --no-deps .
+	rm -rf $(SETUPTOOLS_BUILD)
+
+# what setuptools leaves in build/ and puts in the next wheel as it is: a module compiled by an
+# earlier `make compiled` would stay compiled in a later pip build, or after it left HOT_PATH
+SETUPTOOLS_BUILD = build/lib.* build/bdist.*
 
 # the router as a user installs it (`pip install .`: a copy of the tree, not the editable
 # install of .venv), in its own virtualenv; bench/peers.py measures it when run as
@@ -145,6 +151,7 @@ compiled: $(BIN)/python
 pip-build: $(BIN)/python
 	test -x .venv-pip/bin/python || $(PY) -m venv .venv-pip
 	.venv-pip/bin/pip install -q --upgrade pip
+	rm -rf $(SETUPTOOLS_BUILD)
 	.venv-pip/bin/pip install -q .
 	.venv-pip/bin/pip install -q --force-reinstall --no-deps .  # (this tree's code even when the version did not change)
 

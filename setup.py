@@ -5,9 +5,10 @@
   (nomyo_router/relay/pump.py).
 - With `NOMYO_ROUTER_COMPILE=1`, the modules every request runs through (`HOT_PATH`) are
   compiled to C with mypyc, the compiler that comes with mypy: the code is `mypy --strict`
-  clean, so it compiles as it is, and the same source stays the pure-Python build. It took
-  23% off the router's CPU per request in an interleaved A/B (docs/benchmarks-history.md). It needs mypy in the build
-  environment, with what it type-checks: `make compiled` (a separate virtualenv,
+  clean, so it compiles as it is, and the same source stays the pure-Python build. What it
+  saves today is in docs/benchmarks.md ("Current figures"): most on streams; on whole
+  answers the gain is eaten by attribute lookups on the uncompiled objects it reads (uvicorn,
+  asyncio, msgspec, the endpoints). It needs mypy in the build environment, with what it type-checks: `make compiled` (a separate virtualenv,
   `.venv-compiled`), or `pip install '.[lint,kv-events,tracing]'` and then
   `NOMYO_ROUTER_COMPILE=1 pip install --no-build-isolation .`, as the Dockerfile does.
 """
@@ -43,6 +44,21 @@ HOT_PATH = [
     "nomyo_router/h1/connection.py",
     "nomyo_router/h1/response.py",
     "nomyo_router/relay/token_counts.py",
+    "nomyo_router/events.py",  # (a RequestRecord per request, its fields set all along the path)
+    "nomyo_router/backends/health.py",
+    "nomyo_router/backends/unload.py",
+    "nomyo_router/backends/stream_lines.py",  # (per record of a stream the router looks into)
+    "nomyo_router/api/key_admission.py",
+    "nomyo_router/api/client_caps.py",
+    "nomyo_router/server/body_budget.py",
+    "nomyo_router/forward/sent_body.py",
+    "nomyo_router/routing/policies/cache_aware.py",
+    "nomyo_router/state/queue_order.py",  # (per queued request)
+    "nomyo_router/relay/retry.py",
+    "nomyo_router/relay/whole_from_stream.py",
+    "nomyo_router/relay/resumable.py",
+    "nomyo_router/relay/continuation.py",  # (per read of a stream)
+    "nomyo_router/relay/sinks.py",  # (per read of a stream; pump.py stays Python: the tests count its relay)
 ]
 
 ext_modules = [

@@ -107,8 +107,7 @@ WAYS = [
         leave="a cached answer is written at once, in one piece: there is no middle to leave in",
         cut="a cached answer has no backend to cut",
     ),
-    # an error in the caller's API shape (relay/exchange.py: Exchange.fail, the Failed relay): a model no
-    # endpoint serves
+    # an error in the caller's API shape (Exchange.fail, the Failed relay): a model no endpoint serves
     Way(
         "error",
         "/v1/chat/completions",

@@ -156,6 +156,10 @@ class Records:
         if len(chunk) - stop > self.limit:
             raise self._too_large()
 
+    def ended(self) -> bool:
+        """An error record ended the stream (kept in `error`)."""
+        return self.error is not None
+
     def _too_large(self) -> TooLarge:
         return record_too_large(self.limit)
 
@@ -260,13 +264,15 @@ async def relay_records(
     whole = Records(sep, seam, sent, strip, writer, limit)
     chunk = first
     try:
-        while chunk and whole.error is None:  # (an error record the sink met: `chunk` was fed there)
+        # (`ended()`, not `whole.error is None`: a narrowed attribute stays narrowed across
+        # `feed`, which sets it, and the compiled build checks the narrowed type)
+        while chunk and not whole.ended():  # (an error record the sink met: `chunk` was fed there)
             out = whole.feed(chunk)
             if out:
                 whole.busy = True
                 await body(out)
                 whole.busy = False
-            if whole.error is not None:
+            if whole.ended():
                 break
             if writer is not None:
                 if upstream is not None and whole.plain:

@@ -141,12 +141,12 @@ class CacheAware:
         tokens = ctx.prompt.tokens if ctx.prompt is not None else 0
         return self.rate(ep.name) * (tokens - matched.get(ep.name, 0))
 
-    def _wait(self, ep: Endpoint, load: int) -> float:
+    def _wait(self, ep: Endpoint, load: float) -> float:
         over = load - ep.slots + 1
         return 0.0 if over <= 0 else over * self._hold.get(ep.name, PRIOR_HOLD_S) / ep.slots
 
     def _rank(
-        self, ctx: RouteContext, cands: Sequence[Endpoint], load: Callable[[Endpoint], int], matched: dict[str, int]
+        self, ctx: RouteContext, cands: Sequence[Endpoint], load: Callable[[Endpoint], float], matched: dict[str, int]
     ) -> list[Ranked]:
         model, rand = ctx.model, self._random
         out: list[Ranked] = []
@@ -166,7 +166,7 @@ class CacheAware:
         return out
 
     def pick(
-        self, ctx: RouteContext, candidates: Sequence[Endpoint], load: Callable[[Endpoint], int]
+        self, ctx: RouteContext, candidates: Sequence[Endpoint], load: Callable[[Endpoint], float]
     ) -> tuple[list[Endpoint], float] | None:
         matched = self._matched(ctx, candidates)
         if not matched:
@@ -195,7 +195,7 @@ class CacheAware:
         return [r[1] for r in homes], budget
 
     def _replicate(
-        self, ctx: RouteContext, homes: list[Ranked], alt: Ranked, wait: float, load: Callable[[Endpoint], int]
+        self, ctx: RouteContext, homes: list[Ranked], alt: Ranked, wait: float, load: Callable[[Endpoint], float]
     ) -> bool:
         """Rent or buy: requests that wait for a prefix's full homes add their expected wait
         to its debt; once the debt pays for one prefill elsewhere, the prefix gets another

@@ -48,7 +48,7 @@ class SGLangCacheAware:
         self._rng = rng or random.Random()
 
     def pick(
-        self, ctx: RouteContext, candidates: Sequence[Endpoint], load: Callable[[Endpoint], int]
+        self, ctx: RouteContext, candidates: Sequence[Endpoint], load: Callable[[Endpoint], float]
     ) -> tuple[list[Endpoint], float] | None:
         loads = [load(e) for e in candidates]
         lo, hi = min(loads), max(loads)
