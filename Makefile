@@ -92,7 +92,8 @@ COMPILED_TESTS := test/test_router_routes.py test/test_router_scheduling.py test
   test/test_access.py test/test_body_keys.py test/test_body_keys_parse.py test/test_fuzz.py \
   test/test_affinity.py test/test_context_routing.py test/test_cache_routing.py test/test_slot_table.py \
   test/test_idle_spin.py test/test_metrics.py test/test_latency_metrics.py test/test_tracing.py \
-  test/test_client_faults.py test/test_backend_errors.py test/test_slow_reader.py test/test_compiled_build.py
+  test/test_client_faults.py test/test_backend_errors.py test/test_slow_reader.py test/test_compiled_build.py \
+  test/test_relays.py
 
 # those tests against the installed compiled build: the interpreter of .venv-compiled with -P
 # (not the current directory) and a PYTHONPATH that holds only `test` (a link to this tree's),

@@ -8,8 +8,9 @@
   clean, so it compiles as it is, and the same source stays the pure-Python build. What it
   saves today is in docs/benchmarks.md ("Current figures"): most on streams; on whole
   answers the gain is eaten by attribute lookups on the uncompiled objects it reads (uvicorn,
-  asyncio, msgspec, the endpoints). It needs mypy in the build environment, with what it type-checks: `make compiled` (a separate virtualenv,
-  `.venv-compiled`), or `pip install '.[lint,kv-events,tracing]'` and then
+  asyncio, msgspec, the endpoints). It needs mypy in the build environment, with what it
+  type-checks: `make compiled` (a separate virtualenv, `.venv-compiled`), or
+  `pip install '.[lint,kv-events,tracing]'` and then
   `NOMYO_ROUTER_COMPILE=1 pip install --no-build-isolation .`, as the Dockerfile does.
 """
 
