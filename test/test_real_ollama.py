@@ -85,6 +85,7 @@ async def test_newer_routes_direct_and_through_the_router(ollama_url):
                 assert resp.status == 501 and (await resp.json())["error"]["code"] == "not_implemented"
 
 
+@pytest.mark.alone  # the router's learned pace of a real CPU model: other tests' work would slow it 4x
 async def test_a_long_whole_answer_after_short_ones_is_answered_once(ollama_url):
     """Short whole answers teach the router they take a few milliseconds; a whole answer of 300
     tokens after them is answered whole, by one backend call, and nothing is ejected (it used
